@@ -1,0 +1,207 @@
+"""Typed configuration: TOML tables -> nested dataclasses, validated on load.
+
+Every component's settings are a dataclass. ``build(cls, table)`` turns a TOML table
+into an instance, checking types and rejecting unknown keys; each dataclass may add a
+``validate()`` method that raises ``ValueError`` for values out of range. Every problem
+becomes one ``ConfigError`` that names the file, the dotted key and what is wrong.
+
+``--set dotted.key=value`` overrides are parsed as TOML values (falling back to a bare
+string) and merged into the raw table before it is built, so they get the same checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown, of the wrong type or out of range."""
+
+    def __init__(self, source: str, key: str, problem: str):
+        self.source, self.key, self.problem = source, key, problem
+        where = f"{source}: {key}" if key else source
+        super().__init__(f"{where}: {problem}")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``a.b.c=value``; the value is read as TOML (``3``, ``0.1``, ``true``,
+    ``[1, 2]``, ``"x"``) and, failing that, kept as a bare string."""
+    if "=" not in text:
+        raise ConfigError("--set", text, "expected dotted.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError("--set", key, "empty key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_overrides(table: dict, overrides: Iterable[str]) -> dict:
+    """Return a copy of ``table`` with every ``--set`` override merged in."""
+    merged = _deepcopy(table)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = merged
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError("--set", ".".join(path), f"{part!r} is not a table")
+            node = child
+        node[path[-1]] = value
+    return merged
+
+
+def _deepcopy(table: dict) -> dict:
+    return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in table.items()}
+
+
+def read_toml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
+
+
+def build(cls: type[T], table: dict, source: str = "<config>", prefix: str = "") -> T:
+    """Build dataclass ``cls`` from ``table``; missing keys take the field defaults."""
+    if not isinstance(table, dict):
+        raise ConfigError(source, prefix, f"expected a table, got {_typename(table)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        key = _join(prefix, unknown[0])
+        raise ConfigError(source, key, f"unknown key (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in table.items():
+        kwargs[name] = _coerce(hints[name], value, source, _join(prefix, name))
+    missing = [n for n, f in fields.items() if n not in kwargs
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(source, _join(prefix, missing[0]), "required key is missing")
+    obj = cls(**kwargs)
+    check(obj, source, prefix)
+    return obj
+
+
+def check(obj: Any, source: str = "<config>", prefix: str = "") -> None:
+    """Run ``validate()`` on ``obj`` and on every nested dataclass, naming the key."""
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            check(value, source, _join(prefix, f.name))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if dataclasses.is_dataclass(v):
+                    check(v, source, _join(prefix, f"{f.name}.{k}"))
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        try:
+            validate()
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            key, _, problem = str(exc).partition(": ")
+            if not problem:
+                key, problem = "", key
+            raise ConfigError(source, _join(prefix, key) if key else prefix, problem) from None
+
+
+def to_table(obj: Any) -> Any:
+    """Dataclass -> plain TOML-ready dict (the inverse of ``build``)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_table(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_table(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_table(v) for v in obj]
+    return obj
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _typename(value: Any) -> str:
+    return {dict: "a table", list: "a list", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, source, key)
+            except ConfigError as exc:
+                errors.append(exc.problem)
+        raise ConfigError(source, key, " or ".join(errors))
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(source, key, f"must be one of {', '.join(map(repr, args))} "
+                                           f"(got {value!r})")
+        return value
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, source, key)
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(source, key, f"expected a list, got {_typename(value)}")
+        item = args[0] if args else Any
+        items = [_coerce(item, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(source, key, f"expected a table, got {_typename(value)}")
+        vt = args[1] if len(args) == 2 else Any
+        return {k: _coerce(vt, v, source, _join(key, k)) for k, v in value.items()}
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(source, key, f"expected true or false, got {_typename(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(source, key, f"expected a number, got {_typename(value)}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(source, key, f"expected an integer, got {_typename(value)}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(source, key, f"expected a string, got {_typename(value)}")
+        return value
+    raise ConfigError(source, key, f"unsupported type {hint!r}")
+
+
+def load(cls: type[T], path: str | Path | None, overrides: Iterable[str] = (),
+         default_path: str | Path | None = None) -> T:
+    """Load ``cls`` from ``path`` (or ``default_path``, or pure defaults) plus overrides."""
+    path = path or default_path
+    table = read_toml(path) if path else {}
+    source = str(path) if path else "<defaults>"
+    overrides = list(overrides)
+    if overrides:
+        table = apply_overrides(table, overrides)
+        source = f"{source} (with --set)"
+    return build(cls, table, source)

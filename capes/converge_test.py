@@ -1,0 +1,221 @@
+"""The converge test (thesis §5.2.2): the engine against StorageGameSim, in simulated time.
+
+One run is the real data path in one process, with no second, simplified loop:
+
+    game PIs -> ReplayWriter (SQLite WAL) -> ReplayReader cache -> Engine.act
+             -> action row -> game parameters;  Engine.train (Algorithm 2 minibatches)
+
+Per simulated second (tick): the game's PIs of tick t are written and committed, the
+engine refreshes, picks a_t on s_t, the action is written and applied, the engine runs
+``train_steps_per_tick`` minibatch updates, and the game advances to t + 1.
+A run ends at the win or at the game's time limit.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from capes import config as cfgmod
+from capes.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from capes.stats import median_ci, wilson_ci
+from drl_engine.dqn import PRESETS, DQNConfig, with_preset
+from drl_engine.engine import Engine
+from drl_engine.rewards import RewardConfig
+from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "storagegamesim.toml"
+
+
+@dataclass
+class ConvergeConfig:
+    game: GameConfig = field(default_factory=GameConfig)
+    engine: DQNConfig = field(default_factory=DQNConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None
+                ) -> ConvergeConfig:
+    """Load a converge-test config; the engine preset fills keys the file leaves out."""
+    path = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    table = cfgmod.read_toml(path) if path else {}
+    source = str(path) if path else "<defaults>"
+    overrides = list(overrides)
+    if preset:
+        overrides.append(f'engine.preset="{preset}"')
+    if overrides:
+        table = cfgmod.apply_overrides(table, overrides)
+    engine = table.get("engine", {})
+    if isinstance(engine, dict):
+        try:
+            table["engine"] = with_preset(engine)
+        except KeyError as exc:
+            raise cfgmod.ConfigError(source, "engine.preset",
+                                     f"unknown preset {exc.args[0]!r} "
+                                     f"(known: {', '.join(PRESETS)})") from None
+    return cfgmod.build(ConvergeConfig, table, source)
+
+
+@dataclass
+class RunResult:
+    seed: int
+    noise: float
+    reward: str
+    preset: str
+    won: bool
+    ticks: int                  # simulated seconds played (the converge time when won)
+    wall_s: float
+    train_steps: int
+    final_window: float
+    final_rate_limit: float
+    trace: dict | None = None   # per-tick series, kept only when asked for
+
+
+def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
+            init_model: str | None = None, device: str = "cpu",
+            keep_trace: bool = False) -> RunResult:
+    """Play one game to the win or the time limit; deterministic for a given seed."""
+    game_seed, engine_seed = np.random.SeedSequence(seed).generate_state(2)
+    game = StorageGameSim(cfg.game, seed=int(game_seed))
+    specs = list(cfg.game.param_specs().values())
+    names = [s.name for s in specs]
+    with tempfile.TemporaryDirectory(prefix="capes-converge-") as tmp:
+        path = Path(db_path) if db_path else Path(tmp) / "replay.db"
+        writer = ReplayWriter(path)
+        session = writer.begin_session(SessionInfo(
+            pi_names=list(PI_NAMES), node_names=["sim0"], params=specs,
+            label=f"converge seed={seed} noise={cfg.game.noise} reward={cfg.reward.type}"))
+        reader = ReplayReader(path)
+        engine = Engine(cfg.engine, cfg.reward, reader, device=device, seed=int(engine_seed))
+        if init_model:
+            engine.load(init_model, weights_only=True)
+        trace = {k: [] for k in ("throughput", "true_throughput", "window", "rate_limit",
+                                 "epsilon", "loss")} if keep_trace else None
+        start = time.perf_counter()
+        while not game.over:
+            tick = game.ticks
+            pis = game.pis()
+            writer.add_pis(tick, 0, [pis[n] for n in PI_NAMES])
+            writer.commit()
+            engine.update()
+            decision = engine.act(session.id)
+            if decision is not None:
+                writer.add_action(tick, decision.action, decision.values)
+                writer.commit()
+                game.set_params(**dict(zip(names, decision.values)))
+            loss = engine.train()
+            if trace is not None:
+                for k, v in (("throughput", game.throughput),
+                             ("true_throughput", game.true_throughput),
+                             ("window", game.window), ("rate_limit", game.rate_limit),
+                             ("epsilon", engine.epsilon), ("loss", loss)):
+                    trace[k].append(v)
+            game.tick()
+        wall = time.perf_counter() - start
+        writer.close()
+        reader.close()
+    return RunResult(seed=seed, noise=cfg.game.noise, reward=cfg.reward.type,
+                     preset=cfg.engine.preset, won=game.won, ticks=game.ticks, wall_s=wall,
+                     train_steps=engine.train_steps, final_window=game.window,
+                     final_rate_limit=game.rate_limit, trace=trace)
+
+
+# -- grids of runs ------------------------------------------------------------------------
+
+def _run_job(job):
+    cfg, seed, init_model, keep_trace = job
+    import torch
+    torch.set_num_threads(1)
+    return run_one(cfg, seed, init_model=init_model, keep_trace=keep_trace)
+
+
+def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConfig:
+    return dataclasses.replace(base, game=dataclasses.replace(base.game, noise=noise),
+                               reward=dataclasses.replace(base.reward, type=reward))
+
+
+def summarise(runs: list[RunResult]) -> dict:
+    wins = [r for r in runs if r.won]
+    times = [r.ticks for r in wins]
+    med = median_ci(times)
+    lo, hi = wilson_ci(len(wins), len(runs))
+    return {"runs": len(runs), "wins": len(wins),
+            "success_rate": len(wins) / len(runs) if runs else 0.0,
+            "success_rate_ci95": [lo, hi],
+            "converge_times": times,
+            "median_converge_s": med[0] if med else None,
+            "median_ci95": [med[1], med[2]] if med else None,
+            "wall_s": sum(r.wall_s for r in runs),
+            "wall_s_per_sim_hour": (sum(r.wall_s for r in runs) /
+                                    max(1, sum(r.ticks for r in runs)) * 3600)}
+
+
+def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int = 0,
+             jobs: int = 1, init_model: str | None = None, keep_traces: int = 0,
+             progress=sys.stderr) -> dict:
+    """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report."""
+    plan = [(noise, reward, first_seed + s) for noise in noises for reward in rewards
+            for s in range(seeds)]
+    jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces)
+               for n, r, seed in plan]
+    results: list[RunResult] = []
+    t0 = time.perf_counter()
+
+    def report(i, res):
+        if progress is not None:
+            status = f"won at {res.ticks} s" if res.won else f"lost ({res.ticks} s)"
+            print(f"[{i + 1}/{len(plan)}] noise={res.noise:g} reward={res.reward} "
+                  f"seed={res.seed}: {status}, {res.wall_s:.1f} s wall "
+                  f"(elapsed {time.perf_counter() - t0:.0f} s)", file=progress, flush=True)
+
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for i, res in enumerate(pool.map(_run_job, jobs_in)):
+                results.append(res)
+                report(i, res)
+    else:
+        for i, job in enumerate(jobs_in):
+            results.append(_run_job(job))
+            report(i, results[-1])
+    cells = []
+    for noise in noises:
+        for reward in rewards:
+            runs = [r for r in results if r.noise == noise and r.reward == reward]
+            cells.append({"noise": noise, "reward": reward, **summarise(runs)})
+    return {"preset": base.engine.preset, "seeds_per_cell": seeds, "first_seed": first_seed,
+            "train_steps_per_tick": base.engine.train_steps_per_tick,
+            "config": cfgmod.to_table(base), "cells": cells,
+            "runs": [dataclasses.asdict(r) for r in results],
+            "wall_s": time.perf_counter() - t0}
+
+
+def format_table(report: dict) -> str:
+    lines = [f"preset={report['preset']}  seeds/cell={report['seeds_per_cell']}  "
+             f"train steps/tick={report['train_steps_per_tick']}",
+             f"{'noise':>6} {'reward':>10} {'wins':>7} {'success':>8} "
+             f"{'median s':>9} {'95% CI':>13} {'wall s':>7} {'s/sim-h':>8}"]
+    for c in report["cells"]:
+        ci = c["median_ci95"]
+        med = f"{c['median_converge_s']:.0f}" if c["median_converge_s"] is not None else "-"
+        cis = f"[{ci[0]:.0f}, {ci[1]:.0f}]" if ci else "-"
+        lines.append(f"{c['noise'] * 100:>5.0f}% {c['reward']:>10} "
+                     f"{c['wins']:>3}/{c['runs']:<3} {c['success_rate'] * 100:>7.0f}% "
+                     f"{med:>9} {cis:>13} {c['wall_s']:>7.1f} "
+                     f"{c['wall_s_per_sim_hour']:>8.2f}")
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=float))
+    os.replace(tmp, path)

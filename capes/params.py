@@ -1,0 +1,61 @@
+"""Tunable parameters: the typed knob catalogue shared by engine, daemon and agents.
+
+A ``ParameterSpec`` says what one knob may be: its valid range, the step an action
+moves it by, the value it starts at (and is restored to), and forbidden values. The
+engine turns specs into its action set; the daemon's action checker and every control
+agent use the same ``check_value`` so no out-of-range value reaches a target.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ParameterSpec:
+    min: float
+    max: float
+    step: float
+    default: float
+    forbidden: list[float] = field(default_factory=list)
+    name: str = ""
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.min) and math.isfinite(self.max)):
+            raise ValueError("min: min and max must be finite")
+        if self.min > self.max:
+            raise ValueError(f"min: must be <= max ({self.min} > {self.max})")
+        if not self.step > 0:
+            raise ValueError(f"step: must be > 0 (got {self.step})")
+        if not self.min <= self.default <= self.max:
+            raise ValueError(f"default: must lie in [{self.min}, {self.max}] (got {self.default})")
+        if self.default in self.forbidden:
+            raise ValueError(f"default: {self.default} is listed as forbidden")
+
+    def clamp(self, value: float) -> float:
+        return min(self.max, max(self.min, value))
+
+    def check_value(self, value: float) -> str | None:
+        """Why ``value`` may not be applied, or None when it may."""
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            return "not a finite number"
+        if value < self.min or value > self.max:
+            return f"outside [{self.min}, {self.max}]"
+        if value in self.forbidden:
+            return "forbidden value"
+        return None
+
+    def normalise(self, value):
+        """Map the valid range to [0, 1] (works on floats and arrays)."""
+        span = self.max - self.min
+        return (value - self.min) / span if span else value * 0.0
+
+
+def named_specs(specs: dict[str, ParameterSpec]) -> list[ParameterSpec]:
+    """Specs in a stable order, each carrying its own name."""
+    out = []
+    for name in sorted(specs):
+        spec = specs[name]
+        spec.name = name
+        out.append(spec)
+    return out

@@ -1,0 +1,388 @@
+"""The replay DB: every PI and action CAPES has seen, in SQLite (WAL mode).
+
+Layout (schema version 1):
+
+* ``meta(key, value)``: schema version and who made the file.
+* ``sessions``: one row per tuning session, with the metadata needed to read its data:
+  PI names, node names, parameter specs (JSON), tick length, label, provenance.
+* ``pis(session, tick, node, vec)``: one row per node and tick; ``vec`` is the node's PI
+  vector as little-endian float32 in the session's PI order (NaN = missing). A vector
+  shorter than the PI list means the trailing PIs were not known yet.
+* ``actions(session, tick, action, vals)``: the action chosen at ``tick`` (0 = NULL,
+  1 + 2k = increase parameter k, 2 + 2k = decrease it) and every parameter's value
+  after it, float32 in the session's parameter order.
+
+One process writes (:class:`ReplayWriter`: the interface daemon, or the converge test);
+any number read (:class:`ReplayReader`), each keeping an in-memory cache that it
+refreshes incrementally by rowid. Readers map every session onto one :class:`Layout`
+by name, so sessions recorded with other PI orders or missing PIs still read correctly
+(missing entries become NaN and Algorithm 2's tolerance applies).
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from capes.params import ParameterSpec
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY,
+    uuid TEXT NOT NULL UNIQUE,
+    label TEXT NOT NULL DEFAULT '',
+    started_at REAL NOT NULL,
+    tick_seconds REAL NOT NULL,
+    pi_names TEXT NOT NULL,
+    node_names TEXT NOT NULL,
+    params TEXT NOT NULL,
+    provenance TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS pis (
+    session INTEGER NOT NULL, tick INTEGER NOT NULL, node INTEGER NOT NULL,
+    vec BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS pis_key ON pis(session, tick, node);
+CREATE TABLE IF NOT EXISTS actions (
+    session INTEGER NOT NULL, tick INTEGER NOT NULL, action INTEGER NOT NULL,
+    vals BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS actions_key ON actions(session, tick);
+"""
+
+
+class ReplayDBError(RuntimeError):
+    """The file is not a replay DB this version can read, or a write was refused."""
+
+
+@dataclass
+class SessionInfo:
+    """What a session's rows mean. ``params`` are in action order."""
+    pi_names: list[str]
+    node_names: list[str]
+    params: list[ParameterSpec]
+    tick_seconds: float = 1.0
+    label: str = ""
+    uuid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started_at: float = field(default_factory=time.time)
+    provenance: dict = field(default_factory=dict)
+    id: int = 0
+
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The shape every session is read into: nodes × PIs per tick, and parameters."""
+    node_names: tuple[str, ...]
+    pi_names: tuple[str, ...]
+    param_names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, info: SessionInfo) -> "Layout":
+        return cls(tuple(info.node_names), tuple(info.pi_names), tuple(info.param_names))
+
+
+def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
+    """Open a replay DB with the pragmas every CAPES process uses."""
+    path = Path(path)
+    if readonly:
+        if not path.exists():
+            raise ReplayDBError(f"{path}: no such replay DB")
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a crash of the process loses nothing committed; a power cut
+        # may lose the last transactions but never corrupts the file.
+        conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    return conn
+
+
+def _check_schema(conn: sqlite3.Connection, path) -> None:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise ReplayDBError(f"{path}: not a CAPES replay DB ({exc})") from None
+    if row is None:
+        raise ReplayDBError(f"{path}: not a CAPES replay DB (no schema version)")
+    if int(row[0]) != SCHEMA_VERSION:
+        raise ReplayDBError(f"{path}: schema version {row[0]}, this CAPES reads "
+                            f"{SCHEMA_VERSION}")
+
+
+def _session_from_row(row) -> SessionInfo:
+    sid, suuid, label, started, tick_s, pis, nodes, params, prov = row
+    specs = [ParameterSpec(**p) for p in json.loads(params)]
+    return SessionInfo(pi_names=json.loads(pis), node_names=json.loads(nodes), params=specs,
+                       tick_seconds=tick_s, label=label, uuid=suuid, started_at=started,
+                       provenance=json.loads(prov), id=sid)
+
+
+SESSION_COLUMNS = ("id, uuid, label, started_at, tick_seconds, pi_names, node_names, "
+                   "params, provenance")
+
+
+def read_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
+    rows = conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY id").fetchall()
+    return [_session_from_row(r) for r in rows]
+
+
+class ReplayWriter:
+    """The single writer. Rows are buffered and committed in one WAL transaction per
+    ``commit()``: a crash loses at most the uncommitted batch, never a committed tick."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.conn = connect(self.path)
+        with self.conn:
+            self.conn.executescript(SCHEMA)
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                              (str(SCHEMA_VERSION),))
+            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_by', 'capes')")
+        _check_schema(self.conn, self.path)
+        self._pis: list[tuple] = []
+        self._actions: list[tuple] = []
+        self._pending_layout = False
+        self.session: SessionInfo | None = None
+
+    def begin_session(self, info: SessionInfo) -> SessionInfo:
+        """Start a new session (its transitions never join another session's)."""
+        self.commit()
+        with self.conn:
+            cur = self.conn.execute(
+                "INSERT INTO sessions (uuid, label, started_at, tick_seconds, pi_names, "
+                "node_names, params, provenance) VALUES (?,?,?,?,?,?,?,?)",
+                (info.uuid, info.label, info.started_at, info.tick_seconds,
+                 json.dumps(info.pi_names), json.dumps(info.node_names),
+                 json.dumps([asdict(p) for p in info.params]), json.dumps(info.provenance)))
+        info.id = cur.lastrowid
+        self.session = info
+        return info
+
+    def update_layout(self, pi_names: list[str], node_names: list[str]) -> None:
+        """Append newly seen PIs or nodes to the current session (never reorders)."""
+        s = self._require_session()
+        if pi_names[:len(s.pi_names)] != s.pi_names or \
+                node_names[:len(s.node_names)] != s.node_names:
+            raise ReplayDBError("layout may only grow by appending names")
+        s.pi_names, s.node_names = list(pi_names), list(node_names)
+        self._pending_layout = True
+        self.conn.execute("UPDATE sessions SET pi_names=?, node_names=? WHERE id=?",
+                          (json.dumps(s.pi_names), json.dumps(s.node_names), s.id))
+
+    def add_pis(self, tick: int, node: int, vec: np.ndarray) -> None:
+        s = self._require_session()
+        if not 0 <= node < len(s.node_names):
+            raise ReplayDBError(f"node index {node} not in session layout")
+        vec = np.asarray(vec, dtype="<f4")
+        if vec.ndim != 1 or len(vec) > len(s.pi_names):
+            raise ReplayDBError(f"PI vector of shape {vec.shape} does not fit "
+                                f"{len(s.pi_names)} PIs")
+        self._pis.append((s.id, int(tick), int(node), vec.tobytes()))
+
+    def add_action(self, tick: int, action: int, values) -> None:
+        s = self._require_session()
+        vals = np.asarray(values, dtype="<f4")
+        if vals.shape != (len(s.params),):
+            raise ReplayDBError(f"{len(vals)} parameter values for {len(s.params)} parameters")
+        if not 0 <= action <= 2 * len(s.params):
+            raise ReplayDBError(f"action {action} outside [0, {2 * len(s.params)}]")
+        self._actions.append((s.id, int(tick), int(action), vals.tobytes()))
+
+    def commit(self) -> None:
+        if not (self._pis or self._actions or self._pending_layout):
+            return
+        with self.conn:
+            if self._pis:
+                self.conn.executemany("INSERT OR REPLACE INTO pis VALUES (?,?,?,?)", self._pis)
+            if self._actions:
+                self.conn.executemany("INSERT OR REPLACE INTO actions VALUES (?,?,?,?)",
+                                      self._actions)
+        self._pis.clear()
+        self._actions.clear()
+        self._pending_layout = False
+
+    def close(self) -> None:
+        self.commit()
+        self.conn.close()
+
+    def _require_session(self) -> SessionInfo:
+        if self.session is None:
+            raise ReplayDBError("no session: call begin_session() first")
+        return self.session
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SessionData:
+    """One session's cached data, mapped onto the reader's layout.
+
+    ``pis[i]`` is tick ``first_tick + i`` as a (nodes, PIs) float32 array, NaN where
+    missing; ``actions[i]`` the action taken then (-1 = none); ``values[i]`` the
+    parameters' values in effect *during* that tick (after the previous action).
+    """
+
+    def __init__(self, info: SessionInfo, layout: Layout):
+        self.info = info
+        self.first_tick: int | None = None
+        self.length = 0
+        self.dirty_from = 0       # lowest index changed since a consumer last looked
+        n, p, k = len(layout.node_names), len(layout.pi_names), len(layout.param_names)
+        self.pis = np.full((0, n, p), np.nan, np.float32)
+        self.actions = np.full(0, -1, np.int16)
+        self.after = np.full((0, k), np.nan, np.float32)   # values after the action at i
+        self._remap(layout)
+
+    def _remap(self, layout: Layout) -> None:
+        info = self.info
+        self.node_map = np.array([layout.node_names.index(n) if n in layout.node_names else -1
+                                  for n in info.node_names], np.int64)
+        pi_map = [layout.pi_names.index(n) if n in layout.pi_names else -1
+                  for n in info.pi_names]
+        self.pi_src = np.array([i for i, d in enumerate(pi_map) if d >= 0], np.int64)
+        self.pi_dst = np.array([d for d in pi_map if d >= 0], np.int64)
+        self.identity_pis = pi_map == list(range(len(layout.pi_names)))
+        self.param_map = [info.param_names.index(n) if n in info.param_names else -1
+                          for n in layout.param_names]
+        self.defaults = np.array(
+            [info.params[j].default if j >= 0 else np.nan for j in self.param_map], np.float32)
+
+    @property
+    def ticks(self) -> range:
+        start = self.first_tick or 0
+        return range(start, start + self.length)
+
+    def _ensure(self, tick: int) -> int:
+        """Grow the arrays (amortised doubling) so ``tick`` has a slot; return its index."""
+        if self.first_tick is None:
+            self.first_tick = tick
+        if tick < self.first_tick:       # rare: an older tick arrived late
+            shift = self.first_tick - tick
+            self.pis = np.concatenate([np.full((shift,) + self.pis.shape[1:], np.nan,
+                                               np.float32), self.pis])
+            self.actions = np.concatenate([np.full(shift, -1, np.int16), self.actions])
+            self.after = np.concatenate([np.full((shift, self.after.shape[1]), np.nan,
+                                                 np.float32), self.after])
+            self.first_tick, self.length = tick, self.length + shift
+            self.dirty_from = 0
+        i = tick - self.first_tick
+        self.dirty_from = min(self.dirty_from, i)
+        if i >= len(self.pis):
+            cap = max(1024, 2 * len(self.pis), i + 1)
+            self.pis = _grow(self.pis, cap, np.nan)
+            self.actions = _grow(self.actions, cap, -1)
+            self.after = _grow(self.after, cap, np.nan)
+        self.length = max(self.length, i + 1)
+        return i
+
+    def current_values(self) -> np.ndarray:
+        """The parameters' values after the newest recorded action (else defaults)."""
+        acted = np.flatnonzero(~np.isnan(self.after[:self.length]).all(axis=1))
+        return self.after[acted[-1]].copy() if len(acted) else self.defaults.copy()
+
+    def values_in_effect(self, start: int = 0) -> np.ndarray:
+        """Each tick's parameter values from ``start`` on: the values after the last
+        action strictly before that tick (the session's defaults before any action)."""
+        after = self.after[:self.length]
+        acted = np.where(~np.isnan(after).all(axis=1), np.arange(len(after)), -1)
+        last_before = np.maximum.accumulate(np.concatenate([[-1], acted[:-1]]))[start:]
+        out = np.broadcast_to(self.defaults, (len(last_before), len(self.defaults))).copy()
+        have = last_before >= 0
+        out[have] = after[last_before[have]]
+        return out
+
+
+def _grow(arr: np.ndarray, cap: int, fill) -> np.ndarray:
+    out = np.full((cap,) + arr.shape[1:], fill, arr.dtype)
+    out[:len(arr)] = arr
+    return out
+
+
+class ReplayReader:
+    """Read-only view of a replay DB with an incrementally refreshed in-memory cache."""
+
+    def __init__(self, path: str | Path, layout: Layout | None = None):
+        self.path = Path(path)
+        self.conn = connect(self.path, readonly=True)
+        _check_schema(self.conn, self.path)
+        self.layout = layout
+        self.sessions: dict[int, SessionData] = {}
+        self._last_pis_rowid = 0
+        self._last_action_rowid = 0
+        self.refresh()
+
+    def refresh(self) -> int:
+        """Load rows written since the last refresh; return how many."""
+        conn = self.conn
+        for info in read_sessions(conn):
+            if self.layout is None:
+                self.layout = Layout.of(info)
+            known = self.sessions.get(info.id)
+            if known is None:
+                self.sessions[info.id] = SessionData(info, self.layout)
+            elif (known.info.pi_names, known.info.node_names) != (info.pi_names,
+                                                                  info.node_names):
+                known.info = info
+                known._remap(self.layout)
+        n = 0
+        rows = conn.execute("SELECT rowid, session, tick, node, vec FROM pis WHERE rowid > ? "
+                            "ORDER BY rowid", (self._last_pis_rowid,)).fetchall()
+        for rowid, sid, tick, node, blob in rows:
+            data = self.sessions[sid]
+            i = data._ensure(tick)
+            if node >= len(data.node_map) or data.node_map[node] < 0:
+                continue
+            vec = np.frombuffer(blob, "<f4")
+            dst = data.pis[i, data.node_map[node]]
+            if data.identity_pis and len(vec) == dst.shape[0]:
+                dst[:] = vec
+            else:
+                keep = data.pi_src < len(vec)
+                dst[:] = np.nan
+                dst[data.pi_dst[keep]] = vec[data.pi_src[keep]]
+        if rows:
+            self._last_pis_rowid = rows[-1][0]
+            n += len(rows)
+        rows = conn.execute("SELECT rowid, session, tick, action, vals FROM actions "
+                            "WHERE rowid > ? ORDER BY rowid",
+                            (self._last_action_rowid,)).fetchall()
+        for rowid, sid, tick, action, blob in rows:
+            data = self.sessions[sid]
+            i = data._ensure(tick)
+            vals = np.frombuffer(blob, "<f4")
+            data.actions[i] = action if self._action_maps(data) else -1
+            data.after[i] = [vals[j] if j >= 0 else np.nan for j in data.param_map]
+        if rows:
+            self._last_action_rowid = rows[-1][0]
+            n += len(rows)
+        return n
+
+    def _action_maps(self, data: SessionData) -> bool:
+        """Actions index parameters; they mean the same only if the order matches."""
+        return data.param_map == list(range(len(data.param_map)))
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,42 @@
+"""Small, dependency-free statistics for reporting results honestly."""
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+
+def binom_cdf(k: int, n: int, p: float = 0.5) -> float:
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+
+
+def median_ci(values, confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """Median and a distribution-free confidence interval from order statistics.
+
+    The interval [x_(j), x_(k)] covers the median with probability >= ``confidence``
+    (binomial argument); with fewer than 6 values it is the whole range.
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return None
+    mid = n // 2
+    median = xs[mid] if n % 2 else 0.5 * (xs[mid - 1] + xs[mid])
+    alpha = 1 - confidence
+    j = 0
+    while j + 1 < n and binom_cdf(j, n) <= alpha / 2:   # largest j with P(B <= j-1) <= a/2
+        j += 1
+    lo_idx = max(0, j - 1)
+    hi_idx = min(n - 1, n - 1 - lo_idx)
+    return median, float(xs[lo_idx]), float(xs[hi_idx])
+
+
+def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a success rate."""
+    if n == 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)

@@ -1,0 +1,192 @@
+"""Deep Q-learning as in thesis §5.1.4–5.1.7, in one file (after CleanRL's dqn.py).
+
+* Q-network: an MLP with ``hidden_layers`` tanh layers as wide as the input and one
+  linear output per action (2 × parameters + 1, the NULL action included).
+* Loss (Eq. 2.1): mean squared TD error  (r + γ · max_a' Q⁻(s', a') − Q(s, a))²,
+  against a target network Q⁻ updated softly after every minibatch:
+  θ⁻ ← (1 − α) · θ⁻ + α · θ.
+* RMSProp (learning rate 0.001, decay 0.9); minibatch 32; γ = 0.99.
+* ε-greedy: ε falls linearly from 1.0 to 0.05 over the exploration period and is
+  bumped to 0.2 when a new workload starts, then falls back over ``workload_ticks``.
+
+Tuning never ends, so no transition is terminal. Presets: ``paper`` is exactly the
+above; ``default`` adds Double DQN, the Huber loss, input normalisation and reward
+scaling, each of which the converge test justified (see README).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+
+@dataclass
+class DQNConfig:
+    preset: Literal["default", "paper"] = "default"
+    stack: int = 10                    # S: sampling ticks per observation
+    hidden_layers: int = 2
+    hidden_width: int = 0              # 0: as wide as the input
+    gamma: float = 0.99
+    learning_rate: float = 0.001
+    rmsprop_decay: float = 0.9
+    batch_size: int = 32
+    target_update_rate: float = 0.01   # α of the soft target update
+    epsilon_start: float = 1.0
+    epsilon_final: float = 0.05
+    exploration_ticks: int = 72_000    # 20 h of 1 s action ticks
+    workload_epsilon: float = 0.2
+    workload_ticks: int = 3_600        # ticks to anneal back after a workload change
+    missing_tolerance: float = 0.2
+    train_steps_per_tick: int = 1
+    double_dqn: bool = False
+    loss: Literal["mse", "huber"] = "mse"
+    normalise_inputs: bool = False
+    scale_rewards: bool = False
+    grad_clip: float = 0.0             # max gradient norm; 0: no clipping
+
+    def validate(self) -> None:
+        positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
+                    "train_steps_per_tick", "learning_rate")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        for name in ("gamma", "rmsprop_decay", "target_update_rate", "epsilon_start",
+                     "epsilon_final", "workload_epsilon", "missing_tolerance"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
+        if self.hidden_width < 0 or self.workload_ticks < 0 or self.grad_clip < 0:
+            raise ValueError("hidden_width: hidden_width, workload_ticks and grad_clip "
+                             "must be >= 0")
+
+
+# What each preset changes from the dataclass defaults (which are the paper's values).
+PRESETS: dict[str, dict] = {
+    "paper": {},
+    "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
+                "scale_rewards": True, "grad_clip": 10.0},
+}
+
+
+def with_preset(table: dict) -> dict:
+    """An ``[engine]`` table with its preset's values filled in under explicit keys."""
+    preset = table.get("preset", DQNConfig.preset)
+    if preset not in PRESETS:
+        raise KeyError(preset)
+    return {**PRESETS[preset], **table}
+
+
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, n_actions: int, hidden_layers: int = 2,
+                 hidden_width: int = 0):
+        super().__init__()
+        width = hidden_width or obs_dim
+        layers, d = [], obs_dim
+        for _ in range(hidden_layers):
+            layers += [nn.Linear(d, width), nn.Tanh()]
+            d = width
+        layers.append(nn.Linear(d, n_actions))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs)
+
+
+def epsilon(action_ticks: int, cfg: DQNConfig, bumped_at: int | None = None) -> float:
+    """ε after ``action_ticks`` actions; a workload change at ``bumped_at`` lifts it."""
+    frac = min(1.0, action_ticks / cfg.exploration_ticks)
+    eps = cfg.epsilon_start + frac * (cfg.epsilon_final - cfg.epsilon_start)
+    if bumped_at is not None and action_ticks >= bumped_at:
+        since = action_ticks - bumped_at
+        frac = min(1.0, since / cfg.workload_ticks) if cfg.workload_ticks else 1.0
+        bump = cfg.workload_epsilon + frac * (cfg.epsilon_final - cfg.workload_epsilon)
+        eps = max(eps, bump)
+    return eps
+
+
+class DQN:
+    """The online and target Q-networks, their optimiser, and one training step."""
+
+    def __init__(self, obs_dim: int, n_actions: int, cfg: DQNConfig,
+                 device: str | torch.device = "cpu", seed: int = 0):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.obs_dim, self.n_actions = obs_dim, n_actions
+        torch.manual_seed(seed)
+        self.q = QNetwork(obs_dim, n_actions, cfg.hidden_layers, cfg.hidden_width).to(self.device)
+        self.target = copy.deepcopy(self.q)
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.RMSprop(self.q.parameters(), lr=cfg.learning_rate,
+                                             alpha=cfg.rmsprop_decay, foreach=True)
+        self._q_params = list(self.q.parameters())
+        self._t_params = list(self.target.parameters())
+        self.loss_fn = nn.SmoothL1Loss() if cfg.loss == "huber" else nn.MSELoss()
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+            return self.q(x).cpu().numpy()
+
+    def td_target(self, rewards: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
+        """y = r + γ · Q⁻(s', a*), a* = argmax Q⁻(s') (or argmax Q(s') with Double DQN)."""
+        with torch.no_grad():
+            next_q = self.target(next_obs)
+            if self.cfg.double_dqn:
+                best = self.q(next_obs).argmax(dim=1, keepdim=True)
+                next_v = next_q.gather(1, best).squeeze(1)
+            else:
+                next_v = next_q.max(dim=1).values
+            return rewards + self.cfg.gamma * next_v
+
+    def train_step(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
+                   next_obs: torch.Tensor) -> torch.Tensor:
+        """One minibatch of Eq. 2.1 plus the soft target update; returns the loss."""
+        y = self.td_target(rewards, next_obs)
+        q = self.q(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+        loss = self.loss_fn(q, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip:
+            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip, foreach=True)
+        self.optimizer.step()
+        self.soft_update()
+        return loss.detach()
+
+    @torch.no_grad()
+    def soft_update(self) -> None:
+        """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
+        torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
+
+    def to_tensors(self, obs, actions, rewards, next_obs):
+        dev = self.device
+        return (torch.as_tensor(obs, device=dev), torch.as_tensor(actions, device=dev),
+                torch.as_tensor(rewards, device=dev), torch.as_tensor(next_obs, device=dev))
+
+    def state_dict(self) -> dict:
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "cfg": dataclasses.asdict(self.cfg),
+                "obs_dim": self.obs_dim, "n_actions": self.n_actions}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["obs_dim"], state["n_actions"]) != (self.obs_dim, self.n_actions):
+            raise ValueError(f"checkpoint is for {state['obs_dim']} inputs and "
+                             f"{state['n_actions']} actions, this engine has "
+                             f"{self.obs_dim} and {self.n_actions}")
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def pick_device(requested: str = "auto") -> torch.device:
+    """``auto``: CUDA when present, else CPU. ``cuda`` without a GPU is an error."""
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda requested but no CUDA device is available")
+    return torch.device(requested)

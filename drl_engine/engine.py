@@ -1,0 +1,188 @@
+"""The engine: experience from the replay DB in, trained Q-network and actions out.
+
+It knows nothing of the target system: its inputs are the replay DB's PIs, the
+parameter specs stored with each session, and the objective named in its reward
+config. The same class runs in the converge test, in ``capes drl-engine`` against a
+live DB, and in offline training on merged DBs.
+
+Per action tick: ``update()`` (refresh from the DB), ``act(session)`` (ε-greedy on the
+newest observation), ``train(steps)`` (Algorithm 2 minibatches).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capes.replay_db import ReplayReader
+from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
+from drl_engine.experience import Experience
+from drl_engine.rewards import RewardConfig
+
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class Decision:
+    tick: int
+    action: int              # 0 = NULL, 1 + 2k = increase param k, 2 + 2k = decrease it
+    values: list[float]      # every parameter's value after the action
+    epsilon: float
+    explored: bool
+    q_max: float | None      # the network's value estimate (None when explored)
+
+
+def action_name(action: int, param_names) -> str:
+    if action == 0:
+        return "null"
+    k, sign = divmod(action - 1, 2)
+    return f"{param_names[k]}{'+' if sign == 0 else '-'}"
+
+
+def apply_action(action: int, values, specs) -> list[float]:
+    """New parameter values after ``action`` (moved by one step, kept in range)."""
+    out = [float(v) for v in values]
+    if action:
+        k, sign = divmod(action - 1, 2)
+        step = specs[k].step if sign == 0 else -specs[k].step
+        out[k] = specs[k].clamp(out[k] + step)
+    return out
+
+
+class Engine:
+    def __init__(self, dqn: DQNConfig, reward: RewardConfig, reader: ReplayReader,
+                 device: str = "auto", seed: int = 0):
+        self.cfg = dqn
+        self.reward_cfg = reward
+        self.device = pick_device(device)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
+                                     dqn.normalise_inputs)
+        self.dqn: DQN | None = None
+        self.action_ticks = 0
+        self.train_steps = 0
+        self.bumped_at: int | None = None
+        self.last_loss: float | None = None
+        self._pending_state: dict | None = None
+        self.update()
+
+    # -- data ---------------------------------------------------------------------------
+    def update(self) -> int:
+        """Pull new rows from the replay DB; build the network once the shape is known."""
+        n = self.experience.update()
+        if self.dqn is None and self.experience.ready:
+            exp = self.experience
+            self.dqn = DQN(exp.obs_dim, exp.n_actions, self.cfg, self.device, self.seed)
+            if self._pending_state is not None:
+                self._restore(self._pending_state)
+                self._pending_state = None
+        return n
+
+    @property
+    def epsilon(self) -> float:
+        return epsilon(self.action_ticks, self.cfg, self.bumped_at)
+
+    def workload_changed(self) -> None:
+        """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
+        self.bumped_at = self.action_ticks
+
+    # -- act ----------------------------------------------------------------------------
+    def act(self, session: int) -> Decision | None:
+        """Choose the action for the newest tick of ``session`` (None: not enough data)."""
+        latest = self.experience.latest(session) if self.dqn is not None else None
+        if latest is None:
+            return None
+        tick, obs = latest
+        eps = self.epsilon
+        explored = bool(self.rng.random() < eps)
+        if explored:
+            action, q_max = int(self.rng.integers(self.dqn.n_actions)), None
+        else:
+            q = self.dqn.q_values(obs[None])[0]
+            action, q_max = int(q.argmax()), float(q.max())
+        specs = self.experience.param_specs()
+        data = self.experience.reader.sessions[session]
+        values = apply_action(action, data.current_values(), specs)
+        self.action_ticks += 1
+        return Decision(tick, action, values, eps, explored, q_max)
+
+    # -- train --------------------------------------------------------------------------
+    def train(self, steps: int | None = None) -> float | None:
+        """Run ``steps`` minibatch updates (default: train_steps_per_tick); mean loss."""
+        if self.dqn is None:
+            return None
+        steps = self.cfg.train_steps_per_tick if steps is None else steps
+        losses = []
+        scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
+        for _ in range(steps):
+            batch = self.experience.sample(self.cfg.batch_size, self.rng)
+            if batch is None:
+                break
+            tensors = self.dqn.to_tensors(batch.obs, batch.actions, batch.rewards * scale,
+                                          batch.next_obs)
+            losses.append(self.dqn.train_step(*tensors))
+            self.train_steps += 1
+        if not losses:
+            return None
+        self.last_loss = float(torch.stack(losses).mean())
+        return self.last_loss
+
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        layout = self.experience.layout
+        return {"version": CHECKPOINT_VERSION,
+                "dqn": self.dqn.state_dict() if self.dqn else None,
+                "config": dataclasses.asdict(self.cfg),
+                "reward": dataclasses.asdict(self.reward_cfg),
+                "layout": dataclasses.asdict(layout) if layout else None,
+                "action_ticks": self.action_ticks, "train_steps": self.train_steps,
+                "bumped_at": self.bumped_at, "epsilon": self.epsilon,
+                "rng": self.rng.bit_generator.state}
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint atomically (temp file + rename): a crash never leaves a
+        half-written checkpoint behind."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(self.state_dict(), tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        """Resume from a checkpoint: model, target, optimiser, counters and ε.
+        ``weights_only`` takes just the networks (to start a new run from a model)."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        if state.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
+                             f"expected {CHECKPOINT_VERSION}")
+        if weights_only:
+            state = {"dqn": state["dqn"], "layout": state["layout"]}
+        if self.dqn is None:
+            self._pending_state = state
+        else:
+            self._restore(state)
+
+    def _restore(self, state: dict) -> None:
+        layout = self.experience.layout
+        if state.get("layout") and layout and state["layout"] != dataclasses.asdict(layout):
+            raise ValueError("checkpoint was trained on another layout of nodes, PIs or "
+                             "parameters than this replay DB holds")
+        if state.get("dqn"):
+            self.dqn.load_state_dict(state["dqn"])
+        if "action_ticks" in state:
+            self.action_ticks = state["action_ticks"]
+            self.train_steps = state["train_steps"]
+            self.bumped_at = state["bumped_at"]
+            self.rng.bit_generator.state = state["rng"]

@@ -1,0 +1,248 @@
+"""Experience: transitions (s_t, a_t, r_t, s_{t+1}) drawn from the replay DB.
+
+Wraps a :class:`~capes.replay_db.ReplayReader` and keeps, per session, what training
+needs beside the raw PIs: the objective p_t, the reward r_t, how many entries of each
+tick are missing, and the parameter values in effect. These are updated incrementally
+after each refresh. Observations are stacked at sample time from the cached ticks
+(never stored as copies), and minibatches are built by Algorithm 2 of the thesis:
+draw ticks uniformly, keep those with enough data at t and t + 1, redraw the rest.
+
+Observation at tick t: the PIs of all nodes over ticks t−S+1..t, flattened, followed
+by the current value of every tuned parameter scaled to [0, 1] by its valid range.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from capes.replay_db import ReplayReader, SessionData
+from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, RewardConfig, pi_columns
+
+
+@dataclass
+class Batch:
+    obs: np.ndarray        # (B, obs_dim) float32
+    actions: np.ndarray    # (B,) int64
+    rewards: np.ndarray    # (B,) float32
+    next_obs: np.ndarray   # (B, obs_dim) float32
+    sessions: np.ndarray   # (B,) session ids
+    ticks: np.ndarray      # (B,) ticks t
+
+
+def reward_lookback(cfg: RewardConfig) -> int:
+    """How many earlier objective values a reward at t can depend on."""
+    if cfg.type == "diff_avg":
+        return cfg.avg_window + 1
+    if cfg.type == "diff_ewma":   # long enough that the truncated EWMA is exact to 1e-9
+        return 1 + math.ceil(math.log(1e-9) / math.log(1.0 - min(cfg.ewma_weight, 0.999999)))
+    return 1
+
+
+class _Derived:
+    """Per-session series derived from the cache, extended as the cache grows."""
+
+    def __init__(self):
+        self.n = 0                                  # ticks derived so far
+        self.p = np.zeros(0)                        # objective
+        self.r = np.zeros(0)                        # reward of transition t -> t+1
+        self.missing_cum = np.zeros(1, np.int64)    # cumulative missing entries
+        self.values = np.zeros((0, 0), np.float32)  # parameter values in effect
+
+
+class Experience:
+    def __init__(self, reader: ReplayReader, reward: RewardConfig, stack: int,
+                 missing_tolerance: float = 0.2, normalise: bool = False):
+        self.reader = reader
+        self.reward = reward
+        self.stack = stack
+        self.tolerance = missing_tolerance
+        self.normalise = normalise
+        self.derived: dict[int, _Derived] = {}
+        self._lookback = reward_lookback(reward)
+        self._cols: list[int] | None = None
+        self.mean = self.std = None
+        self.objective_std = 1.0
+        self._stats_ticks = 0
+        self.update()
+
+    # -- shape ------------------------------------------------------------------------
+    @property
+    def layout(self):
+        return self.reader.layout
+
+    @property
+    def ready(self) -> bool:
+        return self.layout is not None
+
+    @property
+    def obs_dim(self) -> int:
+        lay = self.layout
+        return self.stack * len(lay.node_names) * len(lay.pi_names) + len(lay.param_names)
+
+    @property
+    def n_actions(self) -> int:
+        return 2 * len(self.layout.param_names) + 1
+
+    def param_specs(self):
+        """Specs of the layout's parameters, taken from the newest session that has them."""
+        for data in reversed(list(self.reader.sessions.values())):
+            if data.info.param_names == list(self.layout.param_names):
+                return data.info.params
+        raise ValueError("no session carries the layout's parameters")
+
+    # -- refresh ----------------------------------------------------------------------
+    def update(self) -> int:
+        """Refresh the reader and extend every session's derived series."""
+        n = self.reader.refresh()
+        if not self.ready:
+            return n
+        if self._cols is None:
+            self._cols = pi_columns(self.reward, self.layout.pi_names)
+        for sid, data in self.reader.sessions.items():
+            d = self.derived.setdefault(sid, _Derived())
+            start = min(d.n, data.dirty_from)
+            if data.length > start or data.length != d.n:
+                self._derive(data, d, start)
+            data.dirty_from = data.length
+        total = sum(d.n for d in self.derived.values())
+        if self.normalise and total - self._stats_ticks >= max(1, total // 20):
+            self._update_stats()
+            self._stats_ticks = total
+        return n
+
+    def _derive(self, data: SessionData, d: _Derived, start: int) -> None:
+        L = data.length
+        pis = data.pis[:L]
+        for name in ("p", "r"):
+            arr = getattr(d, name)
+            if len(arr) < len(data.pis):
+                grown = np.full(len(data.pis), np.nan)
+                grown[:len(arr)] = arr
+                setattr(d, name, grown)
+        fn = OBJECTIVES[self.reward.objective]
+        d.p[start:L] = fn(pis[start:L], self._cols, self.reward)
+        # rewards that can change: from the first changed tick minus one (r_t uses p_{t+1})
+        r0 = max(0, start - 1)
+        lo = max(0, r0 - self._lookback)
+        r = REWARD_TYPES[self.reward.type](d.p[lo:L], self.reward)
+        d.r[r0:L] = r[r0 - lo:]
+        missing = np.isnan(pis[start:L]).reshape(L - start, -1).sum(axis=1)
+        cum = np.empty(L + 1, np.int64)
+        cum[:start + 1] = d.missing_cum[:start + 1]
+        cum[start + 1:] = cum[start] + np.cumsum(missing)
+        d.missing_cum = cum
+        d.values = data.values_in_effect()
+        d.n = L
+
+    def _update_stats(self) -> None:
+        """Per-(node, PI) mean and std over all cached ticks, for input normalisation."""
+        chunks = [data.pis[:data.length] for data in self.reader.sessions.values()
+                  if data.length]
+        if not chunks:
+            return
+        allp = np.concatenate(chunks)
+        with np.errstate(all="ignore"), _quiet():
+            mean = np.nanmean(allp, axis=0)
+            std = np.nanstd(allp, axis=0)
+            ps = np.concatenate([d.p[:d.n] for d in self.derived.values()])
+            ostd = float(np.nanstd(ps)) if np.isfinite(ps).any() else 1.0
+        self.mean = np.nan_to_num(mean).astype(np.float32)
+        self.std = np.where(np.isfinite(std) & (std > 1e-6), std, 1.0).astype(np.float32)
+        self.objective_std = ostd if ostd > 1e-6 else 1.0
+
+    # -- observations -------------------------------------------------------------------
+    def observations(self, sid: int, ticks: np.ndarray) -> np.ndarray:
+        """Stacked observations at session indices ``ticks`` (each >= stack − 1)."""
+        data = self.reader.sessions[sid]
+        S = self.stack
+        idx = ticks[:, None] + np.arange(-S + 1, 1)
+        x = data.pis[idx]                                   # (B, S, N, P)
+        if self.normalise and self.mean is not None:
+            x = (x - self.mean) / self.std
+        x = np.nan_to_num(x.reshape(len(ticks), -1), nan=0.0)
+        specs = self.param_specs()
+        vals = self.derived[sid].values[ticks]
+        lo = np.array([s.min for s in specs], np.float32)
+        span = np.array([max(s.max - s.min, 1e-12) for s in specs], np.float32)
+        v = np.nan_to_num((vals - lo) / span, nan=0.0)
+        return np.concatenate([x, v], axis=1).astype(np.float32)
+
+    def latest(self, sid: int) -> tuple[int, np.ndarray] | None:
+        """(tick, observation) for the newest tick of session ``sid`` with a full stack."""
+        data = self.reader.sessions.get(sid)
+        if data is None or data.length < self.stack:
+            return None
+        i = data.length - 1
+        return data.first_tick + i, self.observations(sid, np.array([i]))[0]
+
+    # -- Algorithm 2 --------------------------------------------------------------------
+    def _valid(self, data: SessionData, d: _Derived, i: np.ndarray) -> np.ndarray:
+        S = self.stack
+        per_obs = S * data.pis.shape[1] * data.pis.shape[2]
+        limit = self.tolerance * per_obs
+        cum = d.missing_cum
+        miss_t = cum[i + 1] - cum[i + 1 - S]
+        miss_t1 = cum[i + 2] - cum[i + 2 - S]
+        return ((data.actions[i] >= 0) & np.isfinite(d.r[i])
+                & (miss_t <= limit) & (miss_t1 <= limit))
+
+    def candidates(self) -> tuple[list[int], np.ndarray]:
+        """Sessions and their number of candidate ticks t in [S−1, length−2]."""
+        sids = [sid for sid, d in self.derived.items()]
+        counts = np.array([max(0, self.derived[s].n - self.stack) for s in sids], np.int64)
+        return sids, counts
+
+    def sample(self, n: int, rng: np.random.Generator, max_rounds: int = 50) -> Batch | None:
+        """Algorithm 2: a minibatch of ``n`` transitions, or None while too few exist."""
+        sids, counts = self.candidates()
+        total = int(counts.sum())
+        if total == 0:
+            return None
+        bounds = np.cumsum(counts)
+        picked: list[tuple[int, np.ndarray]] = []
+        need = n
+        for _ in range(max_rounds):
+            g = rng.integers(0, total, size=need)
+            which = np.searchsorted(bounds, g, side="right")
+            for k in np.unique(which):
+                sid = sids[k]
+                data, d = self.reader.sessions[sid], self.derived[sid]
+                offset = bounds[k] - counts[k]
+                i = (g[which == k] - offset) + self.stack - 1
+                ok = i[self._valid(data, d, i)]
+                if len(ok):
+                    picked.append((sid, ok))
+            need = n - sum(len(t) for _, t in picked)
+            if need <= 0:
+                break
+        if need > 0:
+            return None
+        return self._assemble(picked, n)
+
+    def _assemble(self, picked, n) -> Batch:
+        obs, nxt, act, rew, ss, ts = [], [], [], [], [], []
+        for sid, i in picked:
+            data, d = self.reader.sessions[sid], self.derived[sid]
+            obs.append(self.observations(sid, i))
+            nxt.append(self.observations(sid, i + 1))
+            act.append(data.actions[i].astype(np.int64))
+            rew.append(d.r[i])
+            ss.append(np.full(len(i), sid))
+            ts.append(i + data.first_tick)
+        cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
+        return Batch(cat(obs), cat(act), cat(rew).astype(np.float32), cat(nxt), cat(ss), cat(ts))
+
+
+class _quiet:
+    """Silence numpy's all-NaN slice warnings inside a block."""
+
+    def __enter__(self):
+        import warnings
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
