@@ -87,6 +87,11 @@ def build(cls: type[T], table: dict, source: str = "<config>", prefix: str = "")
         raise ConfigError(source, key, f"unknown key (known: {', '.join(sorted(fields))})")
     kwargs = {}
     for name, value in table.items():
+        f = fields[name]
+        if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default):   # a partial table keeps the other defaults
+                value = {**to_table(default), **value}
         kwargs[name] = _coerce(hints[name], value, source, _join(prefix, name))
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]

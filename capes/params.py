@@ -18,6 +18,7 @@ class ParameterSpec:
     step: float
     default: float
     forbidden: list[float] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)   # nodes it is set on; empty: all
     name: str = ""
 
     def validate(self) -> None:

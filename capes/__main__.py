@@ -1,0 +1,5 @@
+import sys
+
+from capes.cli import main
+
+sys.exit(main())

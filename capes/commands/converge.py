@@ -1,0 +1,76 @@
+"""``capes converge-test``: the engine against StorageGameSim, grid of noise × reward."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from capes.cli import common_config_args
+
+
+def _floats(text: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        value = float(part[:-1]) / 100 if part.endswith("%") else float(part)
+        if not 0 <= value:
+            raise argparse.ArgumentTypeError(f"noise must be >= 0: {part}")
+        out.append(value)
+    return out
+
+
+def _names(text: str) -> list[str]:
+    from drl_engine.rewards import REWARD_TYPES
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in out if p not in REWARD_TYPES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown reward type {bad[0]!r} "
+                                         f"(known: {', '.join(REWARD_TYPES)})")
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from capes.converge_test import DEFAULT_CONFIG
+    common_config_args(p, default=str(DEFAULT_CONFIG))
+    p.add_argument("--noise", type=_floats, default=None, metavar="LIST",
+                   help="noise levels, e.g. 0.01,0.1,0.5 or 1%%,10%%,50%% "
+                        "(default: the config's game.noise)")
+    p.add_argument("--reward", type=_names, default=None, metavar="LIST",
+                   help="reward types, e.g. diff,diff_avg,diff_ewma "
+                        "(default: the config's reward.type)")
+    p.add_argument("--seeds", type=int, default=1, metavar="N", help="runs per cell")
+    p.add_argument("--first-seed", type=int, default=0, metavar="S")
+    p.add_argument("--preset", choices=["default", "paper"], default=None,
+                   help="engine preset (default: the config's engine.preset)")
+    p.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="runs in parallel, one process and one core each")
+    p.add_argument("--init-model", metavar="CKPT",
+                   help="start every run from this checkpoint's networks")
+    p.add_argument("--json", metavar="OUT", help="write every run and cell summary as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG of the runs")
+    p.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+
+
+def run(args) -> int:
+    from capes.converge_test import format_table, load_config, run_grid, write_json
+    if args.seeds < 1 or args.jobs < 1:
+        print("capes converge-test: --seeds and --jobs must be >= 1", file=sys.stderr)
+        return 2
+    cfg = load_config(args.config, args.overrides, args.preset)
+    noises = args.noise or [cfg.game.noise]
+    rewards = args.reward or [cfg.reward.type]
+    print(f"converge test: {len(noises)} noise × {len(rewards)} reward cells × "
+          f"{args.seeds} seeds, preset {cfg.engine.preset}, "
+          f"{cfg.engine.train_steps_per_tick} training step(s) per simulated second",
+          file=sys.stderr)
+    report = run_grid(cfg, noises, rewards, args.seeds, args.first_seed, args.jobs,
+                      args.init_model, keep_traces=1 if args.plot else 0,
+                      progress=None if args.quiet else sys.stderr)
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        from capes.plots import plot_converge
+        plot_converge(report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

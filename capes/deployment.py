@@ -1,0 +1,92 @@
+"""The deployment config: one TOML file describes a whole CAPES installation.
+
+Each process reads the sections it needs: the interface daemon ``[daemon]`` and
+``[parameters]``, a monitoring agent ``[monitor]``, a control agent ``[control]`` and
+``[parameters]``, the DRL engine ``[engine]`` and ``[reward]`` (kept as raw tables
+here and validated by the engine, so that agents and daemon never import torch).
+See ``configs/*.toml`` for one example per supported target.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from capes import config as cfgmod
+from capes.params import ParameterSpec
+
+
+@dataclass
+class KeysConfig:
+    dir: str = "keys"            # CURVE keys made by `capes keys generate`
+    enabled: bool = True         # false only for experiments on a trusted loopback
+
+
+@dataclass
+class DaemonConfig:
+    ingest: str = "tcp://127.0.0.1:5560"     # monitoring agents connect here
+    control: str = "tcp://127.0.0.1:5561"    # control agents connect here
+    grpc: str = "127.0.0.1:50051"            # control plane (capes status, the engine)
+    db: str = "capes-replay.db"
+    commit_every_s: float = 1.0              # batch of the replay DB's WAL transactions
+    ack_timeout_s: float = 2.0               # resend an unacknowledged action after this
+    high_water_mark: int = 10_000
+    max_message_bytes: int = 65_536
+    forbidden: dict[str, list[float]] = field(default_factory=dict)
+
+
+@dataclass
+class CollectorConfig:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MonitorConfig:
+    node: str = field(default_factory=socket.gethostname)
+    daemon: str = "tcp://127.0.0.1:5560"
+    full_frame_every: int = 60               # ticks between full frames
+    collectors: list[CollectorConfig] = field(
+        default_factory=lambda: [CollectorConfig("host"), CollectorConfig("timeofday")])
+
+
+@dataclass
+class ApplierConfig:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ControlConfig:
+    node: str = field(default_factory=socket.gethostname)
+    daemon: str = "tcp://127.0.0.1:5561"
+    dry_run: bool = False                    # log what would be applied, apply nothing
+    restore_after_s: float = 0.0             # restore defaults after this much silence; 0: never
+    appliers: dict[str, ApplierConfig] = field(default_factory=dict)   # parameter -> applier
+
+
+@dataclass
+class DeploymentConfig:
+    tick_seconds: float = 1.0                # sampling and action tick
+    keys: KeysConfig = field(default_factory=KeysConfig)
+    daemon: DaemonConfig = field(default_factory=DaemonConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    parameters: dict[str, ParameterSpec] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
+    reward: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if not self.tick_seconds > 0:
+            raise ValueError(f"tick_seconds: must be > 0 (got {self.tick_seconds})")
+        for name, spec in self.parameters.items():
+            spec.name = name
+
+    def param_specs(self) -> list[ParameterSpec]:
+        """Parameters in action order (sorted by name)."""
+        return [self.parameters[n] for n in sorted(self.parameters)]
+
+
+def load_deployment(path: str | Path | None, overrides=()) -> DeploymentConfig:
+    return cfgmod.load(DeploymentConfig, path, overrides)

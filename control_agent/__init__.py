@@ -1,0 +1,1 @@
+"""Control agent: applies the parameter values the interface daemon sends."""

@@ -1,0 +1,160 @@
+"""DQN engine: action mapping, ε schedule, Bellman target, soft update, checkpoints."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from capes.replay_db import ReplayReader
+from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
+from drl_engine.engine import Engine, action_name, apply_action
+from drl_engine.rewards import RewardConfig
+from conftest import two_params
+
+
+def test_actions_are_two_per_parameter_plus_null():
+    specs = two_params()
+    assert apply_action(0, [10, 4], specs) == [10, 4]          # NULL
+    assert apply_action(1, [10, 4], specs) == [11, 4]          # a + step
+    assert apply_action(2, [10, 4], specs) == [9, 4]           # a - step
+    assert apply_action(3, [10, 4], specs) == [10, 6]          # b + 2
+    assert apply_action(4, [10, 4], specs) == [10, 2]
+    assert apply_action(2, [1, 4], specs) == [1, 4]            # clamped at min
+    assert apply_action(3, [10, 10], specs) == [10, 10]        # clamped at max
+    assert [action_name(a, ["a", "b"]) for a in range(5)] == ["null", "a+", "a-", "b+", "b-"]
+
+
+def test_epsilon_anneals_linearly_and_bumps_on_workload_change():
+    cfg = DQNConfig(exploration_ticks=100, workload_ticks=50)
+    assert epsilon(0, cfg) == 1.0
+    assert epsilon(50, cfg) == pytest.approx(0.525)
+    assert epsilon(100, cfg) == pytest.approx(0.05)
+    assert epsilon(10_000, cfg) == pytest.approx(0.05)
+    assert epsilon(200, cfg, bumped_at=200) == pytest.approx(0.2)
+    assert epsilon(225, cfg, bumped_at=200) == pytest.approx(0.125)
+    assert epsilon(400, cfg, bumped_at=200) == pytest.approx(0.05)
+    assert epsilon(10, cfg, bumped_at=5) == pytest.approx(epsilon(10, cfg))  # never lowers
+
+
+def tiny_dqn(**kw):
+    cfg = DQNConfig(**{"hidden_layers": 1, "hidden_width": 3, "gamma": 0.5, **kw})
+    return DQN(obs_dim=2, n_actions=3, cfg=cfg, seed=0)
+
+
+def set_linear(net, w, b):
+    with torch.no_grad():
+        layers = [m for m in net.net if isinstance(m, torch.nn.Linear)]
+        for layer in layers[:-1]:               # make the hidden layer pass x through
+            layer.weight.zero_()
+            layer.bias.zero_()
+            layer.weight[:2, :2] = torch.eye(2) * 1e-3
+        layers[-1].weight.copy_(torch.tensor(w))
+        layers[-1].bias.copy_(torch.tensor(b))
+
+
+def test_bellman_target_matches_a_hand_computation():
+    dqn = tiny_dqn()
+    # target network: Q⁻(s') = bias only -> [1, 5, 3]; online: bias [9, 0, 2]
+    set_linear(dqn.target, [[0, 0, 0]] * 3, [1.0, 5.0, 3.0])
+    set_linear(dqn.q, [[0, 0, 0]] * 3, [9.0, 0.0, 2.0])
+    r = torch.tensor([2.0, -1.0])
+    s1 = torch.zeros(2, 2)
+    # plain DQN: y = r + γ max_a Q⁻(s', a) = r + 0.5 * 5
+    np.testing.assert_allclose(dqn.td_target(r, s1).numpy(), [4.5, 1.5])
+    # Double DQN: a* = argmax Q(s') = 0, y = r + γ Q⁻(s', 0) = r + 0.5 * 1
+    double = tiny_dqn(double_dqn=True)
+    set_linear(double.target, [[0, 0, 0]] * 3, [1.0, 5.0, 3.0])
+    set_linear(double.q, [[0, 0, 0]] * 3, [9.0, 0.0, 2.0])
+    np.testing.assert_allclose(double.td_target(r, s1).numpy(), [2.5, -0.5])
+
+
+def test_train_step_minimises_the_squared_td_error():
+    dqn = tiny_dqn(loss="mse", target_update_rate=0.0, hidden_width=64)
+    obs = torch.randn(32, 2)
+    actions = torch.randint(0, 3, (32,))
+    rewards = torch.ones(32)
+    nxt = torch.randn(32, 2)
+    y = dqn.td_target(rewards, nxt)
+    q = dqn.q(obs).gather(1, actions[:, None]).squeeze(1)
+    expected = ((y - q) ** 2).mean().detach()
+    loss = dqn.train_step(obs, actions, rewards, nxt)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    losses = [float(dqn.train_step(obs, actions, rewards, nxt)) for _ in range(200)]
+    assert losses[-1] < 0.1 * losses[0]
+
+
+def test_soft_update_moves_the_target_by_alpha():
+    dqn = tiny_dqn(target_update_rate=0.01)
+    before = [p.clone() for p in dqn.target.parameters()]
+    online = [p.clone() for p in dqn.q.parameters()]
+    with torch.no_grad():
+        for p in dqn.q.parameters():
+            p.add_(1.0)
+    dqn.soft_update()
+    for t0, q0, t1 in zip(before, online, dqn.target.parameters()):
+        torch.testing.assert_close(t1, 0.99 * t0 + 0.01 * (q0 + 1.0))
+
+
+def test_network_shape_follows_the_paper():
+    dqn = DQN(obs_dim=1760, n_actions=9, cfg=DQNConfig(), seed=0)
+    linears = [m for m in dqn.q.net if isinstance(m, torch.nn.Linear)]
+    assert [(l.in_features, l.out_features) for l in linears] == [(1760, 1760), (1760, 1760), (1760, 9)]
+    assert sum(isinstance(m, torch.nn.Tanh) for m in dqn.q.net) == 2
+    assert isinstance(dqn.optimizer, torch.optim.RMSprop)
+    assert dqn.optimizer.defaults["alpha"] == 0.9 and dqn.optimizer.defaults["lr"] == 0.001
+
+
+def test_device_choice():
+    assert pick_device("cpu").type == "cpu"
+    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA"):
+            pick_device("cuda")
+
+
+def make_engine(path, seed=0, **kw):
+    cfg = DQNConfig(stack=4, exploration_ticks=100, **kw)
+    return Engine(cfg, RewardConfig(pis=["tp"]), ReplayReader(path), device="cpu", seed=seed)
+
+
+def test_engine_observation_includes_parameter_values(tmp_path, make_session):
+    path = tmp_path / "r.db"
+    make_session(path, ticks=10)
+    eng = make_engine(path)
+    tick, obs = eng.experience.latest(1)
+    assert tick == 9 and obs.shape == (4 * 2 * 2 + 2,)
+    # parameter a in effect at tick 9 = value after action at tick 8 = 10 + 8 % 3 = 12
+    assert obs[-2] == pytest.approx((12 - 1) / 99)
+    assert obs[-1] == pytest.approx(4 / 10)
+
+
+def test_checkpoint_resume_restores_networks_counters_and_epsilon(tmp_path, make_session):
+    path = tmp_path / "r.db"
+    make_session(path, ticks=60)
+    eng = make_engine(path, seed=3)
+    for _ in range(30):
+        eng.act(1)
+    eng.train(20)
+    eng.workload_changed()
+    ckpt = eng.save(tmp_path / "ckpt" / "engine.pt")
+    resumed = make_engine(path, seed=99)
+    resumed.load(ckpt)
+    assert (resumed.action_ticks, resumed.train_steps, resumed.bumped_at) == (30, 20, 30)
+    assert resumed.epsilon == eng.epsilon
+    obs = eng.experience.latest(1)[1][None]
+    np.testing.assert_allclose(resumed.dqn.q_values(obs), eng.dqn.q_values(obs))
+    # the same continuation after resume: identical decisions and training
+    assert [resumed.act(1).action for _ in range(10)] == [eng.act(1).action for _ in range(10)]
+    # weights only: the networks, fresh counters
+    fresh = make_engine(path)
+    fresh.load(ckpt, weights_only=True)
+    assert fresh.action_ticks == 0
+    np.testing.assert_allclose(fresh.dqn.q_values(obs), eng.dqn.q_values(obs))
+
+
+def test_checkpoint_for_another_layout_is_refused(tmp_path, make_session):
+    make_session(tmp_path / "a.db", ticks=20)
+    make_session(tmp_path / "b.db", ticks=20, nodes=("n0",))
+    ckpt = make_engine(tmp_path / "a.db").save(tmp_path / "a.pt")
+    with pytest.raises(ValueError, match="another layout"):
+        make_engine(tmp_path / "b.db").load(ckpt)
