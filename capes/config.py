@@ -199,14 +199,19 @@ def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
     raise ConfigError(source, key, f"unsupported type {hint!r}")
 
 
-def load(cls: type[T], path: str | Path | None, overrides: Iterable[str] = (),
-         default_path: str | Path | None = None) -> T:
-    """Load ``cls`` from ``path`` (or ``default_path``, or pure defaults) plus overrides."""
-    path = path or default_path
+def load_table(path: str | Path | None, overrides: Iterable[str] = ()) -> tuple[dict, str]:
+    """The raw table of ``path`` (empty when None) with overrides merged, and its source
+    name for error messages."""
     table = read_toml(path) if path else {}
     source = str(path) if path else "<defaults>"
     overrides = list(overrides)
     if overrides:
         table = apply_overrides(table, overrides)
         source = f"{source} (with --set)"
+    return table, source
+
+
+def load(cls: type[T], path: str | Path | None, overrides: Iterable[str] = ()) -> T:
+    """Load ``cls`` from ``path`` (or pure defaults when None) plus ``--set`` overrides."""
+    table, source = load_table(path, overrides)
     return build(cls, table, source)

@@ -46,13 +46,8 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
                 ) -> ConvergeConfig:
     """Load a converge-test config; the engine preset fills keys the file leaves out."""
     path = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    table = cfgmod.read_toml(path) if path else {}
-    source = str(path) if path else "<defaults>"
-    overrides = list(overrides)
-    if preset:
-        overrides.append(f'engine.preset="{preset}"')
-    if overrides:
-        table = cfgmod.apply_overrides(table, overrides)
+    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
+    table, source = cfgmod.load_table(path, overrides)
     engine = table.get("engine", {})
     if isinstance(engine, dict):
         try:

@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine (see README):
+#   make run    the main job on embedded defaults
+#   make test   the test suite
+# Both create .venv and install into it when setup.cfg or pyproject.toml changed.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test converge bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	# the CPU build that lies on these machines; setup.cfg's range accepts it, so
+	# GPU users keep the CUDA build they installed
+	$(VENV)/bin/pip install -q torch==2.13.0
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/capes converge-test --seeds 1 --plot converge.png --json converge.json
+
+test: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+converge: $(STAMP)
+	$(VENV)/bin/capes converge-test --noise 1%,10%,50% --reward diff,diff_avg,diff_ewma \
+	    --seeds 30 --jobs 2 --json converge-grid.json --plot converge-grid.png
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

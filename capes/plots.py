@@ -1,0 +1,50 @@
+"""PNG plots of converge-test results (matplotlib, headless)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_converge(report: dict, path: str | Path) -> None:
+    """Top: one traced run per cell (throughput, window, ε, prediction error);
+    bottom: success rate and converge times per cell."""
+    plt = _pyplot()
+    traced = [r for r in report["runs"] if r.get("trace")]
+    fig, axes = plt.subplots(5, 1, figsize=(11, 15))
+    ax_tp, ax_par, ax_eps, ax_loss, ax_conv = axes
+    for run in traced:
+        tr = run["trace"]
+        label = f"noise {run['noise']:g}, {run['reward']}, seed {run['seed']}"
+        ax_tp.plot(tr["true_throughput"], lw=1, label=label)
+        ax_par.plot(tr["window"], lw=1, label=f"window m ({label})")
+        ax_par.plot(tr["rate_limit"], lw=1, ls="--", label=f"rate limit τ ({label})")
+        ax_eps.plot(tr["epsilon"], lw=1, label=label)
+        loss = [float("nan") if v is None else v for v in tr["loss"]]
+        ax_loss.plot(loss, lw=0.6, label=label)
+    ax_tp.set_ylabel("noise-free throughput")
+    ax_par.set_ylabel("parameter value")
+    ax_eps.set_ylabel("ε")
+    ax_loss.set_ylabel("TD loss (prediction error)")
+    ax_loss.set_yscale("log")
+    for ax in axes[:4]:
+        ax.set_xlabel("simulated second")
+        if traced:
+            ax.legend(fontsize=6, loc="best")
+    cells = report["cells"]
+    names = [f"{c['noise'] * 100:g}%\n{c['reward']}" for c in cells]
+    times = [c["converge_times"] or [float("nan")] for c in cells]
+    ax_conv.boxplot(times, tick_labels=names)
+    for i, c in enumerate(cells, start=1):
+        ax_conv.annotate(f"{c['success_rate'] * 100:.0f}% won", (i, 0), fontsize=7,
+                         ha="center", va="bottom", xycoords=("data", "axes fraction"))
+    ax_conv.set_ylabel("converge time (simulated s)")
+    ax_conv.set_title(f"preset {report['preset']}, {report['seeds_per_cell']} seeds per cell")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,62 @@
+"""The converge test, small and seeded: the engine must win the game."""
+import json
+import subprocess
+import sys
+
+from capes.converge_test import load_config, run_grid, run_one
+
+FAST = ["game.noise=0.01"]
+
+
+def test_seeded_run_wins_the_default_game():
+    result = run_one(load_config(None, FAST), seed=0)
+    assert result.won
+    assert result.ticks < 3600
+    assert 40 <= result.final_window <= 60 and result.final_rate_limit >= 90
+
+
+def test_same_seed_same_result():
+    cfg = load_config(None, FAST + ["game.time_limit_ticks=300"])
+    a, b = run_one(cfg, seed=5, keep_trace=True), run_one(cfg, seed=5, keep_trace=True)
+    assert (a.won, a.ticks, a.train_steps) == (b.won, b.ticks, b.train_steps)
+    assert a.trace["window"] == b.trace["window"]
+    assert a.trace["loss"] == b.trace["loss"]
+
+
+def test_a_game_with_other_constants_converges_without_code_changes():
+    other = ["game.peak_window=30", "game.delay_ticks=1", "game.curve_width=12",
+             "game.window.max=60", "game.window.default=55", "game.rate_limit.max=300",
+             "game.rate_limit.default=150", "game.peak_throughput=250"]
+    result = run_one(load_config(None, FAST + other), seed=1)
+    assert result.won
+    assert 20 <= result.final_window <= 40
+
+
+def test_grid_report_summarises_every_cell():
+    cfg = load_config(None, ["game.time_limit_ticks=200"])
+    report = run_grid(cfg, [0.01, 0.5], ["diff"], seeds=2, progress=None)
+    assert len(report["cells"]) == 2 and len(report["runs"]) == 4
+    for cell in report["cells"]:
+        assert cell["runs"] == 2 and 0 <= cell["wins"] <= 2
+        assert cell["success_rate"] == cell["wins"] / 2
+        assert len(cell["converge_times"]) == cell["wins"]
+
+
+def test_cli_writes_json_and_plot(tmp_path):
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "capes", "converge-test", "--seeds", "1", "--noise", "1%",
+         "--reward", "diff", "--json", str(out), "--plot", str(png)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "[1/1] noise=0.01 reward=diff seed=0: won" in proc.stderr   # progress
+    report = json.loads(out.read_text())
+    assert report["cells"][0]["wins"] == 1 and report["runs"][0]["won"]
+    assert png.stat().st_size > 10_000
+
+
+def test_cli_reports_bad_config_clearly(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "capes", "converge-test", "--set",
+                           "game.noise=-1"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "configuration error" in proc.stderr and "game.noise" in proc.stderr
