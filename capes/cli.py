@@ -11,6 +11,22 @@ import sys
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "converge-test": ("capes.commands.converge", "run the engine against StorageGameSim"),
+    "replay": ("capes.commands.replay", "inspect, merge or export replay DBs"),
+    "train": ("capes.commands.train", "train a model offline on a replay DB"),
+    "monitor-agent": ("capes.commands.monitor_agent", "stream this node's PIs to the daemon"),
+    "control-agent": ("capes.commands.control_agent", "apply the daemon's parameter values"),
+    "restore-defaults": ("capes.commands.restore_defaults", "set every parameter to its default"),
+    "sim-node": ("capes.commands.sim_node", "run StorageGameSim as a node (files as knobs)"),
+    "interface-daemon": ("capes.commands.interface_daemon", "receive PIs, write the replay DB, "
+                         "check and broadcast actions"),
+    "drl-engine": ("capes.commands.drl_engine", "train on the live replay DB and act every tick"),
+    "demo": ("capes.commands.demo", "the whole stack on this machine against the simulator"),
+    "keys": ("capes.commands.keys", "make CURVE keys: capes keys generate --dir DIR"),
+    "status": ("capes.commands.status", "the interface daemon's counters and flags"),
+    "tuning": ("capes.commands.status", "turn tuning on or off"),
+    "training": ("capes.commands.status", "turn training on or off"),
+    "workload-changed": ("capes.commands.status", "tell the engine a new workload started"),
+    "nodes": ("capes.commands.status", "the nodes the interface daemon knows"),
 }
 
 

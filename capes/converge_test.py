@@ -27,7 +27,7 @@ import numpy as np
 from capes import config as cfgmod
 from capes.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from capes.stats import median_ci, wilson_ci
-from drl_engine.dqn import PRESETS, DQNConfig, with_preset
+from drl_engine.dqn import DQNConfig, with_preset
 from drl_engine.engine import Engine
 from drl_engine.rewards import RewardConfig
 from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
@@ -48,14 +48,7 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
     path = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
     overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
     table, source = cfgmod.load_table(path, overrides)
-    engine = table.get("engine", {})
-    if isinstance(engine, dict):
-        try:
-            table["engine"] = with_preset(engine)
-        except KeyError as exc:
-            raise cfgmod.ConfigError(source, "engine.preset",
-                                     f"unknown preset {exc.args[0]!r} "
-                                     f"(known: {', '.join(PRESETS)})") from None
+    table["engine"] = with_preset(table.get("engine", {}), source)
     return cfgmod.build(ConvergeConfig, table, source)
 
 

@@ -21,6 +21,7 @@ from capes.params import ParameterSpec
 class KeysConfig:
     dir: str = "keys"            # CURVE keys made by `capes keys generate`
     enabled: bool = True         # false only for experiments on a trusted loopback
+    client: str = "agent"        # this process's client key: DIR/secret/<client>.key_secret
 
 
 @dataclass
@@ -34,6 +35,19 @@ class DaemonConfig:
     high_water_mark: int = 10_000
     max_message_bytes: int = 65_536
     forbidden: dict[str, list[float]] = field(default_factory=dict)
+    max_nodes: int = 1024                    # nodes (streams) the daemon keeps state for
+    full_request_every_s: float = 1.0        # at most one FullRequest per node this often
+    label: str = ""                          # label of the replay DB sessions it starts
+    tuning: bool = True                      # start with tuning on (`capes tuning on|off`)
+    training: bool = True                    # start with training on (`capes training on|off`)
+
+    def validate(self) -> None:
+        for key in ("commit_every_s", "ack_timeout_s", "full_request_every_s"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key}: must be > 0 (got {getattr(self, key)})")
+        for key in ("high_water_mark", "max_message_bytes", "max_nodes"):
+            if not getattr(self, key) >= 1:
+                raise ValueError(f"{key}: must be >= 1 (got {getattr(self, key)})")
 
 
 @dataclass
@@ -76,6 +90,7 @@ class DeploymentConfig:
     parameters: dict[str, ParameterSpec] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
     reward: dict[str, Any] = field(default_factory=dict)
+    game: dict[str, Any] = field(default_factory=dict)      # read by `capes sim-node`
 
     def validate(self) -> None:
         if not self.tick_seconds > 0:

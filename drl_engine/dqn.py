@@ -10,8 +10,8 @@
   bumped to 0.2 when a new workload starts, then falls back over ``workload_ticks``.
 
 Tuning never ends, so no transition is terminal. Presets: ``paper`` is exactly the
-above; ``default`` adds Double DQN, the Huber loss, input normalisation and reward
-scaling, each of which the converge test justified (see README).
+above; ``default`` adds Double DQN, the Huber loss, input normalisation, reward
+scaling, gradient clipping and 3-step returns, justified by the converge test (README).
 """
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ class DQNConfig:
     workload_ticks: int = 3_600        # ticks to anneal back after a workload change
     missing_tolerance: float = 0.2
     train_steps_per_tick: int = 1
+    n_step: int = 1                    # TD target over n rewards: r_t + … + γ^n max Q⁻(s_{t+n})
     double_dqn: bool = False
     loss: Literal["mse", "huber"] = "mse"
     normalise_inputs: bool = False
@@ -51,7 +52,7 @@ class DQNConfig:
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
-                    "train_steps_per_tick", "learning_rate")
+                    "train_steps_per_tick", "learning_rate", "n_step")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
@@ -69,15 +70,19 @@ class DQNConfig:
 PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
-                "scale_rewards": True, "grad_clip": 10.0},
+                "scale_rewards": True, "grad_clip": 10.0, "n_step": 3},
 }
 
 
-def with_preset(table: dict) -> dict:
+def with_preset(table: dict, source: str = "<config>", key: str = "engine") -> dict:
     """An ``[engine]`` table with its preset's values filled in under explicit keys."""
+    from capes.config import ConfigError
+    if not isinstance(table, dict):
+        return table                      # build() reports the type error
     preset = table.get("preset", DQNConfig.preset)
     if preset not in PRESETS:
-        raise KeyError(preset)
+        raise ConfigError(source, f"{key}.preset", f"unknown preset {preset!r} "
+                          f"(known: {', '.join(PRESETS)})")
     return {**PRESETS[preset], **table}
 
 
@@ -133,7 +138,8 @@ class DQN:
             return self.q(x).cpu().numpy()
 
     def td_target(self, rewards: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-        """y = r + γ · Q⁻(s', a*), a* = argmax Q⁻(s') (or argmax Q(s') with Double DQN)."""
+        """y = r + γ · Q⁻(s', a*), a* = argmax Q⁻(s') (or argmax Q(s') with Double DQN).
+        With n-step returns r is the discounted sum of n rewards and γ becomes γⁿ."""
         with torch.no_grad():
             next_q = self.target(next_obs)
             if self.cfg.double_dqn:
@@ -141,7 +147,7 @@ class DQN:
                 next_v = next_q.gather(1, best).squeeze(1)
             else:
                 next_v = next_q.max(dim=1).values
-            return rewards + self.cfg.gamma * next_v
+            return rewards + self.cfg.gamma ** self.cfg.n_step * next_v
 
     def train_step(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
                    next_obs: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,7 @@ class Engine:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
-                                     dqn.normalise_inputs)
+                                     dqn.normalise_inputs, dqn.n_step, dqn.gamma)
         self.dqn: DQN | None = None
         self.action_ticks = 0
         self.train_steps = 0
@@ -93,10 +93,14 @@ class Engine:
         self.bumped_at = self.action_ticks
 
     # -- act ----------------------------------------------------------------------------
-    def act(self, session: int) -> Decision | None:
-        """Choose the action for the newest tick of ``session`` (None: not enough data)."""
+    def act(self, session: int, after_tick: int | None = None,
+            current: list[float] | None = None) -> Decision | None:
+        """Choose the action for the newest tick of ``session``; None when there is not
+        enough data yet or no tick newer than ``after_tick``. ``current``: the values in
+        effect now, when the caller knows them better than the DB does (a live daemon
+        may not have committed the previous action yet)."""
         latest = self.experience.latest(session) if self.dqn is not None else None
-        if latest is None:
+        if latest is None or (after_tick is not None and latest[0] <= after_tick):
             return None
         tick, obs = latest
         eps = self.epsilon
@@ -107,8 +111,9 @@ class Engine:
             q = self.dqn.q_values(obs[None])[0]
             action, q_max = int(q.argmax()), float(q.max())
         specs = self.experience.param_specs()
-        data = self.experience.reader.sessions[session]
-        values = apply_action(action, data.current_values(), specs)
+        if current is None:
+            current = self.experience.reader.sessions[session].current_values()
+        values = apply_action(action, current, specs)
         self.action_ticks += 1
         return Decision(tick, action, values, eps, explored, q_max)
 

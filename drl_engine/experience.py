@@ -25,8 +25,8 @@ from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, RewardConfig, pi_column
 class Batch:
     obs: np.ndarray        # (B, obs_dim) float32
     actions: np.ndarray    # (B,) int64
-    rewards: np.ndarray    # (B,) float32
-    next_obs: np.ndarray   # (B, obs_dim) float32
+    rewards: np.ndarray    # (B,) float32: r_t, or the n-step return from t
+    next_obs: np.ndarray   # (B, obs_dim) float32: s_{t+1}, or s_{t+n}
     sessions: np.ndarray   # (B,) session ids
     ticks: np.ndarray      # (B,) ticks t
 
@@ -53,8 +53,11 @@ class _Derived:
 
 class Experience:
     def __init__(self, reader: ReplayReader, reward: RewardConfig, stack: int,
-                 missing_tolerance: float = 0.2, normalise: bool = False):
+                 missing_tolerance: float = 0.2, normalise: bool = False,
+                 n_step: int = 1, gamma: float = 0.99):
         self.reader = reader
+        self.n_step = n_step
+        self.gamma = gamma
         self.reward = reward
         self.stack = stack
         self.tolerance = missing_tolerance
@@ -179,19 +182,30 @@ class Experience:
 
     # -- Algorithm 2 --------------------------------------------------------------------
     def _valid(self, data: SessionData, d: _Derived, i: np.ndarray) -> np.ndarray:
-        S = self.stack
-        per_obs = S * data.pis.shape[1] * data.pis.shape[2]
-        limit = self.tolerance * per_obs
+        """Algorithm 2's test: an action at t, a reward, and at most the tolerated share
+        of missing entries in s_t and in s_{t+n}."""
+        S, n = self.stack, self.n_step
+        limit = self.tolerance * S * data.pis.shape[1] * data.pis.shape[2]
         cum = d.missing_cum
         miss_t = cum[i + 1] - cum[i + 1 - S]
-        miss_t1 = cum[i + 2] - cum[i + 2 - S]
-        return ((data.actions[i] >= 0) & np.isfinite(d.r[i])
-                & (miss_t <= limit) & (miss_t1 <= limit))
+        miss_tn = cum[i + 1 + n] - cum[i + 1 + n - S]
+        ok = (data.actions[i] >= 0) & (miss_t <= limit) & (miss_tn <= limit)
+        for k in range(n):
+            ok &= np.isfinite(d.r[i + k])
+        return ok
+
+    def _returns(self, d: _Derived, i: np.ndarray) -> np.ndarray:
+        """n-step return r_t + γ r_{t+1} + … + γ^{n−1} r_{t+n−1} (the plain r_t for n = 1)."""
+        out = d.r[i].copy()
+        for k in range(1, self.n_step):
+            out += self.gamma ** k * d.r[i + k]
+        return out
 
     def candidates(self) -> tuple[list[int], np.ndarray]:
-        """Sessions and their number of candidate ticks t in [S−1, length−2]."""
-        sids = [sid for sid, d in self.derived.items()]
-        counts = np.array([max(0, self.derived[s].n - self.stack) for s in sids], np.int64)
+        """Sessions and their number of candidate ticks t in [S−1, length−1−n]."""
+        sids = list(self.derived)
+        counts = np.array([max(0, self.derived[s].n - self.stack - self.n_step + 1)
+                           for s in sids], np.int64)
         return sids, counts
 
     def sample(self, n: int, rng: np.random.Generator, max_rounds: int = 50) -> Batch | None:
@@ -226,9 +240,9 @@ class Experience:
         for sid, i in picked:
             data, d = self.reader.sessions[sid], self.derived[sid]
             obs.append(self.observations(sid, i))
-            nxt.append(self.observations(sid, i + 1))
+            nxt.append(self.observations(sid, i + self.n_step))
             act.append(data.actions[i].astype(np.int64))
-            rew.append(d.r[i])
+            rew.append(self._returns(d, i))
             ss.append(np.full(len(i), sid))
             ts.append(i + data.first_tick)
         cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731

@@ -158,3 +158,10 @@ def test_checkpoint_for_another_layout_is_refused(tmp_path, make_session):
     ckpt = make_engine(tmp_path / "a.db").save(tmp_path / "a.pt")
     with pytest.raises(ValueError, match="another layout"):
         make_engine(tmp_path / "b.db").load(ckpt)
+
+
+def test_n_step_target_discounts_the_bootstrap_by_gamma_to_the_n():
+    dqn = tiny_dqn(n_step=2)
+    set_linear(dqn.target, [[0, 0, 0]] * 3, [1.0, 5.0, 3.0])
+    y = dqn.td_target(torch.tensor([1.0]), torch.zeros(1, 2))
+    assert float(y) == pytest.approx(1.0 + 0.5 ** 2 * 5.0)

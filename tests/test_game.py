@@ -97,3 +97,25 @@ def test_bad_game_constants_are_rejected_with_the_key():
         build(GameConfig, {"peak_window": 500}, "game.toml")
     with pytest.raises(ConfigError, match=r"window.step: must be > 0"):
         build(GameConfig, {"window": {"step": 0}}, "game.toml")
+
+
+def test_gym_face_plays_by_the_same_rules():
+    from storagegamesim.gym_env import StorageGameEnv
+    env = StorageGameEnv(GameConfig(noise=0.0, delay_ticks=0, win_hold_ticks=2))
+    obs, info = env.reset(seed=0)
+    assert list(obs) == [pytest.approx(info["true_throughput"]), 10, 50]
+    obs, reward, terminated, truncated, _ = env.step(1)        # window + 1
+    assert obs[1] == 11 and reward > 0 and not terminated
+    with pytest.raises(ValueError):
+        env.step(7)
+    # walk to the peak and hold: the episode terminates with a win
+    for _ in range(39):
+        env.step(1)
+    for _ in range(10):
+        env.step(3)
+    done = False
+    for _ in range(5):
+        *_, done, truncated, _ = env.step(0)
+        if done:
+            break
+    assert done and not truncated

@@ -151,3 +151,13 @@ def test_transitions_without_an_action_are_not_sampled(tmp_path, make_session):
     make_session(path, ticks=40, action_every=2)
     batch = experience(path).sample(64, np.random.default_rng(0))
     assert (batch.ticks % 2 == 0).all()
+
+
+def test_n_step_returns_discount_n_rewards_and_look_n_ticks_ahead(tmp_path, make_session):
+    path = tmp_path / "r.db"
+    make_session(path, ticks=40)
+    exp = Experience(ReplayReader(path), RewardConfig(pis=["tp"]), stack=4, n_step=3, gamma=0.5)
+    batch = exp.sample(32, np.random.default_rng(0))
+    assert (batch.ticks <= 36).all()                    # s_{t+3} must exist
+    np.testing.assert_allclose(batch.rewards, 2 * (1 + 0.5 + 0.25))
+    np.testing.assert_array_equal(batch.next_obs[:, 12], batch.ticks + 3)

@@ -1,0 +1,34 @@
+"""``capes demo``: the whole stack on this machine, tuning the simulator node."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from capes.cli import common_config_args
+    from capes.demo import DEFAULT_CONFIG
+    common_config_args(p, default=str(DEFAULT_CONFIG))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
+                   help="wall-clock limit (default: %(default)s)")
+    p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
+                   help="keep tuning this long after the win")
+    p.add_argument("--plot", default="capes-demo.png", metavar="OUT.png")
+    p.add_argument("--json", default=None, metavar="OUT.json")
+    p.add_argument("--workdir", default=None, help="run here instead of a temp dir (kept)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, DB, keys)")
+
+
+def run(args) -> int:
+    from capes.demo import DemoOptions
+    from capes.demo import run as run_demo
+    opts = DemoOptions(config=Path(args.config), overrides=list(args.overrides),
+                       seed=args.seed, timeout_s=args.timeout, workdir=args.workdir,
+                       keep=args.keep, plot=args.plot, json_out=args.json, hold_s=args.hold)
+    try:
+        result = run_demo(opts)
+    except RuntimeError as exc:
+        print(f"capes demo: {exc}")
+        return 1
+    return 0 if result["won"] else 1

@@ -1,0 +1,43 @@
+"""``capes drl-engine``: train continuously on the live replay DB and act every tick."""
+from __future__ import annotations
+
+import argparse
+
+from capes.cli import common_config_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common_config_args(p)
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--preset", choices=["default", "paper"], default=None)
+    p.add_argument("--checkpoint-dir", default="capes-checkpoints", metavar="DIR",
+                   help="where checkpoints go; the latest one is resumed at start")
+    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--init-model", metavar="CKPT",
+                   help="start from this model's networks when there is no checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-ticks", type=int, default=0, help="stop after N actions (0: never)")
+    p.add_argument("--log-every", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--status-file", metavar="PATH",
+                   help="rewrite this JSON file (tick, ε, loss, ...) every action tick")
+
+
+def run(args) -> int:
+    from capes import config as cfgmod
+    from capes.deployment import DeploymentConfig
+    from drl_engine.daemon import EngineDaemonOptions
+    from drl_engine.daemon import run as run_daemon
+    from drl_engine.dqn import DQNConfig, with_preset
+    from drl_engine.rewards import RewardConfig
+
+    overrides = list(args.overrides) + ([f'engine.preset="{args.preset}"'] if args.preset else [])
+    table, source = cfgmod.load_table(args.config, overrides)
+    deploy = cfgmod.build(DeploymentConfig, table, source)
+    dqn = cfgmod.build(DQNConfig, with_preset(deploy.engine, source), source, "engine")
+    reward = cfgmod.build(RewardConfig, deploy.reward, source, "reward")
+    opts = EngineDaemonOptions(device=args.device, checkpoint_dir=args.checkpoint_dir,
+                               checkpoint_every_s=args.checkpoint_every,
+                               init_model=args.init_model, seed=args.seed,
+                               log_every_s=args.log_every, max_ticks=args.max_ticks,
+                               status_file=args.status_file)
+    return run_daemon(deploy, dqn, reward, opts)
