@@ -19,7 +19,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/capes converge-test --seeds 1 --plot converge.png --json converge.json
+	$(VENV)/bin/capes demo
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q

@@ -16,6 +16,15 @@ class ApplyError(RuntimeError):
     """A value could not be applied (the knob is unchanged)."""
 
 
+def format_value(value: float) -> str:
+    """How every applier writes a number: ``32`` rather than ``32.0`` when the value is
+    integral (sysfs and procfs knobs reject a decimal point), else the shortest repr."""
+    value = float(value)
+    if value.is_integer():
+        return str(int(value))
+    return repr(value)
+
+
 class Applier:
     name: str = ""
 

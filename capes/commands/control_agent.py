@@ -1,0 +1,44 @@
+"""``capes control-agent``: apply the parameter values the interface daemon sends to
+this node (the ``[control]`` and ``[parameters]`` sections of the deployment config);
+restores every default when it stops."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from capes.cli import common_config_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common_config_args(p)
+    p.add_argument("--dry-run", action="store_true", default=None,
+                   help="log what would be applied and apply nothing (shadow tuning)")
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+
+
+def run(args) -> int:
+    from capes.curve import KeysMissing
+    from capes.deployment import load_deployment
+    from capes.stop_signal import StopSignal
+    from control_agent.agent import ControlAgent
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    cfg = load_deployment(args.config, args.overrides)
+    agent = ControlAgent(cfg, dry_run=args.dry_run, source=args.config or "<defaults>")
+    if not agent.specs:
+        print(f"capes control-agent: no parameter in [parameters] is set on node "
+              f"{agent.node!r}", file=sys.stderr)
+        return 2
+    try:
+        with StopSignal() as stop:
+            agent.connect()
+            code = agent.run(stop)
+    except KeysMissing as exc:
+        print(f"capes control-agent: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        logging.getLogger("capes.control_agent").info("stopping: %s", agent.summary())
+        agent.close()
+    return code

@@ -1,0 +1,59 @@
+"""``capes sim-node``: StorageGameSim as a node of its own, knobs and PIs as files in
+``--dir`` (see ``storagegamesim/node.py``), one simulated second per ``--tick-seconds``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from capes.cli import common_config_args
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", required=True, metavar="DIR",
+                   help="directory of the node's PI and knob files (created if missing)")
+    p.add_argument("--tick-seconds", type=_positive, default=1.0, metavar="S",
+                   help="wall-clock seconds per simulated second (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="noise seed")
+    p.add_argument("--keep-running", action="store_true",
+                   help="keep playing after a win, until the time limit (shows the hold)")
+    common_config_args(p)
+    p.epilog = "The game is the config's [game] table; --set takes game.* keys."
+
+
+def load_game_config(path: str | None, overrides: list[str]):
+    """The ``[game]`` table of ``path`` (other tables ignored) with ``--set game.*``."""
+    from capes import config as cfgmod
+    from storagegamesim.game import GameConfig
+    for text in overrides:
+        if not text.split("=", 1)[0].strip().startswith("game."):
+            raise cfgmod.ConfigError("--set", text.split("=", 1)[0],
+                                     "sim-node takes only game.* keys")
+    table = cfgmod.read_toml(path) if path else {}
+    table = cfgmod.apply_overrides(table, overrides)
+    source = (path or "<defaults>") + (" (with --set)" if overrides else "")
+    return cfgmod.build(GameConfig, table.get("game", {}), source, "game")
+
+
+def run(args) -> int:
+    from capes.stop_signal import StopSignal
+    from storagegamesim.node import SimNode
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    game_cfg = load_game_config(args.config, args.overrides)
+    node = SimNode(args.dir, game_cfg, seed=args.seed, keep_running=args.keep_running)
+    with StopSignal() as stop:
+        outcome = node.run(args.tick_seconds, stop)
+    game = node.game
+    print(f"sim-node: {outcome} after {game.ticks} ticks (won: {game.won}, throughput "
+          f"{game.throughput:.1f}, window {game.window:g}, rate_limit {game.rate_limit:g}, "
+          f"{node.bad_knob_values} bad knob values)", file=sys.stderr)
+    return 0

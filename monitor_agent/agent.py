@@ -1,0 +1,212 @@
+"""The monitoring agent loop: collect every tick, send one differential frame.
+
+Every ``tick_seconds`` the agent asks each collector for its PIs, lays them out in one
+vector whose order is fixed at start, and sends a :class:`capes.protocol.DeltaEncoder`
+frame (only the PIs that changed; a full frame every ``full_frame_every`` ticks and
+whenever the daemon sends a :class:`FullRequest`) on a DEALER socket.
+
+Ticks are wall-clock based, ``tick = int(time.time() / tick_seconds)``, so every agent
+of a cluster numbers the same second alike without talking to the others; the agent
+sleeps until the next tick boundary. It never blocks on the daemon: sends are
+non-blocking on a socket with a small high-water mark that only queues on a live
+connection (ZMQ_IMMEDIATE), so while the daemon is away frames are dropped and
+counted, and the next frame after a drop is a full one. ZeroMQ reconnects by itself.
+
+Light by design: no torch, no NumPy; the only work per tick is the collectors' reads
+and one small encode.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from capes import curve
+from capes.config import ConfigError
+from capes.deployment import DeploymentConfig
+from capes.protocol import DecodeError, DeltaEncoder, FullRequest, decode, encode
+from capes.stop_signal import StopSignal
+from monitor_agent.collectors import Collector, build_collector
+
+log = logging.getLogger("capes.monitor_agent")
+
+NAN = float("nan")
+
+
+def build_collectors(cfg: DeploymentConfig, source: str = "<config>") -> list[Collector]:
+    """The collectors of ``[monitor]``, each built from its table (errors name the key)."""
+    out = []
+    for i, c in enumerate(cfg.monitor.collectors):
+        key = f"monitor.collectors[{i}]"
+        try:
+            out.append(build_collector(c.name, c.options))
+        except TypeError as exc:       # an option the collector does not take
+            raise ConfigError(source, f"{key}.options", f"{c.name}: {exc}") from None
+        except ValueError as exc:
+            raise ConfigError(source, key, f"{c.name}: {exc}") from None
+    return out
+
+
+@dataclass
+class MonitorCounters:
+    ticks: int = 0
+    sent: int = 0
+    bytes_sent: int = 0
+    full_frames: int = 0
+    dropped: int = 0               # daemon away or its queue full
+    full_requests: int = 0
+    bad_messages: int = 0          # undecodable or unexpected messages from the daemon
+    collector_errors: dict[str, int] = field(default_factory=dict)
+    late_ticks: int = 0            # ticks skipped because the agent fell behind
+
+
+class Sampler:
+    """All collectors as one vector with a fixed order of names."""
+
+    def __init__(self, collectors: list[Collector]):
+        self.collectors = collectors
+        self.layout: list[tuple[Collector, list[str], int]] = []
+        self.names: list[str] = []
+        owner: dict[str, str] = {}
+        for col in collectors:
+            names = col.names()
+            for n in names:
+                if n in owner:
+                    raise ValueError(f"PI {n!r} is reported by both the {owner[n]!r} and "
+                                     f"the {col.name!r} collector")
+                owner[n] = col.name
+            self.layout.append((col, names, len(self.names)))
+            self.names.extend(names)
+        self.vector = [NAN] * len(self.names)
+        self.errors: dict[str, int] = {}
+
+    def sample(self) -> list[float]:
+        """Collect every collector into ``self.vector`` (reused) and return it. A
+        collector that raises gives NaN for its PIs this tick and is counted."""
+        vec = self.vector
+        for col, names, offset in self.layout:
+            try:
+                values = col.collect()
+            except Exception as exc:       # one broken source must not stop the agent
+                n = self.errors[col.name] = self.errors.get(col.name, 0) + 1
+                if n == 1 or math.log2(n).is_integer():
+                    log.warning("collector %s failed (%d times): %s", col.name, n, exc)
+                values = {}
+            get = values.get
+            for i, name in enumerate(names):
+                vec[offset + i] = get(name, NAN)
+        return vec
+
+    def close(self) -> None:
+        for col in self.collectors:
+            col.close()
+
+
+class MonitorAgent:
+    """One node's monitoring agent. ``run()`` loops until SIGTERM/SIGINT or ``stop``."""
+
+    SEND_HWM = 16      # frames queued for a live but slow daemon before dropping
+
+    def __init__(self, cfg: DeploymentConfig, collectors: list[Collector] | None = None,
+                 context: zmq.Context | None = None, source: str = "<config>"):
+        self.cfg = cfg
+        self.mon = cfg.monitor
+        self.tick_seconds = cfg.tick_seconds
+        if collectors is None:
+            collectors = build_collectors(cfg, source)
+        try:
+            self.sampler = Sampler(collectors)
+        except ValueError as exc:
+            raise ConfigError(source, "monitor.collectors", str(exc)) from None
+        self.encoder = DeltaEncoder(self.mon.node, self.sampler.names, self.mon.full_frame_every)
+        self.counters = MonitorCounters(collector_errors=self.sampler.errors)
+        self._own_context = context is None
+        self.ctx = context or zmq.Context(1)
+        self.sock = curve.client_socket(self.ctx, zmq.DEALER, cfg.keys, hwm=self.SEND_HWM)
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.sock.connect(self.mon.daemon)
+
+    @property
+    def names(self) -> list[str]:
+        return self.sampler.names
+
+    def current_tick(self) -> int:
+        return int(time.time() / self.tick_seconds)
+
+    def send_tick(self, tick: int) -> bool:
+        """Collect and send the frame of ``tick``; False when it had to be dropped."""
+        values = self.sampler.sample()
+        msg = self.encoder.message(tick, values)
+        frame = encode(msg)
+        self.counters.ticks += 1
+        try:
+            self.sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters.dropped += 1
+            self.encoder.request_full()    # the daemon missed a delta: resync on the next
+            return False
+        self.counters.sent += 1
+        self.counters.bytes_sent += len(frame)
+        self.counters.full_frames += msg.full
+        return True
+
+    def handle_incoming(self) -> None:
+        """Drain messages from the daemon; a FullRequest makes the next frame full."""
+        while True:
+            try:
+                data = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(data, self.cfg.daemon.max_message_bytes)
+            except DecodeError as exc:
+                self.counters.bad_messages += 1
+                log.debug("dropped a message from the daemon: %s", exc)
+                continue
+            if isinstance(msg, FullRequest) and msg.node in ("", self.mon.node):
+                self.counters.full_requests += 1
+                self.encoder.request_full()
+            else:
+                self.counters.bad_messages += 1
+
+    def run(self, stop: StopSignal, max_ticks: int | None = None) -> int:
+        """Send one frame per tick until ``stop`` is set (or ``max_ticks`` frames)."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(stop.fileno(), zmq.POLLIN)
+        next_tick = self.current_tick() + 1
+        log.info("monitoring agent %s: %d PIs every %g s to %s", self.mon.node,
+                 len(self.names), self.tick_seconds, self.mon.daemon)
+        while not stop.is_set():
+            delay = next_tick * self.tick_seconds - time.time()
+            if delay > 0:
+                for sock, _ in poller.poll(delay * 1000.0):
+                    if sock is self.sock:
+                        self.handle_incoming()
+                    else:
+                        stop.drain()
+                continue
+            now_tick = max(self.current_tick(), next_tick)
+            if now_tick > next_tick:       # overslept (suspended, overloaded): skip ahead
+                self.counters.late_ticks += now_tick - next_tick
+            self.send_tick(now_tick)
+            next_tick = now_tick + 1
+            if max_ticks is not None and self.counters.ticks >= max_ticks:
+                break
+        return 0
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.sock.close(linger=0)
+        if self._own_context:
+            self.ctx.term()
+
+    def summary(self) -> str:
+        c = self.counters
+        return (f"{c.ticks} ticks, {c.sent} frames sent ({c.bytes_sent} B, {c.full_frames} "
+                f"full), {c.dropped} "
+                f"dropped, {c.full_requests} full requests, {c.bad_messages} bad messages, "
+                f"{sum(c.collector_errors.values())} collector errors")

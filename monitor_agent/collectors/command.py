@@ -1,0 +1,78 @@
+"""PIs from any program: runs a configured argv that prints ``name value`` lines.
+
+The generic exec collector for sources no built-in collector knows (``lctl get_param``
+wrappers, vendor tools). The program runs without a shell, under a timeout, once per
+tick; it should be quick. PI names are fixed at start: given as ``names``, or taken
+from what the program prints on a first run. A name the program stops printing, a
+value that is not a number, a non-zero exit or a timeout gives NaN for that tick.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+
+from monitor_agent.collectors.base import Collector, register
+
+log = logging.getLogger(__name__)
+NAN = float("nan")
+
+
+def parse_lines(text: str) -> dict[str, float]:
+    """``name value`` per line; blank lines and ``#`` comments skipped, other junk ignored."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2 or parts[0].startswith("#"):
+            continue
+        try:
+            out[parts[0]] = float(parts[1])
+        except ValueError:
+            continue
+    return out
+
+
+@register("command")
+class CommandCollector(Collector):
+    def __init__(self, argv: list[str], names: list[str] | None = None,
+                 timeout_s: float = 2.0):
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("argv: must be a non-empty list of strings")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: must be > 0 (got {timeout_s})")
+        self._argv, self._timeout = list(argv), float(timeout_s)
+        self.failures = 0
+        if names is None:
+            first = self._run()
+            if first is None:
+                raise ValueError(f"argv: {argv[0]!r} failed on its first run, so its PI "
+                                 f"names are unknown (give them as 'names')")
+            names = sorted(first)
+            if not names:
+                raise ValueError(f"argv: {argv[0]!r} printed no 'name value' lines")
+        self._names = list(names)
+
+    def _run(self) -> dict[str, float] | None:
+        try:
+            done = subprocess.run(self._argv, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=self._timeout, text=True, errors="replace")
+        except subprocess.TimeoutExpired:
+            reason = f"timed out after {self._timeout} s"
+        except OSError as exc:
+            reason = str(exc)
+        else:
+            if done.returncode == 0:
+                return parse_lines(done.stdout)
+            reason = f"exit status {done.returncode}: {done.stderr.strip()[-200:]}"
+        self.failures += 1
+        if self.failures == 1 or math.log2(self.failures).is_integer():
+            log.warning("command collector %s: %s (%d failures)", self._argv[0], reason,
+                        self.failures)
+        return None
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def collect(self) -> dict[str, float]:
+        values = self._run() or {}
+        return {n: values.get(n, NAN) for n in self._names}
