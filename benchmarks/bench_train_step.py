@@ -38,11 +38,11 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def bare_loop(device):
+def bare_loop(device, obs=OBS):
     """The textbook step, written out with no CAPES code."""
     torch.manual_seed(0)
-    q = nn.Sequential(nn.Linear(OBS, OBS), nn.Tanh(), nn.Linear(OBS, OBS), nn.Tanh(),
-                      nn.Linear(OBS, ACTIONS)).to(device)
+    q = nn.Sequential(nn.Linear(obs, obs), nn.Tanh(), nn.Linear(obs, obs), nn.Tanh(),
+                      nn.Linear(obs, ACTIONS)).to(device)
     target = copy.deepcopy(q)
     opt = torch.optim.RMSprop(q.parameters(), lr=0.001, alpha=0.9)
 
@@ -101,23 +101,31 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         make_db(Path(tmp) / "r.db")
         engine = Engine(cfg, RewardConfig(), ReplayReader(Path(tmp) / "r.db"), device=str(device))
+        # the engine's input is the 1,760 PIs plus the 4 parameters' current values
+        eobs = engine.experience.obs_dim
+        bare_e = bare_loop(device, eobs)
+        ebatch = (torch.rand(BATCH, eobs, generator=g).to(device), batch[1], batch[2],
+                  torch.rand(BATCH, eobs, generator=g).to(device))
         for _ in range(10):                      # warm-up
-            dqn.train_step(*batch); bare(*batch); engine.train(1)
-        ours, theirs, full = [], [], []
-        for _ in range(args.steps // 10):        # interleave so load drifts hit all three
+            dqn.train_step(*batch); bare(*batch); engine.train(1); bare_e(*ebatch)
+        ours, theirs, full, theirs_e = [], [], [], []
+        for _ in range(args.steps // 10):        # interleave so load drifts hit all alike
             ours += timed(lambda: dqn.train_step(*batch), device, 10)
             theirs += timed(lambda: bare(*batch), device, 10)
             full += timed(lambda: engine.train(1), device, 10)
+            theirs_e += timed(lambda: bare_e(*ebatch), device, 10)
     params = sum(p.numel() for p in dqn.q.parameters())
     med = {k: statistics.median(v) * 1000 for k, v in
-           (("capes", ours), ("bare", theirs), ("engine", full))}
+           (("capes", ours), ("bare", theirs), ("engine", full), ("bare_e", theirs_e))}
     print(f"device={device} threads={torch.get_num_threads()} obs={OBS} batch={BATCH} "
           f"actions={ACTIONS} weights={params / 1e6:.2f} M steps={len(ours)}")
     print(f"DQN.train_step (ready tensors)      median {med['capes']:8.3f} ms")
     print(f"bare PyTorch loop, same step         median {med['bare']:8.3f} ms")
-    print(f"Engine.train(1) incl. Algorithm 2    median {med['engine']:8.3f} ms")
-    print(f"ratio CAPES / bare = {med['capes'] / med['bare']:.3f}   "
-          f"ratio Engine / bare = {med['engine'] / med['bare']:.3f}")
+    print(f"Engine.train(1) incl. Algorithm 2    median {med['engine']:8.3f} ms "
+          f"(input {eobs}: PIs + parameter values)")
+    print(f"bare PyTorch loop at input {eobs}      median {med['bare_e']:8.3f} ms")
+    print(f"ratio DQN.train_step / bare = {med['capes'] / med['bare']:.3f}   "
+          f"ratio Engine.train / bare at {eobs} = {med['engine'] / med['bare_e']:.3f}")
     paper = 100.0 if device.type == "cpu" else 10.0
     print(f"paper (Table 5.3, {device.type}): {paper:.0f} ms -> {paper / med['capes']:.1f}x faster")
     return 0
