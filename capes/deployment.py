@@ -51,9 +51,13 @@ class DaemonConfig:
 
 
 @dataclass
-class CollectorConfig:
+class PluginConfig:
+    """A collector or applier: its registered name and its constructor's options."""
     name: str
     options: dict[str, Any] = field(default_factory=dict)
+
+
+CollectorConfig = ApplierConfig = PluginConfig
 
 
 @dataclass
@@ -63,12 +67,6 @@ class MonitorConfig:
     full_frame_every: int = 60               # ticks between full frames
     collectors: list[CollectorConfig] = field(
         default_factory=lambda: [CollectorConfig("host"), CollectorConfig("timeofday")])
-
-
-@dataclass
-class ApplierConfig:
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

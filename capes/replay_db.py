@@ -7,7 +7,10 @@ Layout (schema version 1):
   PI names, node names, parameter specs (JSON), tick length, label, provenance.
 * ``pis(session, tick, node, vec)``: one row per node and tick; ``vec`` is the node's PI
   vector as little-endian float32 in the session's PI order (NaN = missing). A vector
-  shorter than the PI list means the trailing PIs were not known yet.
+  shorter than the PI list means the trailing PIs were not known yet. A ``vec`` whose
+  length is not a multiple of 4 is stored compactly (see :func:`encode_vec`): the
+  writer lz4-compresses a vector when that makes it smaller (idle counters, zeros and
+  repeated values do), which keeps the paper's 70-hour DB well under its 0.5 GB.
 * ``actions(session, tick, action, vals)``: the action chosen at ``tick`` (0 = NULL,
   1 + 2k = increase parameter k, 2 + 2k = decrease it) and every parameter's value
   after it, float32 in the session's parameter order.
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import struct
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import lz4.block
 import numpy as np
 
 from capes.params import ParameterSpec
@@ -61,6 +66,41 @@ CREATE UNIQUE INDEX IF NOT EXISTS actions_key ON actions(session, tick);
 
 class ReplayDBError(RuntimeError):
     """The file is not a replay DB this version can read, or a write was refused."""
+
+
+# -- compact PI vectors --------------------------------------------------------------------
+# A raw vector is n × 4 bytes. An encoded one is a header byte (codec << 2 | pad), the
+# number of floats (uint16 LE), the codec's body and ``pad`` (0 or 1) zero bytes, chosen
+# so its length is never a multiple of 4: the length alone tells the two apart, rows
+# stay self-contained (a merge copies them as they are) and old rows stay valid.
+CODEC_LZ4 = 1
+_HEADER = struct.Struct("<BH")
+
+
+def encode_vec(vec: np.ndarray, compress: bool = True) -> bytes:
+    """``vec`` as stored in ``pis.vec``: lz4 when that is smaller, else raw float32."""
+    raw = np.asarray(vec, dtype="<f4").tobytes()
+    n = len(raw) // 4
+    if not compress or n < 8 or n > 0xFFFF:
+        return raw
+    body = lz4.block.compress(raw, store_size=False)
+    size = _HEADER.size + len(body)
+    pad = 1 if size % 4 == 0 else 0
+    if size + pad >= len(raw):
+        return raw
+    return _HEADER.pack(CODEC_LZ4 << 2 | pad, n) + body + b"\0" * pad
+
+
+def decode_vec(blob: bytes) -> np.ndarray:
+    """A ``pis.vec`` value back as a float32 vector (read-only view for raw rows)."""
+    if len(blob) % 4 == 0:
+        return np.frombuffer(blob, "<f4")
+    head, n = _HEADER.unpack_from(blob)
+    codec, pad = head >> 2, head & 3
+    if codec != CODEC_LZ4:
+        raise ReplayDBError(f"PI vector stored with unknown codec {codec}")
+    body = blob[_HEADER.size:len(blob) - pad]
+    return np.frombuffer(lz4.block.decompress(body, uncompressed_size=4 * n), "<f4")
 
 
 @dataclass
@@ -142,10 +182,12 @@ def read_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
 
 class ReplayWriter:
     """The single writer. Rows are buffered and committed in one WAL transaction per
-    ``commit()``: a crash loses at most the uncommitted batch, never a committed tick."""
+    ``commit()``: a crash loses at most the uncommitted batch, never a committed tick.
+    ``compress=False`` stores every PI vector raw (see :func:`encode_vec`)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, compress: bool = True):
         self.path = Path(path)
+        self.compress = compress
         self.conn = connect(self.path)
         with self.conn:
             self.conn.executescript(SCHEMA)
@@ -191,7 +233,7 @@ class ReplayWriter:
         if vec.ndim != 1 or len(vec) > len(s.pi_names):
             raise ReplayDBError(f"PI vector of shape {vec.shape} does not fit "
                                 f"{len(s.pi_names)} PIs")
-        self._pis.append((s.id, int(tick), int(node), vec.tobytes()))
+        self._pis.append((s.id, int(tick), int(node), encode_vec(vec, self.compress)))
 
     def add_action(self, tick: int, action: int, values) -> None:
         s = self._require_session()
@@ -269,6 +311,19 @@ class SessionData:
         start = self.first_tick or 0
         return range(start, start + self.length)
 
+    def reserve(self, first_tick: int, last_tick: int) -> None:
+        """Make room for ticks up to ``last_tick`` in one allocation when many rows are
+        about to load (a big DB then needs no doubling copies and no slack); small
+        growth keeps amortised doubling."""
+        if self.first_tick is None:
+            self.first_tick = first_tick
+        need = last_tick - self.first_tick + 1
+        if need > len(self.pis):
+            cap = need if need > 2 * len(self.pis) else max(1024, 2 * len(self.pis))
+            self.pis = _grow(self.pis, cap, np.nan)
+            self.actions = _grow(self.actions, cap, -1)
+            self.after = _grow(self.after, cap, np.nan)
+
     def _ensure(self, tick: int) -> int:
         """Grow the arrays (amortised doubling) so ``tick`` has a slot; return its index."""
         if self.first_tick is None:
@@ -318,6 +373,10 @@ def _grow(arr: np.ndarray, cap: int, fill) -> np.ndarray:
 class ReplayReader:
     """Read-only view of a replay DB with an incrementally refreshed in-memory cache."""
 
+    # rows fetched per round trip: bounds the memory a big first load needs beside
+    # the cache itself (Python row objects cost about twice the float32 they carry)
+    FETCH_ROWS = 20_000
+
     def __init__(self, path: str | Path, layout: Layout | None = None):
         self.path = Path(path)
         self.conn = connect(self.path, readonly=True)
@@ -327,6 +386,17 @@ class ReplayReader:
         self._last_pis_rowid = 0
         self._last_action_rowid = 0
         self.refresh()
+
+    def _reserve(self, table: str, last_rowid: int) -> None:
+        """Size each session's arrays for the rows past ``last_rowid`` before loading."""
+        if len(self.sessions) == 0:
+            return
+        rows = self.conn.execute(f"SELECT session, MIN(tick), MAX(tick), COUNT(*) FROM {table}"
+                                 f" WHERE rowid > ? GROUP BY session", (last_rowid,))
+        for sid, lo, hi, count in rows:
+            data = self.sessions.get(sid)
+            if data is not None and count > 1024:
+                data.reserve(lo, hi)
 
     def refresh(self) -> int:
         """Load rows written since the last refresh; return how many."""
@@ -342,34 +412,34 @@ class ReplayReader:
                 known.info = info
                 known._remap(self.layout)
         n = 0
-        rows = conn.execute("SELECT rowid, session, tick, node, vec FROM pis WHERE rowid > ? "
-                            "ORDER BY rowid", (self._last_pis_rowid,)).fetchall()
-        for rowid, sid, tick, node, blob in rows:
-            data = self.sessions[sid]
-            i = data._ensure(tick)
-            if node >= len(data.node_map) or data.node_map[node] < 0:
-                continue
-            vec = np.frombuffer(blob, "<f4")
-            dst = data.pis[i, data.node_map[node]]
-            if data.identity_pis and len(vec) == dst.shape[0]:
-                dst[:] = vec
-            else:
-                keep = data.pi_src < len(vec)
-                dst[:] = np.nan
-                dst[data.pi_dst[keep]] = vec[data.pi_src[keep]]
-        if rows:
+        self._reserve("pis", self._last_pis_rowid)
+        cur = conn.execute("SELECT rowid, session, tick, node, vec FROM pis WHERE rowid > ? "
+                           "ORDER BY rowid", (self._last_pis_rowid,))
+        while rows := cur.fetchmany(self.FETCH_ROWS):
+            for rowid, sid, tick, node, blob in rows:
+                data = self.sessions[sid]
+                i = data._ensure(tick)
+                if node >= len(data.node_map) or data.node_map[node] < 0:
+                    continue
+                vec = decode_vec(blob)
+                dst = data.pis[i, data.node_map[node]]
+                if data.identity_pis and len(vec) == dst.shape[0]:
+                    dst[:] = vec
+                else:
+                    keep = data.pi_src < len(vec)
+                    dst[:] = np.nan
+                    dst[data.pi_dst[keep]] = vec[data.pi_src[keep]]
             self._last_pis_rowid = rows[-1][0]
             n += len(rows)
-        rows = conn.execute("SELECT rowid, session, tick, action, vals FROM actions "
-                            "WHERE rowid > ? ORDER BY rowid",
-                            (self._last_action_rowid,)).fetchall()
-        for rowid, sid, tick, action, blob in rows:
-            data = self.sessions[sid]
-            i = data._ensure(tick)
-            vals = np.frombuffer(blob, "<f4")
-            data.actions[i] = action if self._action_maps(data) else -1
-            data.after[i] = [vals[j] if j >= 0 else np.nan for j in data.param_map]
-        if rows:
+        cur = conn.execute("SELECT rowid, session, tick, action, vals FROM actions "
+                           "WHERE rowid > ? ORDER BY rowid", (self._last_action_rowid,))
+        while rows := cur.fetchmany(self.FETCH_ROWS):
+            for rowid, sid, tick, action, blob in rows:
+                data = self.sessions[sid]
+                i = data._ensure(tick)
+                vals = np.frombuffer(blob, "<f4")
+                data.actions[i] = action if self._action_maps(data) else -1
+                data.after[i] = [vals[j] if j >= 0 else np.nan for j in data.param_map]
             self._last_action_rowid = rows[-1][0]
             n += len(rows)
         return n

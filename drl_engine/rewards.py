@@ -13,26 +13,16 @@ Both are plug-ins: add one with ``@objective("name")`` or ``@reward_type("name")
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 
-OBJECTIVES: dict[str, Callable] = {}
-REWARD_TYPES: dict[str, Callable] = {}
+from capes.registry import Registry
 
-
-def objective(name: str):
-    def register(fn):
-        OBJECTIVES[name] = fn
-        return fn
-    return register
-
-
-def reward_type(name: str):
-    def register(fn):
-        REWARD_TYPES[name] = fn
-        return fn
-    return register
+OBJECTIVES = Registry("objective")
+REWARD_TYPES = Registry("reward type")
+objective = OBJECTIVES.register
+reward_type = REWARD_TYPES.register
 
 
 @dataclass

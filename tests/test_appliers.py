@@ -31,6 +31,7 @@ def tree(tmp_path):
 
 def test_builtin_appliers_are_registered_by_name():
     build_applier("file", {"path": "/nonexistent"})
+    APPLIERS.load_builtin()             # every built-in module registers itself
     assert {"file", "command"} <= set(APPLIERS)
     with pytest.raises(ValueError, match="unknown applier 'nope'"):
         build_applier("nope")

@@ -68,6 +68,7 @@ def host():
 
 def test_builtin_collectors_are_registered_by_name():
     build_collector("timeofday")
+    COLLECTORS.load_builtin()             # every built-in module registers itself
     assert {"host", "timeofday", "simulator", "command"} <= set(COLLECTORS)
     with pytest.raises(ValueError, match="unknown collector 'nope'"):
         build_collector("nope")
@@ -226,8 +227,8 @@ def test_command_collector_timeout_and_failure_give_nan(tmp_path):
 
 def test_monitor_agent_never_imports_torch():
     code = ("import sys, monitor_agent.agent\n"
-            "from monitor_agent.collectors.base import _load_builtin\n"
-            "_load_builtin()\n"
+            "from monitor_agent.collectors.base import COLLECTORS\n"
+            "COLLECTORS.load_builtin()\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "assert 'numpy' not in sys.modules, 'numpy imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -7,9 +7,12 @@ are the control agent's job and happen before ``apply`` is ever called.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-APPLIERS: dict[str, Callable[..., "Applier"]] = {}
+from capes.registry import Registry
+
+APPLIERS = Registry("applier", "control_agent.appliers")
+register = APPLIERS.register
 
 
 class ApplyError(RuntimeError):
@@ -38,27 +41,5 @@ class Applier:
         pass
 
 
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        APPLIERS[name] = cls
-        return cls
-    return deco
-
-
 def build_applier(name: str, options: dict[str, Any] | None = None) -> Applier:
-    if name not in APPLIERS:
-        _load_builtin()
-    if name not in APPLIERS:
-        raise ValueError(f"unknown applier {name!r} (known: {', '.join(sorted(APPLIERS))})")
-    return APPLIERS[name](**(options or {}))
-
-
-def _load_builtin() -> None:
-    import importlib
-    import pkgutil
-
-    import control_agent.appliers as pkg
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name != "base":
-            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    return APPLIERS.build(name, options)

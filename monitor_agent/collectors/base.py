@@ -7,9 +7,11 @@ the collector itself (the thesis, §5.1.1: totals are not useful, rates are).
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-COLLECTORS: dict[str, Callable[..., "Collector"]] = {}
+from capes.registry import Registry
+
+COLLECTORS = Registry("collector", "monitor_agent.collectors")
 
 
 class Collector:
@@ -28,28 +30,8 @@ class Collector:
         pass
 
 
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        COLLECTORS[name] = cls
-        return cls
-    return deco
+register = COLLECTORS.register
 
 
 def build_collector(name: str, options: dict[str, Any] | None = None) -> Collector:
-    if name not in COLLECTORS:
-        _load_builtin()
-    if name not in COLLECTORS:
-        raise ValueError(f"unknown collector {name!r} (known: {', '.join(sorted(COLLECTORS))})")
-    return COLLECTORS[name](**(options or {}))
-
-
-def _load_builtin() -> None:
-    """Import the built-in collector modules so they register themselves."""
-    import importlib
-    import pkgutil
-
-    import monitor_agent.collectors as pkg
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name != "base":
-            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    return COLLECTORS.build(name, options)

@@ -1,0 +1,84 @@
+"""``capes replay info|merge|export``: replay DBs of past sessions as an asset."""
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
+    info = sub.add_parser("info", help="sessions, ticks, gaps, missing entries, names, size",
+                          description="What a replay DB holds.")
+    info.add_argument("db", metavar="DB")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    merge = sub.add_parser("merge", help="merge the sessions of several DBs into one",
+                           description="Copy every session of the sources into OUT; each "
+                           "stays a session of its own, and sessions already in OUT (same "
+                           "uuid) are not copied again. OUT is replaced atomically.")
+    merge.add_argument("sources", nargs="+", metavar="DB")
+    merge.add_argument("-o", "--out", required=True, metavar="OUT.db",
+                       help="the merged DB (merged into when it exists)")
+    merge.add_argument("--allow-partial", action="store_true",
+                       help="merge sessions whose PIs, parameters or nodes differ from "
+                            "OUT's layout (mapped by name; what is missing reads as missing)")
+    merge.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    export = sub.add_parser("export", help="write a DB as CSV or NPZ for other tools",
+                            description="CSV: one row per session, tick and node, a column "
+                            "per PI, the action and the parameter values. NPZ: dense "
+                            "arrays per session plus their names.")
+    export.add_argument("db", metavar="DB")
+    export.add_argument("--format", choices=["csv", "npz"], required=True)
+    export.add_argument("-o", "--out", required=True, metavar="OUT")
+
+
+def run(args) -> int:
+    from capes.replay_db import ReplayDBError
+    try:
+        return {"info": _info, "merge": _merge, "export": _export}[args.replay_command](args)
+    except ReplayDBError as exc:
+        print(f"capes replay {args.replay_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _info(args) -> int:
+    from capes.replay_tools import describe, format_summary
+    summary = describe(args.db)
+    print(json.dumps(summary.to_json(), indent=1) if args.json else format_summary(summary))
+    return 0
+
+
+def _merge(args) -> int:
+    from capes.replay_tools import merge
+    # SIGTERM unwinds like Ctrl-C, so the temp file is removed and OUT left untouched
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    report = merge(args.sources, args.out, allow_partial=args.allow_partial, progress=say)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        partial = sum(1 for s in report.sessions if s.differences)
+        print(f"{report.out}: {report.count('added')} session(s) added, "
+              f"{report.count('extended')} extended, {report.count('present')} already "
+              f"present{f', {partial} partial' if partial else ''}; "
+              f"{report.total_sessions} in all ({report.wall_s:.1f} s)")
+    return 0
+
+
+def _export(args) -> int:
+    from capes.replay_tools import export_csv, export_npz
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.format == "csv":
+        n = export_csv(args.db, args.out, progress=say)
+        print(f"wrote {args.out}: {n} rows")
+    else:
+        names = export_npz(args.db, args.out, progress=say)
+        print(f"wrote {args.out}: {len(names)} arrays")
+    return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,65 @@
+"""``capes train``: train a model offline on a (merged) replay DB, no target system."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from capes.cli import common_config_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from capes.offline_training import DEFAULT_CONFIG
+    common_config_args(p, default=str(DEFAULT_CONFIG))
+    p.add_argument("--replay", required=True, metavar="DB", help="the replay DB to learn from")
+    p.add_argument("--steps", type=int, required=True, metavar="N", help="minibatch updates")
+    p.add_argument("--out", required=True, metavar="CKPT", help="checkpoint to write")
+    p.add_argument("--preset", choices=["default", "paper"], default=None,
+                   help="engine preset (default: the config's engine.preset)")
+    p.add_argument("--init-model", metavar="CKPT", help="continue from this model's networks")
+    p.add_argument("--chunk", type=int, default=100, metavar="K",
+                   help="steps per progress line and loss-curve point (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", metavar="LOSS.png", help="write the loss curve as a PNG")
+    p.add_argument("--json", metavar="OUT", help="write the training report as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+
+
+def run(args) -> int:
+    from capes.offline_training import (NotEnoughExperience, format_progress,
+                                        load_training_config, plot_loss, train_offline)
+    from capes.replay_db import ReplayDBError
+    if args.steps < 1 or args.chunk < 1:
+        print("capes train: --steps and --chunk must be >= 1", file=sys.stderr)
+        return 2
+    cfg = load_training_config(args.config, args.overrides, args.preset)
+    every = max(1, args.steps // args.chunk // 20)     # about 20 progress lines
+    state = {"n": 0}
+
+    def progress(point):
+        state["n"] += 1
+        if not args.quiet and (state["n"] % every == 0 or point["step"] == args.steps):
+            print(format_progress(point, args.steps), file=sys.stderr, flush=True)
+
+    print(f"offline training on {args.replay}: {args.steps} steps, preset "
+          f"{cfg.engine.preset}, reward {cfg.reward.type} of {cfg.reward.objective}",
+          file=sys.stderr)
+    try:
+        report = train_offline(args.replay, args.out, args.steps, cfg, chunk=args.chunk,
+                               device=args.device, seed=args.seed,
+                               init_model=args.init_model, progress=progress)
+    except (ReplayDBError, NotEnoughExperience, FloatingPointError, ValueError) as exc:
+        print(f"capes train: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {report.checkpoint}: {report.steps} steps on {report.sessions} session(s) "
+          f"({report.candidate_transitions:,} transitions) in {report.wall_s:.1f} s, "
+          f"{report.steps_per_s:.0f} steps/s on {report.device}; loss "
+          f"{report.first_loss:.4g} -> {report.last_loss:.4g}")
+    if args.plot:
+        plot_loss(report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        from capes.converge_test import write_json
+        write_json(report.to_json(), args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

@@ -1,0 +1,169 @@
+"""Offline training: a model from stored experience, with no target system attached.
+
+The engine is the live one (:class:`~drl_engine.engine.Engine`) over a
+:class:`~capes.replay_db.ReplayReader` of a (merged) replay DB: the same Algorithm-2
+minibatches, loss and target updates, only no actions are taken. The checkpoint it
+writes starts a live engine or a converge test (``--init-model``), whose layout of
+nodes, PIs and parameters must then match the DB's first session.
+
+Only the ``[engine]`` and ``[reward]`` tables of a config file apply here, so the
+config of any target (StorageGameSim, Lustre, …) can be given.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from capes import config as cfgmod
+from drl_engine.dqn import PRESETS, DQNConfig, with_preset
+from drl_engine.rewards import RewardConfig
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "storagegamesim.toml"
+
+
+@dataclass
+class TrainingConfig:
+    engine: DQNConfig = field(default_factory=DQNConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+def load_training_config(path: str | Path | None = None, overrides=(),
+                         preset: str | None = None) -> TrainingConfig:
+    """The ``[engine]`` and ``[reward]`` tables of ``path`` (other tables are the
+    target's and are ignored) with ``--set`` overrides and the engine preset applied."""
+    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
+    for text in overrides:
+        key = cfgmod.parse_override(text)[0]
+        if key[0] not in ("engine", "reward"):
+            raise cfgmod.ConfigError("--set", ".".join(key), "offline training uses only "
+                                     "engine.* and reward.* settings")
+    table, source = cfgmod.load_table(path, overrides)
+    table = {k: v for k, v in table.items() if k in ("engine", "reward")}
+    if isinstance(table.get("engine", {}), dict):
+        try:
+            table["engine"] = with_preset(table.get("engine", {}))
+        except KeyError as exc:
+            raise cfgmod.ConfigError(source, "engine.preset",
+                                     f"unknown preset {exc.args[0]!r} "
+                                     f"(known: {', '.join(PRESETS)})") from None
+    return cfgmod.build(TrainingConfig, table, source)
+
+
+class NotEnoughExperience(ValueError):
+    """The DB holds too few usable transitions for one minibatch."""
+
+
+@dataclass
+class TrainingReport:
+    replay: str
+    checkpoint: str
+    steps: int
+    wall_s: float
+    steps_per_s: float
+    sessions: int
+    ticks: int                          # ticks cached from the DB
+    candidate_transitions: int          # ticks with a full stack and a next tick
+    device: str
+    preset: str
+    chunk: int                          # steps per curve point
+    curve: list[dict]                   # {"step", "loss", "steps_per_s"} per chunk
+    config: dict
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @property
+    def first_loss(self) -> float | None:
+        return self.curve[0]["loss"] if self.curve else None
+
+    @property
+    def last_loss(self) -> float | None:
+        return self.curve[-1]["loss"] if self.curve else None
+
+
+def train_offline(replay: str | Path, out: str | Path, steps: int,
+                  cfg: TrainingConfig | None = None, chunk: int = 100, device: str = "auto",
+                  seed: int = 0, init_model: str | Path | None = None,
+                  progress: Callable[[dict], None] | None = None) -> TrainingReport:
+    """Train ``steps`` minibatches on ``replay`` and save the engine to ``out``.
+
+    ``progress`` gets each chunk's {"step", "loss", "steps_per_s"}; ``init_model``
+    continues from a checkpoint's networks.
+    """
+    from capes.replay_db import ReplayReader
+    from drl_engine.engine import Engine
+    if steps < 1 or chunk < 1:
+        raise ValueError("steps and chunk must be >= 1")
+    cfg = cfg or load_training_config(DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    reader = ReplayReader(replay)
+    try:
+        engine = Engine(cfg.engine, cfg.reward, reader, device=device, seed=seed)
+        if engine.dqn is None:
+            raise NotEnoughExperience(f"{replay}: no session to train on")
+        if init_model:
+            engine.load(init_model, weights_only=True)
+        sids, counts = engine.experience.candidates()
+        ticks = sum(d.length for d in reader.sessions.values())
+        curve: list[dict] = []
+        start = time.perf_counter()
+        done = 0
+        while done < steps:
+            t0 = time.perf_counter()
+            before = engine.train_steps
+            loss = engine.train(min(chunk, steps - done))
+            ran = engine.train_steps - before
+            if loss is None or ran == 0:
+                raise NotEnoughExperience(
+                    f"{replay}: too few usable transitions for a minibatch of "
+                    f"{cfg.engine.batch_size} (a transition needs {cfg.engine.stack} ticks "
+                    f"of history, an action, and at most "
+                    f"{cfg.engine.missing_tolerance:.0%} missing entries)")
+            done += ran
+            point = {"step": done, "loss": loss,
+                     "steps_per_s": ran / max(time.perf_counter() - t0, 1e-9)}
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {done}; lower "
+                                         f"engine.learning_rate or use the default preset")
+            curve.append(point)
+            if progress is not None:
+                progress(point)
+        wall = time.perf_counter() - start
+        engine.save(out)
+    finally:
+        reader.close()
+    return TrainingReport(
+        replay=str(replay), checkpoint=str(out), steps=done, wall_s=wall,
+        steps_per_s=done / max(wall, 1e-9), sessions=len(sids), ticks=ticks,
+        candidate_transitions=int(counts.sum()), device=str(engine.device),
+        preset=cfg.engine.preset, chunk=chunk, curve=curve, config=cfgmod.to_table(cfg))
+
+
+def plot_loss(report: TrainingReport, path: str | Path) -> None:
+    """PNG of the training loss per chunk against minibatch steps (log scale)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = [p["step"] for p in report.curve]
+    losses = [p["loss"] for p in report.curve]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, losses, lw=1.2)
+    if losses and min(losses) > 0:
+        ax.set_yscale("log")
+    ax.set_xlabel("minibatch steps")
+    ax.set_ylabel(f"loss (mean of {report.chunk} steps)")
+    ax.set_title(f"offline training on {Path(report.replay).name}: {report.sessions} "
+                 f"session(s), {report.candidate_transitions:,} transitions, "
+                 f"preset {report.preset}", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_progress(point: dict, total: int) -> str:
+    return (f"step {point['step']:>{len(str(total))}}/{total}  loss {point['loss']:.5g}  "
+            f"{point['steps_per_s']:.0f} steps/s")
