@@ -1,0 +1,45 @@
+"""``capes interface-daemon``: receive the agents' PIs, write the replay DB, check and
+broadcast the engine's actions, serve the gRPC control plane."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from capes.cli import common_config_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common_config_args(p)
+    p.add_argument("--ready-file", metavar="PATH",
+                   help="write the bound endpoints as JSON here once serving "
+                        "(ports given as 0 are resolved)")
+    p.add_argument("--log-level", default="INFO",
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def run(args) -> int:
+    from capes.curve import KeysMissing
+    from capes.deployment import load_deployment
+    from capes.replay_db import ReplayDBError
+    from interface_daemon.daemon import serve
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s interface-daemon %(levelname)s %(message)s")
+    cfg = load_deployment(args.config, args.overrides)
+
+    def ready(endpoints: dict) -> None:
+        line = json.dumps({"event": "ready", **endpoints})
+        print(line, flush=True)
+        if args.ready_file:
+            with open(args.ready_file + ".tmp", "w") as fh:
+                fh.write(line + "\n")
+            import os
+            os.replace(args.ready_file + ".tmp", args.ready_file)
+
+    try:
+        return serve(cfg, ready)
+    except (KeysMissing, OSError, ReplayDBError) as exc:
+        print(f"capes interface-daemon: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,199 @@
+"""CURVE keys and sockets: every CAPES ZeroMQ socket is authenticated and encrypted.
+
+Key directory (made by ``capes keys generate --dir DIR --client NAME ...``)::
+
+    DIR/server.key            the daemon's public key (every client needs it)
+    DIR/server.key_secret     the daemon's secret key (daemon only, mode 0600)
+    DIR/clients/NAME.key      allow-list: public keys of admitted clients
+    DIR/secret/NAME.key_secret  a client's secret key (copy to that client only, 0600)
+    DIR/control.token         shared secret of the gRPC control plane (0600)
+
+The daemon runs a ZAP authenticator (``zmq.auth.ThreadAuthenticator``) that admits a
+client only if its public key is in ``DIR/clients``; a peer without an admitted key never
+completes the handshake, so none of its bytes reach the daemon's code. The authenticator
+reports the key's file name (``NAME``) as the ZMQ ``User-Id`` of every message, which the
+daemon uses to pin a node name to the key that first spoke for it.
+
+With ``KeysConfig.enabled = false`` sockets are plain: only for protocol tests on a
+trusted loopback.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+SERVER = "server"
+TOKEN_FILE = "control.token"
+
+
+class KeysMissing(RuntimeError):
+    """Keys are missing or unreadable (the message says which file and what to run)."""
+
+
+def _dir(keys) -> Path:
+    """A keys directory from a KeysConfig, a str or a Path."""
+    return Path(getattr(keys, "dir", keys))
+
+
+def _enabled(keys) -> bool:
+    return bool(getattr(keys, "enabled", True)) and keys is not None
+
+
+def generate(keys_dir: str | Path, clients: list[str], overwrite: bool = False) -> list[Path]:
+    """Create the server key pair (unless present), one key pair per client and the
+    control-plane token; return the files written. Existing keys are kept unless
+    ``overwrite``, so adding a client never invalidates the others."""
+    root = Path(keys_dir)
+    allow, secret = root / "clients", root / "secret"
+    for d in (root, allow, secret):
+        d.mkdir(parents=True, exist_ok=True)
+    os.chmod(secret, 0o700)
+    written: list[Path] = []
+    if overwrite or not (root / f"{SERVER}.key_secret").exists():
+        pub, sec = zmq.auth.create_certificates(root, SERVER)
+        os.chmod(sec, 0o600)
+        written += [Path(pub), Path(sec)]
+    for name in clients:
+        if not name or "/" in name or name.startswith(".") or name == SERVER:
+            raise ValueError(f"bad client name {name!r}")
+        if not overwrite and (secret / f"{name}.key_secret").exists():
+            continue
+        pub, sec = zmq.auth.create_certificates(secret, name)
+        os.chmod(sec, 0o600)
+        dest = allow / f"{name}.key"
+        shutil.move(pub, dest)
+        written += [dest, Path(sec)]
+    token = root / TOKEN_FILE
+    if overwrite or not token.exists():
+        token.write_text(secrets.token_hex(32) + "\n")
+        os.chmod(token, 0o600)
+        written.append(token)
+    return written
+
+
+def _load(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
+    if not path.exists():
+        raise KeysMissing(f"{path}: no such key file (make keys with `capes keys generate`)")
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise KeysMissing(f"{path}: not a CURVE key file ({exc})") from None
+    if want_secret and not secret:
+        raise KeysMissing(f"{path}: has no secret key")
+    return public, secret
+
+
+def client_keyfile(keys_dir: str | Path, name: str) -> Path:
+    """Where client ``name``'s secret key lives (``secret/NAME.key_secret``, or
+    ``NAME.key_secret`` directly in the directory when copied to a node)."""
+    root = Path(keys_dir)
+    for path in (root / "secret" / f"{name}.key_secret", root / f"{name}.key_secret"):
+        if path.exists():
+            return path
+    return root / "secret" / f"{name}.key_secret"
+
+
+class AllowList(ThreadAuthenticator):
+    """The daemon's ZAP handler: admits the client keys in ``DIR/clients/*.key`` and
+    names each admitted peer by its key file (the ``User-Id`` of its messages)."""
+
+    def __init__(self, ctx: zmq.Context, keys_dir: str | Path):
+        super().__init__(ctx)
+        self.clients_dir = _dir(keys_dir) / "clients"
+        self.names: dict[bytes, str] = {}
+        self.denied = 0
+
+    def reload(self) -> int:
+        """Re-read the allow-list (after keys were added or removed); return its size."""
+        if not self.clients_dir.is_dir():
+            raise KeysMissing(f"{self.clients_dir}: no allow-list directory (run `capes "
+                              f"keys generate --dir {self.clients_dir.parent}`)")
+        names = {}
+        for path in sorted(self.clients_dir.glob("*.key")):
+            public, _ = _load(path, want_secret=False)
+            names[zmq.utils.z85.decode(public)] = path.stem
+        self.names = names
+        self.configure_curve(domain="*", location=str(self.clients_dir))
+        return len(names)
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return self.names.get(client_public_key, "?")
+
+    async def _authenticate_curve(self, domain, client_key):
+        allowed, reason = await super()._authenticate_curve(domain, client_key)
+        if not allowed:
+            self.denied += 1
+        return allowed, reason
+
+
+def start_authenticator(ctx: zmq.Context, keys) -> AllowList | None:
+    """Start the allow-list authenticator for ``ctx`` (None when keys are disabled).
+    Call ``.stop()`` on it before terminating the context."""
+    if not _enabled(keys):
+        return None
+    auth = AllowList(ctx, _dir(keys))
+    auth.start()
+    try:
+        auth.reload()
+    except Exception:
+        auth.stop()
+        raise
+    return auth
+
+
+def server_socket(ctx: zmq.Context, kind: int, keys, hwm: int = 10_000) -> zmq.Socket:
+    """A socket acting as CURVE server with the daemon's key (plain when ``keys`` is
+    None or disabled). ROUTER sockets get ROUTER_MANDATORY, so a send to a peer that
+    is gone raises ``zmq.ZMQError(EHOSTUNREACH)`` instead of vanishing silently."""
+    sock = ctx.socket(kind)
+    _common(sock, hwm)
+    if kind == zmq.ROUTER:
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    if _enabled(keys):
+        public, secret = _load(_dir(keys) / f"{SERVER}.key_secret", want_secret=True)
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.curve_server = True
+    return sock
+
+
+def client_socket(ctx: zmq.Context, kind: int, keys, name: str | None = None,
+                  hwm: int = 10_000) -> zmq.Socket:
+    """A socket acting as CURVE client with key ``name`` (default: ``keys.client``),
+    trusting only the daemon's public key ``server.key``."""
+    sock = ctx.socket(kind)
+    _common(sock, hwm)
+    if _enabled(keys):
+        name = name or getattr(keys, "client", None) or "agent"
+        root = _dir(keys)
+        server_public, _ = _load(root / f"{SERVER}.key", want_secret=False)
+        public, secret = _load(client_keyfile(root, name), want_secret=True)
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+        sock.curve_serverkey = server_public
+    return sock
+
+
+def _common(sock: zmq.Socket, hwm: int) -> None:
+    sock.sndhwm = hwm
+    sock.rcvhwm = hwm
+    sock.linger = 0
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+
+
+def load_token(keys) -> str | None:
+    """The control-plane token (None when keys are disabled or no token file exists)."""
+    if not _enabled(keys):
+        return None
+    path = _dir(keys) / TOKEN_FILE
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,472 @@
+"""The CAPES wire protocol: differential, lz4-compressed, strictly bounded messages.
+
+Four messages travel between agents and the interface daemon (see ``docs/protocol.md``):
+
+* :class:`Indicators` (monitoring agent -> daemon): a node's PIs at one tick. A *full*
+  frame carries every PI (and, when asked for or first in a stream, their names); a
+  *delta* frame only the PIs whose value changed since the node's previous frame.
+* :class:`FullRequest` (daemon -> monitoring agent): "send me a full frame with names".
+* :class:`Action` (daemon -> control agent): ABSOLUTE new values, so a lost or repeated
+  message can never make a parameter drift.
+* :class:`Ack` (control agent -> daemon): the values it actually applied; ``seq=0`` is
+  the hello a control agent sends on connect (and as a heartbeat).
+
+Every message is ``version byte, type byte, varint body length, lz4 block of the body``.
+Nothing here uses pickle or imports torch. :func:`decode` trusts nothing: every length is
+bounded before it is used and every failure is a :class:`DecodeError` whose ``reason``
+is one short fixed string, so the daemon can count drops by reason.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import lz4.block
+
+PROTOCOL_VERSION = 1
+
+MSG_INDICATORS = 1
+MSG_FULL_REQUEST = 2
+MSG_ACTION = 3
+MSG_ACK = 4
+
+MAX_STRING = 255          # bytes of one node, PI or parameter name
+MAX_PIS = 4096            # PIs per node
+MAX_PARAMS = 1024         # parameters in one Action or Ack
+MAX_SEQ = (1 << 63) - 1   # sequence numbers and ticks are unsigned 63-bit integers
+
+DECODE_REASONS = ("version", "truncated", "oversize", "decompress", "type", "malformed",
+                  "unknown_node", "out_of_order", "duplicate", "auth")
+
+# Value encodings of one PI entry (the low 2 bits of its key varint).
+_KIND_F32, _KIND_INT, _KIND_NAN, _KIND_F16 = 0, 1, 2, 3
+_F32 = struct.Struct("<f")
+_F16 = struct.Struct("<e")
+_F64 = struct.Struct("<d")
+
+
+class DecodeError(ValueError):
+    """A message was refused. ``reason`` is one of :data:`DECODE_REASONS` (a counter key)."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+@dataclass
+class Indicators:
+    """A node's PIs at ``tick``. ``values`` maps PI index -> value (float32 precision).
+    Full frames carry every index 0..n-1; ``names`` is set on full frames that start a
+    stream or answer a :class:`FullRequest`."""
+    node: str
+    seq: int
+    tick: int
+    full: bool
+    values: dict[int, float]
+    names: list[str] | None = None
+
+
+@dataclass
+class FullRequest:
+    """Daemon -> monitoring agent: send a full frame with names on your next tick."""
+    node: str
+    reason: str = ""
+
+
+@dataclass
+class Action:
+    """Daemon -> control agent: the ABSOLUTE new values of the parameters it holds."""
+    seq: int
+    tick: int
+    values: dict[str, float]
+
+
+@dataclass
+class Ack:
+    """Control agent -> daemon: the values it applied for Action ``seq``; ``seq=0`` is
+    the hello (sent on connect and as a heartbeat) naming the node and its current values."""
+    node: str
+    seq: int
+    values: dict[str, float] = field(default_factory=dict)
+
+
+Message = Indicators | FullRequest | Action | Ack
+
+
+# --------------------------------------------------------------------------- encoding
+
+def _varint(out: bytearray, n: int) -> None:
+    if n < 0 or n > MAX_SEQ:
+        raise ValueError(f"integer {n} outside [0, 2^63)")
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _string(out: bytearray, text: str) -> None:
+    raw = text.encode("utf-8")
+    if len(raw) > MAX_STRING:
+        raise ValueError(f"name longer than {MAX_STRING} bytes: {text[:40]!r}...")
+    _varint(out, len(raw))
+    out += raw
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32, the precision of the wire and of the replay DB."""
+    try:
+        return _F32.unpack(_F32.pack(value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+def _pi_value(out: bytearray, key: int, value: float) -> None:
+    """Append one PI entry in its shortest exact encoding of the float32 value."""
+    if math.isnan(value):
+        _varint(out, key << 2 | _KIND_NAN)
+        return
+    if value.is_integer() and abs(value) < 2 ** 31 and not (value == 0 and
+                                                             math.copysign(1, value) < 0):
+        n = int(value)
+        zz = (n << 1) ^ (n >> 63)
+        if zz < 1 << 21:                       # at most 3 bytes: shorter than float32
+            _varint(out, key << 2 | _KIND_INT)
+            _varint(out, zz)
+            return
+    try:
+        half = _F16.pack(value)
+        if _F16.unpack(half)[0] == value:
+            _varint(out, key << 2 | _KIND_F16)
+            out += half
+            return
+    except OverflowError:
+        pass
+    _varint(out, key << 2 | _KIND_F32)
+    out += _F32.pack(value)
+
+
+def _float_map(out: bytearray, values: dict[str, float]) -> None:
+    if len(values) > MAX_PARAMS:
+        raise ValueError(f"more than {MAX_PARAMS} parameters")
+    _varint(out, len(values))
+    for name, value in values.items():
+        _string(out, name)
+        out += _F64.pack(float(value))
+
+
+def _body(msg: Message) -> tuple[int, bytes]:
+    out = bytearray()
+    if isinstance(msg, Indicators):
+        _string(out, msg.node)
+        _varint(out, msg.seq)
+        _varint(out, msg.tick)
+        out.append((1 if msg.full else 0) | (2 if msg.names is not None else 0))
+        if msg.names is not None:
+            if len(msg.names) > MAX_PIS:
+                raise ValueError(f"more than {MAX_PIS} PIs")
+            _varint(out, len(msg.names))
+            for name in msg.names:
+                _string(out, name)
+        indices = sorted(msg.values)
+        if len(indices) > MAX_PIS:
+            raise ValueError(f"more than {MAX_PIS} PIs")
+        _varint(out, len(indices))
+        prev = -1
+        for i in indices:
+            if i < 0 or i >= MAX_PIS:
+                raise ValueError(f"PI index {i} outside [0, {MAX_PIS})")
+            _pi_value(out, i - prev - 1, _f32(float(msg.values[i])))
+            prev = i
+        return MSG_INDICATORS, bytes(out)
+    if isinstance(msg, FullRequest):
+        _string(out, msg.node)
+        _string(out, msg.reason)
+        return MSG_FULL_REQUEST, bytes(out)
+    if isinstance(msg, Action):
+        _varint(out, msg.seq)
+        _varint(out, msg.tick)
+        _float_map(out, msg.values)
+        return MSG_ACTION, bytes(out)
+    if isinstance(msg, Ack):
+        _string(out, msg.node)
+        _varint(out, msg.seq)
+        _float_map(out, msg.values)
+        return MSG_ACK, bytes(out)
+    raise TypeError(f"not a CAPES message: {type(msg).__name__}")
+
+
+def encode(msg: Message) -> bytes:
+    """One message as bytes: version, type, body length, lz4 block of the body."""
+    kind, body = _body(msg)
+    head = bytearray((PROTOCOL_VERSION, kind))
+    _varint(head, len(body))
+    return bytes(head) + lz4.block.compress(body, store_size=False)
+
+
+# --------------------------------------------------------------------------- decoding
+
+class _Reader:
+    """A bounds-checked cursor over a decompressed body."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes):
+        self.buf = buf
+        self.pos = 0
+
+    def byte(self) -> int:
+        if self.pos >= len(self.buf):
+            raise DecodeError("truncated", "body ends early")
+        b = self.buf[self.pos]
+        self.pos += 1
+        return b
+
+    def varint(self) -> int:
+        n = shift = 0
+        while True:
+            b = self.byte()
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift > 63:
+                raise DecodeError("malformed", "varint too long")
+        if n > MAX_SEQ:
+            raise DecodeError("malformed", "integer too large")
+        return n
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise DecodeError("truncated", "body ends early")
+        chunk = self.buf[self.pos:end]
+        self.pos = end
+        return chunk
+
+    def string(self) -> str:
+        n = self.varint()
+        if n > MAX_STRING:
+            raise DecodeError("malformed", "name too long")
+        try:
+            return self.take(n).decode("utf-8")
+        except UnicodeDecodeError:
+            raise DecodeError("malformed", "name is not UTF-8") from None
+
+    def count(self, limit: int, what: str) -> int:
+        n = self.varint()
+        if n > limit:
+            raise DecodeError("malformed", f"more than {limit} {what}")
+        return n
+
+    def float_map(self) -> dict[str, float]:
+        n = self.count(MAX_PARAMS, "parameters")
+        out: dict[str, float] = {}
+        for _ in range(n):
+            name = self.string()
+            if name in out:
+                raise DecodeError("malformed", f"parameter {name!r} repeated")
+            out[name] = _F64.unpack(self.take(8))[0]
+        return out
+
+    def end(self) -> None:
+        if self.pos != len(self.buf):
+            raise DecodeError("malformed", "trailing bytes")
+
+
+def _decode_indicators(r: _Reader) -> Indicators:
+    node = r.string()
+    if not node:
+        raise DecodeError("malformed", "empty node name")
+    seq = r.varint()
+    tick = r.varint()
+    flags = r.byte()
+    if flags & ~3:
+        raise DecodeError("malformed", "unknown flags")
+    full = bool(flags & 1)
+    names = None
+    if flags & 2:
+        if not full:
+            raise DecodeError("malformed", "names on a delta frame")
+        names = [r.string() for _ in range(r.count(MAX_PIS, "PIs"))]
+        if len(set(names)) != len(names):
+            raise DecodeError("malformed", "PI name repeated")
+    n = r.count(MAX_PIS, "PIs")
+    values: dict[int, float] = {}
+    index = -1
+    for _ in range(n):
+        key = r.varint()
+        index += (key >> 2) + 1
+        if index >= MAX_PIS:
+            raise DecodeError("malformed", "PI index out of range")
+        kind = key & 3
+        if kind == _KIND_F32:
+            values[index] = _F32.unpack(r.take(4))[0]
+        elif kind == _KIND_F16:
+            values[index] = _F16.unpack(r.take(2))[0]
+        elif kind == _KIND_NAN:
+            values[index] = math.nan
+        else:
+            zz = r.varint()
+            if zz >= 1 << 32:
+                raise DecodeError("malformed", "integer PI too large")
+            values[index] = float((zz >> 1) ^ -(zz & 1))
+    if full and index != n - 1:
+        raise DecodeError("malformed", "full frame does not carry every PI")
+    if names is not None and len(names) != n:
+        raise DecodeError("malformed", f"{len(names)} names for {n} values")
+    return Indicators(node, seq, tick, full, values, names)
+
+
+def decode(data: bytes, max_bytes: int = 65536) -> Message:
+    """Parse one message; raise :class:`DecodeError` for anything not exactly valid.
+    ``max_bytes`` bounds both the message and its decompressed body (no lz4 bombs)."""
+    if len(data) > max_bytes:
+        raise DecodeError("oversize", f"{len(data)} bytes > {max_bytes}")
+    if len(data) < 3:
+        raise DecodeError("truncated", "shorter than a header")
+    if data[0] != PROTOCOL_VERSION:
+        raise DecodeError("version", f"version {data[0]}, this CAPES speaks "
+                                     f"{PROTOCOL_VERSION}")
+    kind = data[1]
+    if kind not in (MSG_INDICATORS, MSG_FULL_REQUEST, MSG_ACTION, MSG_ACK):
+        raise DecodeError("type", f"unknown message type {kind}")
+    head = _Reader(bytes(data[2:12]))
+    size = head.varint()
+    if size > max_bytes:
+        raise DecodeError("oversize", f"body of {size} bytes > {max_bytes}")
+    packed = bytes(data[2 + head.pos:])
+    if size == 0:
+        raise DecodeError("malformed", "empty body")
+    try:
+        body = lz4.block.decompress(packed, uncompressed_size=size)
+    except Exception as exc:     # lz4.block.LZ4BlockError and friends
+        raise DecodeError("decompress", str(exc)) from None
+    if len(body) != size:
+        raise DecodeError("decompress", f"body is {len(body)} bytes, header says {size}")
+    r = _Reader(body)
+    if kind == MSG_INDICATORS:
+        msg: Message = _decode_indicators(r)
+    elif kind == MSG_FULL_REQUEST:
+        msg = FullRequest(r.string(), r.string())
+    elif kind == MSG_ACTION:
+        msg = Action(r.varint(), r.varint(), r.float_map())
+    else:
+        node = r.string()
+        if not node:
+            raise DecodeError("malformed", "empty node name")
+        msg = Ack(node, r.varint(), r.float_map())
+    r.end()
+    return msg
+
+
+# --------------------------------------------------------------------------- delta streams
+
+class DeltaEncoder:
+    """Monitoring-agent side of one node's stream: sends only the PIs that changed.
+
+    The first frame is full and carries the names; then a full frame (values only) every
+    ``full_every`` frames, and a full frame with names after :meth:`request_full`.
+    Values travel as float32, the replay DB's precision.
+    """
+
+    def __init__(self, node: str, names: list[str], full_every: int = 60):
+        if full_every < 1:
+            raise ValueError("full_every must be >= 1")
+        if len(set(names)) != len(names):
+            raise ValueError("PI names must be unique")
+        if len(names) > MAX_PIS:
+            raise ValueError(f"more than {MAX_PIS} PIs")
+        self.node = node
+        self.names = list(names)
+        self.full_every = full_every
+        self.seq = 0
+        self._last: list[int] | None = None
+        self._since_full = 0
+        self._want_names = True
+
+    def request_full(self) -> None:
+        """The daemon asked: the next frame is full and carries the names."""
+        self._want_names = True
+
+    def message(self, tick: int, values: Sequence[float]) -> Indicators:
+        """The next frame as a message (``frame`` encodes it)."""
+        if len(values) != len(self.names):
+            raise ValueError(f"{len(values)} values for {len(self.names)} PIs")
+        vals = [_f32(float(v)) for v in values]
+        bits = [struct.unpack("<I", _F32.pack(v))[0] for v in vals]
+        full = self._want_names or self._last is None or self._since_full >= self.full_every
+        if full:
+            changed = dict(enumerate(vals))
+            self._since_full = 0
+        else:
+            last = self._last
+            changed = {i: v for i, (v, b) in enumerate(zip(vals, bits)) if b != last[i]}
+        self._since_full += 1
+        msg = Indicators(self.node, self.seq, int(tick), full, changed,
+                         list(self.names) if self._want_names else None)
+        self._want_names = False
+        self._last = bits
+        self.seq += 1
+        return msg
+
+    def frame(self, tick: int, values: Sequence[float]) -> bytes:
+        """Encode the PIs of ``tick``: only the changed ones unless a full frame is due."""
+        return encode(self.message(tick, values))
+
+
+class DeltaDecoder:
+    """Daemon side of one node's stream: rebuilds the node's full PI vector.
+
+    :meth:`apply` returns the vector after a frame, or None when it cannot be rebuilt
+    (no full frame yet, or a gap in the sequence); then ``pending_full`` says why and
+    the daemon should send a :class:`FullRequest`. A full frame with names and ``seq``
+    0 starts a new stream (the agent restarted).
+    """
+
+    def __init__(self, node: str):
+        self.node = node
+        self.names: list[str] | None = None
+        self.vector: list[float] | None = None
+        self.last_seq: int | None = None
+        self.pending_full: str | None = "unknown_node"
+
+    def apply(self, msg: Indicators) -> list[float] | None:
+        if msg.node != self.node:
+            raise DecodeError("malformed", f"frame of node {msg.node!r} sent to {self.node!r}")
+        restart = msg.full and msg.names is not None and msg.seq == 0
+        if self.last_seq is not None and msg.seq <= self.last_seq and not (
+                restart and self.last_seq > 0):
+            if msg.seq == self.last_seq:
+                raise DecodeError("duplicate", f"seq {msg.seq} again")
+            self.pending_full = self.pending_full or "out_of_order"
+            raise DecodeError("out_of_order", f"seq {msg.seq} after {self.last_seq}")
+        in_order = self.last_seq is not None and msg.seq == self.last_seq + 1
+        self.last_seq = msg.seq
+        if msg.full:
+            if msg.names is not None:
+                self.names = list(msg.names)
+            if self.names is None or len(msg.values) != len(self.names):
+                self.vector = None
+                self.pending_full = "unknown_node" if self.names is None else "gap"
+                return None
+            self.vector = [msg.values[i] for i in range(len(msg.values))]
+            self.pending_full = None
+            return list(self.vector)
+        if self.vector is None or not in_order:
+            if self.vector is not None:
+                self.vector = None
+                self.pending_full = "gap"
+            elif self.pending_full is None:
+                self.pending_full = "gap"
+            return None
+        vector = self.vector
+        if msg.values and max(msg.values) >= len(vector):
+            self.vector = None
+            self.pending_full = "gap"
+            raise DecodeError("malformed", "delta names a PI beyond the node's names")
+        for i, v in msg.values.items():
+            vector[i] = v
+        return list(vector)

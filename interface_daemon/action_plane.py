@@ -1,0 +1,159 @@
+"""The action plane: checked actions out to the control agents they target, acks back.
+
+Actions carry ABSOLUTE values, so resending is always safe: each control agent gets the
+values of the parameters that target its node (``ParameterSpec.nodes``; empty = every
+node), and the latest Action is re-sent to an agent that has not acknowledged it within
+``ack_timeout_s`` or that reconnects. Sequence numbers start at the daemon's start time
+in milliseconds and only grow, so a restarted daemon never reuses an old one.
+No socket here: the daemon passes a ``send(identity, payload) -> bool`` function.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from capes.params import ParameterSpec
+from capes.protocol import Ack, Action, DecodeError, decode, encode
+from interface_daemon.action_checker import ActionChecker, Verdict
+from interface_daemon.counters import Counters
+
+
+@dataclass
+class ControlPeer:
+    """One control agent, as the daemon knows it."""
+    name: str
+    key: str | None
+    identity: bytes = b""
+    applied: dict[str, float] = field(default_factory=dict)   # what it says it holds
+    desired: dict[str, float] = field(default_factory=dict)   # what it should hold
+    seq: int = 0                     # latest Action sent to it
+    acked: int = 0                   # latest Action it acknowledged
+    sent_at: float = 0.0
+    tick: int = 0
+    last_seen: float = 0.0
+    messages: int = 0
+
+
+class ActionPlane:
+    def __init__(self, specs: list[ParameterSpec], checker: ActionChecker,
+                 counters: Counters, send: Callable[[bytes, bytes], bool],
+                 ack_timeout_s: float = 2.0, max_nodes: int = 1024, max_bytes: int = 65536):
+        self.specs = {s.name: s for s in specs}
+        self.order = [s.name for s in specs]
+        self.checker = checker
+        self.counters = counters
+        self.send = send
+        self.ack_timeout_s = ack_timeout_s
+        self.max_nodes = max_nodes
+        self.max_bytes = max_bytes
+        self.peers: dict[str, ControlPeer] = {}
+        self.current = {s.name: float(s.default) for s in specs}
+        self.decided: set[str] = set()       # parameters set by an accepted action
+        self.seq = time.time_ns() // 1_000_000
+
+    def targets(self, node: str) -> list[str]:
+        """The parameters that a control agent on ``node`` holds."""
+        return [n for n in self.order if not self.specs[n].nodes or node in self.specs[n].nodes]
+
+    # ------------------------------------------------------------------ from agents
+
+    def handle(self, payload: bytes, identity: bytes, key: str | None = None,
+               now: float | None = None) -> str | None:
+        """Process one control-agent message; return the drop reason, or None."""
+        now = time.monotonic() if now is None else now
+        self.counters.control_messages += 1
+        try:
+            msg = decode(payload, self.max_bytes)
+        except DecodeError as exc:
+            return exc.reason
+        if not isinstance(msg, Ack):
+            return "type"
+        peer = self.peers.get(msg.node)
+        if peer is None:
+            if len(self.peers) >= self.max_nodes:
+                return "too_many_nodes"
+            peer = self.peers[msg.node] = ControlPeer(msg.node, key)
+        elif peer.key != key:
+            return "auth"
+        reconnected = identity != peer.identity
+        peer.identity = identity
+        peer.last_seen = now
+        peer.messages += 1
+        held = self.targets(msg.node)
+        values = {n: v for n, v in msg.values.items() if n in self.specs}
+        peer.applied.update(values)
+        if msg.seq == 0:                                     # hello / heartbeat
+            for name in held:                                # adopt values nobody set yet
+                v = values.get(name)
+                if name not in self.decided and v is not None and \
+                        self.checker.check_value(name, v) is None:
+                    self.current[name] = float(v)
+            if peer.seq > peer.acked:
+                self._send(peer, now, resend=True)
+            elif reconnected:
+                want = {n: self.current[n] for n in held if n in self.decided}
+                if want and any(peer.applied.get(n) != v for n, v in want.items()):
+                    peer.desired = want
+                    self.seq += 1
+                    peer.seq = self.seq
+                    self._send(peer, now)
+        elif msg.seq == peer.seq:
+            if peer.acked != msg.seq:
+                self.counters.actions["acked"] += 1
+                if any(values.get(n) != v for n, v in peer.desired.items()):
+                    self.counters.actions["ack_mismatch"] += 1
+            peer.acked = msg.seq
+        else:
+            self.counters.actions["stale_ack"] += 1
+        return None
+
+    # ------------------------------------------------------------------ from the engine
+
+    def submit(self, tick: int, action: int, values: dict[str, float], tuning: bool
+               ) -> tuple[Verdict, int, int]:
+        """Check and (tuning on) broadcast an action; return (verdict, seq, agents sent to).
+        A refused action, or any action while tuning is off, changes nothing."""
+        self.counters.actions["submitted"] += 1
+        verdict = self.checker.check(action, values, self.current)
+        if not verdict.ok:
+            self.counters.actions["refused"] += 1
+            self.counters.actions[f"refused_{verdict.key}"] += 1
+            return verdict, 0, 0
+        if not tuning:
+            self.counters.actions["tuning_off"] += 1
+            return Verdict(dict(self.current), "tuning is off", "tuning_off"), 0, 0
+        self.counters.actions["accepted"] += 1
+        changed = {n for n, v in verdict.values.items() if v != self.current[n]}
+        self.current = dict(verdict.values)
+        self.decided.update(values)
+        now = time.monotonic()
+        self.seq += 1
+        sent = 0
+        for peer in self.peers.values():
+            want = {n: self.current[n] for n in self.targets(peer.name)}
+            in_sync = all(peer.applied.get(n) == v for n, v in want.items())
+            if not want or (not changed.intersection(want) and peer.seq == peer.acked
+                            and in_sync):
+                continue
+            peer.desired, peer.seq, peer.tick = want, self.seq, tick
+            sent += self._send(peer, now)
+        return verdict, self.seq, sent
+
+    def resend_due(self, now: float | None = None) -> int:
+        """Re-send the latest Action to every agent that has not acked it in time."""
+        now = time.monotonic() if now is None else now
+        n = 0
+        for peer in self.peers.values():
+            if peer.seq > peer.acked and now - peer.sent_at >= self.ack_timeout_s:
+                n += self._send(peer, now, resend=True)
+        return n
+
+    def _send(self, peer: ControlPeer, now: float, resend: bool = False) -> bool:
+        peer.sent_at = now
+        payload = encode(Action(peer.seq, max(peer.tick, 0), peer.desired))
+        if self.send(peer.identity, payload):
+            self.counters.actions["resent" if resend else "sent"] += 1
+            return True
+        self.counters.actions["send_failed"] += 1
+        return False

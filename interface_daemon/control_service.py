@@ -1,0 +1,96 @@
+"""The gRPC control plane of the interface daemon (``capes/control_plane.proto``).
+
+Handlers run on gRPC's threads; every one of them hands its work to the daemon's loop
+thread through ``daemon.call`` so the daemon's state has a single owner. With keys
+enabled, each call must carry the ``x-capes-token`` metadata (the contents of
+``KEYS_DIR/control.token``); the standard health service needs no token.
+"""
+from __future__ import annotations
+
+import hmac
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from capes import control_plane_pb2 as pb
+from capes import control_plane_pb2_grpc as pb_grpc
+
+SERVICE = pb.DESCRIPTOR.services_by_name["ControlPlane"].full_name
+TOKEN_HEADER = "x-capes-token"
+
+
+class ControlPlane(pb_grpc.ControlPlaneServicer):
+    def __init__(self, daemon, token: str | None):
+        self.daemon = daemon
+        self.token = token
+
+    def _auth(self, context) -> None:
+        if self.token is None:
+            return
+        sent = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
+        if not hmac.compare_digest(sent.encode(), self.token.encode()):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          f"missing or wrong {TOKEN_HEADER} (see KEYS_DIR/control.token)")
+
+    def _status(self, context) -> pb.Status:
+        return pb.Status(**self.daemon.call(self.daemon.status))
+
+    def GetStatus(self, request, context):
+        self._auth(context)
+        return self._status(context)
+
+    def SetTuning(self, request, context):
+        self._auth(context)
+        self.daemon.call(lambda: self.daemon.set_flag("tuning", request.on))
+        return self._status(context)
+
+    def SetTraining(self, request, context):
+        self._auth(context)
+        self.daemon.call(lambda: self.daemon.set_flag("training", request.on))
+        return self._status(context)
+
+    def WorkloadChanged(self, request, context):
+        self._auth(context)
+        self.daemon.call(lambda: self.daemon.workload_changed(request.note))
+        return self._status(context)
+
+    def ListNodes(self, request, context):
+        self._auth(context)
+        nodes = self.daemon.call(self.daemon.nodes)
+        return pb.NodeList(nodes=[pb.NodeInfo(**n) for n in nodes])
+
+    def SubmitAction(self, request, context):
+        self._auth(context)
+        reply = self.daemon.call(lambda: self.daemon.submit_action(
+            request.tick, request.action, dict(request.values)))
+        return pb.ActionReply(**reply)
+
+
+def start_server(daemon, address: str, token: str | None, workers: int = 4
+                 ) -> tuple[grpc.Server, health.HealthServicer, int]:
+    """Start the control plane (plus health and reflection) on ``address``;
+    return the server, its health servicer and the bound port (``host:0`` = any free)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
+                                                    thread_name_prefix="capes-grpc"))
+    pb_grpc.add_ControlPlaneServicer_to_server(ControlPlane(daemon, token), server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
+    if port == 0:
+        raise OSError(f"cannot listen for gRPC on {address}")
+    server.start()
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, port
+
+
+def stop_server(server: grpc.Server, health_servicer: health.HealthServicer) -> None:
+    health_servicer.enter_graceful_shutdown()
+    server.stop(grace=0.5).wait(2)

@@ -1,0 +1,127 @@
+"""Test helpers: an interface daemon as a real process on 127.0.0.1, and a synthetic
+monitoring agent / control agent speaking the wire protocol."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import zmq
+
+from capes import curve
+from capes.protocol import DeltaEncoder, FullRequest, decode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PARAMS = """
+[parameters.window]
+min = 1
+max = 100
+step = 1
+default = 10
+forbidden = [13]
+
+[parameters.rate]
+min = 10
+max = 200
+step = 10
+default = 50
+nodes = ["n1"]
+"""
+
+
+def write_config(tmp: Path, keys: bool = True, ingest: str = "tcp://127.0.0.1:0",
+                 control: str = "tcp://127.0.0.1:0", grpc: str = "127.0.0.1:0",
+                 extra: str = "") -> Path:
+    cfg = tmp / "deploy.toml"
+    cfg.write_text(f"""
+tick_seconds = 0.05
+[keys]
+dir = "{tmp / 'keys'}"
+enabled = {'true' if keys else 'false'}
+[daemon]
+ingest = "{ingest}"
+control = "{control}"
+grpc = "{grpc}"
+db = "{tmp / 'replay.db'}"
+commit_every_s = 0.1
+ack_timeout_s = 0.3
+full_request_every_s = 0.05
+{extra}
+{PARAMS}
+""")
+    return cfg
+
+
+class DaemonProcess:
+    """``capes interface-daemon`` started as a subprocess; always stop() it."""
+
+    def __init__(self, config: Path, ready: Path):
+        self.ready_file = ready
+        if ready.exists():
+            ready.unlink()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "capes", "interface-daemon", "--config", str(config),
+             "--ready-file", str(ready), "--log-level", "WARNING"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.proc.stderr.read().decode()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("daemon did not get ready")
+            time.sleep(0.02)
+        self.info = json.loads(ready.read_text())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        return self.proc.returncode
+
+
+class Agent:
+    """A synthetic monitoring agent: a DEALER with its own DeltaEncoder."""
+
+    def __init__(self, ctx, endpoint: str, keys, name: str | None, node: str,
+                 pis: list[str], full_every: int = 60):
+        self.sock = curve.client_socket(ctx, zmq.DEALER, keys, name)
+        self.sock.connect(endpoint)
+        self.enc = DeltaEncoder(node, pis, full_every)
+        self.full_requests = 0
+
+    def send(self, tick: int, values) -> None:
+        self.poll_requests()
+        self.sock.send(self.enc.frame(tick, values))
+
+    def poll_requests(self) -> None:
+        while self.sock.poll(0):
+            msg = decode(self.sock.recv())
+            if isinstance(msg, FullRequest):
+                self.full_requests += 1
+                self.enc.request_full()
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+def wait_for(predicate, timeout: float = 10.0, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(every)
