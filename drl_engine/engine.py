@@ -146,6 +146,7 @@ class Engine:
                 "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "layout": dataclasses.asdict(layout) if layout else None,
+                "stats": self.experience.stats_state(),
                 "action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "bumped_at": self.bumped_at, "epsilon": self.epsilon,
                 "rng": self.rng.bit_generator.state}
@@ -173,7 +174,8 @@ class Engine:
             raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
                              f"expected {CHECKPOINT_VERSION}")
         if weights_only:
-            state = {"dqn": state["dqn"], "layout": state["layout"]}
+            state = {"dqn": state["dqn"], "layout": state["layout"],
+                     "stats": state.get("stats")}
         if self.dqn is None:
             self._pending_state = state
         else:
@@ -186,6 +188,8 @@ class Engine:
                              "parameters than this replay DB holds")
         if state.get("dqn"):
             self.dqn.load_state_dict(state["dqn"])
+        if state.get("stats") and self.cfg.normalise_inputs:
+            self.experience.load_stats(state["stats"])
         if "action_ticks" in state:
             self.action_ticks = state["action_ticks"]
             self.train_steps = state["train_steps"]

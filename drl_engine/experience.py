@@ -68,6 +68,7 @@ class Experience:
         self.mean = self.std = None
         self.objective_std = 1.0
         self._stats_ticks = 0
+        self._prior_until = 0     # keep statistics loaded from a checkpoint this long
         self.update()
 
     # -- shape ------------------------------------------------------------------------
@@ -110,7 +111,8 @@ class Experience:
                 self._derive(data, d, start)
             data.dirty_from = data.length
         total = sum(d.n for d in self.derived.values())
-        if self.normalise and total - self._stats_ticks >= max(1, total // 20):
+        if (self.normalise and total >= self._prior_until
+                and total - self._stats_ticks >= max(1, total // 20)):
             self._update_stats()
             self._stats_ticks = total
         return n
@@ -154,6 +156,25 @@ class Experience:
         self.mean = np.nan_to_num(mean).astype(np.float32)
         self.std = np.where(np.isfinite(std) & (std > 1e-6), std, 1.0).astype(np.float32)
         self.objective_std = ostd if ostd > 1e-6 else 1.0
+
+    PRIOR_STATS_TICKS = 1000
+
+    def stats_state(self) -> dict | None:
+        """The normalisation statistics, for a checkpoint (None when not normalising)."""
+        if self.mean is None:
+            return None
+        return {"mean": self.mean.tolist(), "std": self.std.tolist(),
+                "objective_std": self.objective_std}
+
+    def load_stats(self, state: dict) -> None:
+        """Use a checkpoint's statistics until this DB has PRIOR_STATS_TICKS of its own,
+        so a pretrained model first sees inputs scaled as in its training."""
+        mean = np.asarray(state["mean"], np.float32)
+        if self.mean is not None and mean.shape != self.mean.shape:
+            raise ValueError("checkpoint statistics do not fit this layout")
+        self.mean, self.std = mean, np.asarray(state["std"], np.float32)
+        self.objective_std = float(state["objective_std"])
+        self._prior_until = self.PRIOR_STATS_TICKS
 
     # -- observations -------------------------------------------------------------------
     def observations(self, sid: int, ticks: np.ndarray) -> np.ndarray:

@@ -165,3 +165,16 @@ def test_n_step_target_discounts_the_bootstrap_by_gamma_to_the_n():
     set_linear(dqn.target, [[0, 0, 0]] * 3, [1.0, 5.0, 3.0])
     y = dqn.td_target(torch.tensor([1.0]), torch.zeros(1, 2))
     assert float(y) == pytest.approx(1.0 + 0.5 ** 2 * 5.0)
+
+
+def test_checkpoint_carries_normalisation_statistics(tmp_path, make_session):
+    path = tmp_path / "r.db"
+    make_session(path, ticks=60)
+    eng = make_engine(path, normalise_inputs=True)
+    ckpt = eng.save(tmp_path / "n.pt")
+    make_session(tmp_path / "new.db", ticks=12)          # a new, short session
+    fresh = make_engine(tmp_path / "new.db", normalise_inputs=True)
+    fresh.load(ckpt, weights_only=True)
+    np.testing.assert_allclose(fresh.experience.mean, eng.experience.mean)
+    fresh.update()                                       # its own few ticks do not replace them
+    np.testing.assert_allclose(fresh.experience.std, eng.experience.std)
