@@ -9,6 +9,7 @@ the uncommitted batch.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from capes.deployment import DeploymentConfig
 from capes.protocol import FullRequest, encode
 from capes.replay_db import ReplayWriter, SessionInfo
 from interface_daemon.action_checker import ActionChecker
+from interface_daemon import control_service
 from interface_daemon.action_plane import ActionPlane
 from interface_daemon.counters import Counters
 from interface_daemon.node_streams import Ingest
@@ -35,6 +37,26 @@ log = logging.getLogger("capes.interface_daemon")
 
 DRAIN_BATCH = 2000          # messages taken from one socket before looking at the others
 CALL_TIMEOUT_S = 10.0
+
+
+def _lock_db(db: str):
+    """Hold an exclusive lock next to the DB for the daemon's lifetime: one writer only.
+    The kernel drops it when the process dies, SIGKILL included."""
+    path = Path(str(db) + ".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        other = fh.read().strip() or "?"
+        fh.close()
+        raise OSError(f"{db}: another interface daemon (pid {other}) writes this replay DB")
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
 
 
 def _bind(sock: zmq.Socket, endpoint: str) -> str:
@@ -85,6 +107,7 @@ class InterfaceDaemon:
         """Open the DB, bind the sockets, start the authenticator and the gRPC server.
         Return the endpoints actually bound (ports 0 resolved)."""
         d = self.cfg.daemon
+        self._lock = _lock_db(d.db)
         self.writer = ReplayWriter(d.db)
         self.ctx = zmq.Context()
         try:
@@ -96,7 +119,6 @@ class InterfaceDaemon:
                 sock.setsockopt(zmq.MAXMSGSIZE, 4 * d.max_message_bytes)
             ingest = _bind(self.ingest_sock, d.ingest)
             control = _bind(self.control_sock, d.control)
-            from interface_daemon import control_service
             token = curve.load_token(self.cfg.keys)
             if self.curve_on and token is None:
                 raise curve.KeysMissing(f"{Path(self.cfg.keys.dir) / curve.TOKEN_FILE}: no "
@@ -104,8 +126,14 @@ class InterfaceDaemon:
             self.grpc_server, self.health, port = control_service.start_server(self, d.grpc, token)
         except BaseException:
             self._close_sockets()
+            self.writer.close()
+            self.writer = None
+            self._lock.close()
             raise
         host = d.grpc.rsplit(":", 1)[0]
+        if host not in ("127.0.0.1", "localhost", "[::1]"):
+            log.warning("the gRPC control plane listens on %s without TLS: its token "
+                        "authenticates callers but the traffic is not encrypted", d.grpc)
         self.endpoints = {"ingest": ingest, "control": control, "grpc": f"{host}:{port}",
                           "db": str(Path(d.db).resolve()), "pid": os.getpid()}
         log.info("listening: %s", self.endpoints)
@@ -124,7 +152,6 @@ class InterfaceDaemon:
         self._stop = True
         self._run_calls()        # answer anyone still waiting
         if getattr(self, "grpc_server", None) is not None:
-            from interface_daemon import control_service
             control_service.stop_server(self.grpc_server, self.health)
             self.grpc_server = None
         self._run_calls()        # answer anyone still waiting
@@ -132,6 +159,7 @@ class InterfaceDaemon:
             self._commit()
             self.writer.close()
             self.writer = None
+            self._lock.close()
         self._close_sockets()
         for fd in (self._wake_r, self._wake_w):
             try:

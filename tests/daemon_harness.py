@@ -64,14 +64,16 @@ class DaemonProcess:
         self.ready_file = ready
         if ready.exists():
             ready.unlink()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "capes", "interface-daemon", "--config", str(config),
-             "--ready-file", str(ready), "--log-level", "WARNING"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.log = ready.with_suffix(".log")
+        with open(self.log, "ab") as log:      # a file, not a pipe: it can never fill up
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "capes", "interface-daemon", "--config", str(config),
+                 "--ready-file", str(ready), "--log-level", "INFO"],
+                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 20
         while not ready.exists():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited: {self.proc.stderr.read().decode()}")
+                raise RuntimeError(f"daemon exited: {self.log.read_text()}")
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("daemon did not get ready")
@@ -86,8 +88,6 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stderr:
-            self.proc.stderr.close()
         return self.proc.returncode
 
 

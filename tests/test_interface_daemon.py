@@ -165,6 +165,7 @@ def test_peer_without_an_allowed_key_gets_nothing_into_the_db(deployment, daemon
     intruder = Agent(ctx, daemon.info["ingest"], KeysConfig(dir=str(other), client="mon"),
                      None, "evil", PIS)
     plain = ctx.socket(zmq.DEALER)
+    plain.linger = 0                      # it never gets through: do not wait for it
     plain.connect(daemon.info["ingest"])
     for t in range(5):
         intruder.send(t, [1.0, 2.0, 3.0])
@@ -179,6 +180,9 @@ def test_peer_without_an_allowed_key_gets_nothing_into_the_db(deployment, daemon
         assert s["messages"] == 1 and s["auth_denied"] >= 1
     finally:
         c.close()
+        for a in (intruder, honest):
+            a.close()
+        plain.close()
     assert set(rows(deployment / "replay.db")) == {"n1"}
 
 
@@ -334,3 +338,11 @@ def test_sigterm_commits_every_row_received(deployment, ctx):
     finally:
         assert d.stop(signal.SIGTERM) == 0
     assert sorted(rows(deployment / "replay.db")["n1"]) == list(range(20))
+
+
+def test_a_second_daemon_on_the_same_db_is_refused(deployment, daemon):
+    out = subprocess.run([sys.executable, "-m", "capes", "interface-daemon", "--config",
+                          str(deployment / "deploy.toml")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 1
+    assert "another interface daemon" in out.stderr and str(daemon.proc.pid) in out.stderr

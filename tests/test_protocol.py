@@ -7,11 +7,11 @@ import struct
 import lz4.block
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from capes.protocol import (PROTOCOL_VERSION, Ack, Action, DecodeError, DeltaDecoder,
-                            DeltaEncoder, FullRequest, Indicators, decode, encode)
+                            DeltaEncoder, FullRequest, Indicators, decode, encode, quantise)
 
 f32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 names_st = st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=50, unique=True)
@@ -235,7 +235,9 @@ def test_delta_index_beyond_names_is_malformed():
 
 
 def test_values_are_sent_in_their_shortest_exact_form():
-    for value, size in ((7.0, 1), (-300.0, 2), (0.5, 2), (math.nan, 0), (0.1, 4)):
+    for value, size in ((7.0, 1), (-300.0, 2), (0.5, 2), (math.nan, 0), (0.1, 4),
+                        (1e6 + 1, 3), (quantise(1234.567e6, 15), 3),
+                        (quantise(0.1, 7), 2), (quantise(-3.3e9, 7), 2)):
         body = encode(Indicators("n", 0, 0, False, {0: value}))
         lone = encode(Indicators("n", 0, 0, False, {}))
         assert len(body) - len(lone) == 1 + size, value
@@ -243,3 +245,24 @@ def test_values_are_sent_in_their_shortest_exact_form():
         assert same(got, value)
     assert struct.pack("<f", decode(encode(Indicators("n", 0, 0, False, {0: -0.0}))).values[0]) \
         == struct.pack("<f", -0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False, width=32), st.integers(1, 23))
+def test_quantise_bounds_the_relative_error(value, bits):
+    assume(value == 0 or abs(value) >= 1.2e-38)              # normal floats: relative error
+    q = quantise(value, bits)
+    assert abs(q - value) <= abs(value) * 2.0 ** -bits or (
+        abs(value) > 3e38 and math.isfinite(q))             # clipped below infinity
+    assert quantise(q, bits) == q
+
+
+@settings(max_examples=40, deadline=None)
+@given(names=names_st, data=st.data(), bits=st.integers(1, 23))
+def test_quantised_streams_rebuild_the_quantised_vectors(names, data, bits):
+    enc, dec = DeltaEncoder("node", names, 5, mantissa_bits=bits), DeltaDecoder("node")
+    n = len(names)
+    for tick in range(data.draw(st.integers(1, 8))):
+        vec = data.draw(st.lists(f32, min_size=n, max_size=n))
+        got = dec.apply(decode(enc.frame(tick, vec)))
+        assert all(same(g, quantise(v, bits)) for g, v in zip(got, vec))
