@@ -37,11 +37,14 @@ class DaemonConfig:
     forbidden: dict[str, list[float]] = field(default_factory=dict)
     max_nodes: int = 1024                    # nodes (streams) the daemon keeps state for
     full_request_every_s: float = 1.0        # at most one FullRequest per node this often
+    max_clock_skew_s: float = 300.0          # drop frames whose tick is this far from now (0: off)
     label: str = ""                          # label of the replay DB sessions it starts
     tuning: bool = True                      # start with tuning on (`capes tuning on|off`)
     training: bool = True                    # start with training on (`capes training on|off`)
 
     def validate(self) -> None:
+        if self.max_clock_skew_s < 0:
+            raise ValueError(f"max_clock_skew_s: must be >= 0 (got {self.max_clock_skew_s})")
         for key in ("commit_every_s", "ack_timeout_s", "full_request_every_s"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key}: must be > 0 (got {getattr(self, key)})")
@@ -65,8 +68,17 @@ class MonitorConfig:
     node: str = field(default_factory=socket.gethostname)
     daemon: str = "tcp://127.0.0.1:5560"
     full_frame_every: int = 60               # ticks between full frames
+    # float32 mantissa bits kept on the wire: 23 is lossless; 15 (relative error
+    # <= 1.5e-5, 3 bytes a value) is plenty for performance indicators
+    mantissa_bits: int = 15
     collectors: list[CollectorConfig] = field(
         default_factory=lambda: [CollectorConfig("host"), CollectorConfig("timeofday")])
+
+    def validate(self) -> None:
+        if not 1 <= self.mantissa_bits <= 23:
+            raise ValueError(f"mantissa_bits: must lie in [1, 23] (got {self.mantissa_bits})")
+        if self.full_frame_every < 1:
+            raise ValueError(f"full_frame_every: must be >= 1 (got {self.full_frame_every})")
 
 
 @dataclass

@@ -11,7 +11,7 @@
 
 Tuning never ends, so no transition is terminal. Presets: ``paper`` is exactly the
 above; ``default`` adds Double DQN, the Huber loss, input normalisation, reward
-scaling, gradient clipping and 3-step returns, justified by the converge test (README).
+scaling, gradient clipping and 5-step returns, justified by the converge test (README).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class DQNConfig:
 PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
-                "scale_rewards": True, "grad_clip": 10.0, "n_step": 3},
+                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5},
 }
 
 

@@ -78,7 +78,9 @@ class InterfaceDaemon:
         self.counters = Counters()
         self.checker = ActionChecker(self.specs, d.forbidden)
         self.ingest = Ingest(max_nodes=d.max_nodes, max_bytes=d.max_message_bytes,
-                             full_request_every_s=d.full_request_every_s)
+                             full_request_every_s=d.full_request_every_s,
+                             tick_seconds=cfg.tick_seconds,
+                             max_clock_skew_s=d.max_clock_skew_s)
         self.actions = ActionPlane(self.specs, self.checker, self.counters, self._send_control,
                                    ack_timeout_s=d.ack_timeout_s, max_nodes=d.max_nodes,
                                    max_bytes=d.max_message_bytes)

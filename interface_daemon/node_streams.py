@@ -49,6 +49,8 @@ class Ingest:
     max_nodes: int = 1024
     max_bytes: int = 65536
     full_request_every_s: float = 1.0
+    tick_seconds: float = 1.0
+    max_clock_skew_s: float = 300.0       # agents tick on wall-clock boundaries; 0: off
     streams: dict[str, NodeStream] = field(default_factory=dict)
     pi_names: list[str] = field(default_factory=list)      # the session's PI layout
     node_names: list[str] = field(default_factory=list)    # the session's node layout
@@ -68,6 +70,10 @@ class Ingest:
             return Outcome(drop=exc.reason)
         if not isinstance(msg, Indicators):
             return Outcome(drop="type")
+        # a tick far from the daemon's own clock would make readers allocate for the gap
+        if (self.max_clock_skew_s and
+                abs(msg.tick * self.tick_seconds - time.time()) > self.max_clock_skew_s):
+            return Outcome(drop="tick_range")
         stream = self.streams.get(msg.node)
         if stream is None:
             if len(self.streams) >= self.max_nodes:

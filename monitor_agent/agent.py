@@ -121,7 +121,8 @@ class MonitorAgent:
             self.sampler = Sampler(collectors)
         except ValueError as exc:
             raise ConfigError(source, "monitor.collectors", str(exc)) from None
-        self.encoder = DeltaEncoder(self.mon.node, self.sampler.names, self.mon.full_frame_every)
+        self.encoder = DeltaEncoder(self.mon.node, self.sampler.names, self.mon.full_frame_every,
+                                    mantissa_bits=self.mon.mantissa_bits)
         self.counters = MonitorCounters(collector_errors=self.sampler.errors)
         self._own_context = context is None
         self.ctx = context or zmq.Context(1)

@@ -36,7 +36,7 @@ nodes = ["n1"]
 
 def write_config(tmp: Path, keys: bool = True, ingest: str = "tcp://127.0.0.1:0",
                  control: str = "tcp://127.0.0.1:0", grpc: str = "127.0.0.1:0",
-                 extra: str = "") -> Path:
+                 extra: str = "", max_clock_skew_s: float = 0) -> Path:
     cfg = tmp / "deploy.toml"
     cfg.write_text(f"""
 tick_seconds = 0.05
@@ -51,6 +51,7 @@ db = "{tmp / 'replay.db'}"
 commit_every_s = 0.1
 ack_timeout_s = 0.3
 full_request_every_s = 0.05
+max_clock_skew_s = {max_clock_skew_s}
 {extra}
 {PARAMS}
 """)

@@ -346,3 +346,14 @@ def test_a_second_daemon_on_the_same_db_is_refused(deployment, daemon):
                          text=True, timeout=60)
     assert out.returncode == 1
     assert "another interface daemon" in out.stderr and str(daemon.proc.pid) in out.stderr
+
+
+def test_frames_with_a_tick_far_from_the_daemon_clock_are_dropped():
+    from interface_daemon.node_streams import Ingest
+    ingest = Ingest(tick_seconds=1.0, max_clock_skew_s=60)
+    enc = DeltaEncoder("n1", ["a", "b"])
+    now = int(time.time())
+    assert ingest.handle(enc.frame(now, [1.0, 2.0])).row is not None
+    assert ingest.handle(enc.frame(now + 10**9, [1.0, 3.0])).drop == "tick_range"
+    assert ingest.handle(enc.frame(3, [1.0, 3.0])).drop == "tick_range"
+    assert ingest.latest_tick == now
