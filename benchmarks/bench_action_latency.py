@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from capes.demo import free_port
+from capes.process_group import ProcessGroup
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "bench0"
@@ -36,10 +36,6 @@ POLL_S = 0.0001                  # knob file polled every 0.1 ms
 ACTION_TIMEOUT_S = 5.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config_text(work: Path, curve_on: bool, tick: float) -> str:
@@ -72,39 +68,7 @@ default = {DEFAULT}
 """
 
 
-class Processes:
-    """The child processes; ``stop()`` ends every one of them."""
-
-    def __init__(self, work: Path):
-        self.work = work
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, *args: str) -> None:
-        with open(self.work / f"{name}.log", "wb") as log:
-            self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "capes", *args], cwd=self.work, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def check_alive(self) -> None:
-        for name, p in self.procs.items():
-            if p.poll() is not None:
-                tail = (self.work / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited with status {p.returncode}:\n{tail}")
-
-    def stop(self, timeout: float = 10.0) -> None:
-        for p in reversed(list(self.procs.values())):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def wait_until(what: str, check, procs: Processes, timeout: float = 30.0):
+def wait_until(what: str, check, procs: ProcessGroup, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         procs.check_alive()
@@ -174,7 +138,7 @@ def main() -> int:
     generate(work / "keys", ["monitor", "control"])
     knob = work / PARAM
     knob.write_text(f"{DEFAULT}\n")
-    procs = Processes(work)
+    procs = ProcessGroup(work)
     cfg_args = ["--config", str(cfg_path)]
     try:
         procs.start("interface-daemon", "interface-daemon", *cfg_args,

@@ -9,9 +9,7 @@ Prints each cell's success rate next to the paper's, the median converge time wi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from capes.converge_test import format_table, load_config, run_grid, write_json
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from capes.process_group import ProcessGroup
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "simulator.toml"
 
@@ -50,48 +50,6 @@ def read_number(path: Path) -> float | None:
         return None
 
 
-class Stack:
-    """The demo's child processes; ``stop()`` ends all of them, whatever happens."""
-
-    def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.logs = workdir / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, *args: str) -> None:
-        log = open(self.logs / f"{name}.log", "wb")
-        self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "capes", *args], cwd=self.workdir, stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)      # Ctrl-C reaches us, and we stop them in order
-        log.close()
-
-    def dead(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is not None]
-
-    def log_tail(self, name: str, lines: int = 15) -> str:
-        try:
-            return "\n".join((self.logs / f"{name}.log").read_text().splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 8.0) -> dict[str, int | None]:
-        """SIGTERM in reverse start order (agents restore defaults, the daemon commits),
-        then SIGKILL whatever is left after ``timeout``."""
-        for p in reversed(list(self.procs.values())):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        return {n: p.returncode for n, p in self.procs.items()}
-
-
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
     from capes import config as cfgmod
     from capes.curve import generate
@@ -116,7 +74,7 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     if deploy.keys.enabled:
         generate(keys_dir, ["monitor", "control", "engine"])
     sim_dir = workdir / "sim"
-    stack = Stack(workdir)
+    stack = ProcessGroup(workdir)
     series = {k: [] for k in ("tick", "throughput", "true_throughput", "window",
                               "rate_limit", "epsilon")}
     result = {"won": False, "workdir": str(workdir)}
@@ -138,10 +96,7 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         last_print = 0.0
         while True:
             time.sleep(0.1)
-            dead = stack.dead()
-            if dead:
-                name = dead[0]
-                raise RuntimeError(f"{name} exited early:\n{stack.log_tail(name)}")
+            stack.check_alive()
             sim = {k: read_number(sim_dir / k) for k in ("ticks", "throughput",
                    "true_throughput", "window", "rate_limit", "won")}
             engine = _read_json(workdir / "engine.json")

@@ -3,7 +3,6 @@ monitoring agent / control agent speaking the wire protocol."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

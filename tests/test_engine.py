@@ -1,5 +1,4 @@
 """DQN engine: action mapping, ε schedule, Bellman target, soft update, checkpoints."""
-import dataclasses
 
 import numpy as np
 import pytest

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import grpc
 import lz4.block
 import numpy as np
 import pytest
