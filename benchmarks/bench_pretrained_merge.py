@@ -7,11 +7,10 @@
    model as ``--init-model`` and with fresh engines, and report success rate and
    median converge time side by side with the number of seeds.
 
-ε: the engine anneals ε from ``epsilon_start`` whatever model it starts from, so a
-pretrained model first spends most ticks exploring at random. Each arm is therefore
-played with every ``--epsilon-start`` given (default 1.0 and 0.3), for fresh and
-pretrained engines alike, so that what the lower ε does is told apart from what the
-pretraining does.
+ε: a fresh engine anneals ε from ``epsilon_start`` (1.0), a pretrained one from
+``pretrained_epsilon_start`` (0.3). To tell what the lower ε does apart from what the
+pretraining does, each arm here is played with every ``--epsilon-start`` given
+(default 1.0 and 0.3), used as the start for fresh and pretrained engines alike.
 
     python benchmarks/bench_pretrained_merge.py                      # K=8, M=20
     python benchmarks/bench_pretrained_merge.py --record 3 --seeds 5 --steps 1000  # quick
@@ -36,7 +35,8 @@ from capes.replay_tools import merge  # noqa: E402
 
 
 def with_epsilon(cfg, eps: float):
-    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, epsilon_start=eps))
+    return dataclasses.replace(cfg, engine=dataclasses.replace(
+        cfg.engine, epsilon_start=eps, pretrained_epsilon_start=eps))
 
 
 def main(argv=None) -> int:

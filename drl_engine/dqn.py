@@ -38,6 +38,7 @@ class DQNConfig:
     target_update_rate: float = 0.01   # α of the soft target update
     epsilon_start: float = 1.0
     epsilon_final: float = 0.05
+    pretrained_epsilon_start: float = 0.3   # ε start for a model given by --init-model
     exploration_ticks: int = 72_000    # 20 h of 1 s action ticks
     workload_epsilon: float = 0.2
     workload_ticks: int = 3_600        # ticks to anneal back after a workload change
@@ -57,7 +58,8 @@ class DQNConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
         for name in ("gamma", "rmsprop_decay", "target_update_rate", "epsilon_start",
-                     "epsilon_final", "workload_epsilon", "missing_tolerance"):
+                     "epsilon_final", "pretrained_epsilon_start", "workload_epsilon",
+                     "missing_tolerance"):
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
@@ -102,10 +104,14 @@ class QNetwork(nn.Module):
         return self.net(obs)
 
 
-def epsilon(action_ticks: int, cfg: DQNConfig, bumped_at: int | None = None) -> float:
-    """ε after ``action_ticks`` actions; a workload change at ``bumped_at`` lifts it."""
+def epsilon(action_ticks: int, cfg: DQNConfig, bumped_at: int | None = None,
+            pretrained: bool = False) -> float:
+    """ε after ``action_ticks`` actions; a workload change at ``bumped_at`` lifts it.
+    A pretrained model starts from ``pretrained_epsilon_start``: it already knows
+    something, and exploring as if it knew nothing throws that away."""
+    start = cfg.pretrained_epsilon_start if pretrained else cfg.epsilon_start
     frac = min(1.0, action_ticks / cfg.exploration_ticks)
-    eps = cfg.epsilon_start + frac * (cfg.epsilon_final - cfg.epsilon_start)
+    eps = start + frac * (cfg.epsilon_final - start)
     if bumped_at is not None and action_ticks >= bumped_at:
         since = action_ticks - bumped_at
         frac = min(1.0, since / cfg.workload_ticks) if cfg.workload_ticks else 1.0

@@ -68,6 +68,7 @@ class Engine:
         self.action_ticks = 0
         self.train_steps = 0
         self.bumped_at: int | None = None
+        self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
         self._pending_state: dict | None = None
         self.update()
@@ -86,7 +87,7 @@ class Engine:
 
     @property
     def epsilon(self) -> float:
-        return epsilon(self.action_ticks, self.cfg, self.bumped_at)
+        return epsilon(self.action_ticks, self.cfg, self.bumped_at, self.pretrained)
 
     def workload_changed(self) -> None:
         """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
@@ -149,6 +150,7 @@ class Engine:
                 "stats": self.experience.stats_state(),
                 "action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "bumped_at": self.bumped_at, "epsilon": self.epsilon,
+                "pretrained": self.pretrained,
                 "rng": self.rng.bit_generator.state}
 
     def save(self, path: str | Path) -> Path:
@@ -168,7 +170,8 @@ class Engine:
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint: model, target, optimiser, counters and ε.
-        ``weights_only`` takes just the networks (to start a new run from a model)."""
+        ``weights_only`` takes just the networks (to start a new run from a model,
+        exploring from ``pretrained_epsilon_start``)."""
         state = torch.load(path, map_location=self.device, weights_only=True)
         if state.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
@@ -176,6 +179,7 @@ class Engine:
         if weights_only:
             state = {"dqn": state["dqn"], "layout": state["layout"],
                      "stats": state.get("stats")}
+            self.pretrained = True
         if self.dqn is None:
             self._pending_state = state
         else:
@@ -194,4 +198,5 @@ class Engine:
             self.action_ticks = state["action_ticks"]
             self.train_steps = state["train_steps"]
             self.bumped_at = state["bumped_at"]
+            self.pretrained = state.get("pretrained", False)
             self.rng.bit_generator.state = state["rng"]

@@ -177,3 +177,16 @@ def test_checkpoint_carries_normalisation_statistics(tmp_path, make_session):
     np.testing.assert_allclose(fresh.experience.mean, eng.experience.mean)
     fresh.update()                                       # its own few ticks do not replace them
     np.testing.assert_allclose(fresh.experience.std, eng.experience.std)
+
+
+def test_a_pretrained_model_explores_less_at_first(tmp_path, make_session):
+    path = tmp_path / "r.db"
+    make_session(path, ticks=30)
+    ckpt = make_engine(path).save(tmp_path / "m.pt")
+    fresh, pretrained = make_engine(path), make_engine(path)
+    pretrained.load(ckpt, weights_only=True)
+    assert fresh.epsilon == 1.0
+    assert pretrained.epsilon == pytest.approx(0.3)
+    resumed = make_engine(path)
+    resumed.load(pretrained.save(tmp_path / "p.pt"))
+    assert resumed.pretrained and resumed.epsilon == pytest.approx(0.3)
