@@ -119,10 +119,10 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
 # -- grids of runs ------------------------------------------------------------------------
 
 def _run_job(job):
-    cfg, seed, init_model, keep_trace = job
+    cfg, seed, init_model, keep_trace, device = job
     import torch
     torch.set_num_threads(1)
-    return run_one(cfg, seed, init_model=init_model, keep_trace=keep_trace)
+    return run_one(cfg, seed, init_model=init_model, device=device, keep_trace=keep_trace)
 
 
 def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConfig:
@@ -148,12 +148,12 @@ def summarise(runs: list[RunResult]) -> dict:
 
 def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int = 0,
              jobs: int = 1, init_model: str | None = None, keep_traces: int = 0,
-             progress=sys.stderr) -> dict:
+             progress=sys.stderr, device: str = "cpu") -> dict:
     """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report."""
     plan = [(noise, reward, first_seed + s) for noise in noises for reward in rewards
             for s in range(seeds)]
-    jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces)
-               for n, r, seed in plan]
+    jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces,
+                device) for n, r, seed in plan]
     results: list[RunResult] = []
     t0 = time.perf_counter()
 
@@ -179,6 +179,7 @@ def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int 
             runs = [r for r in results if r.noise == noise and r.reward == reward]
             cells.append({"noise": noise, "reward": reward, **summarise(runs)})
     return {"preset": base.engine.preset, "seeds_per_cell": seeds, "first_seed": first_seed,
+            "device": device,
             "train_steps_per_tick": base.engine.train_steps_per_tick,
             "config": cfgmod.to_table(base), "cells": cells,
             "runs": [dataclasses.asdict(r) for r in results],

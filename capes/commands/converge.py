@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine preset (default: the config's engine.preset)")
     p.add_argument("--jobs", type=int, default=1, metavar="J",
                    help="runs in parallel, one process and one core each")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default: the game's network is tiny, a core per run is "
+                        "fastest), cuda, or auto (CUDA when present)")
     p.add_argument("--init-model", metavar="CKPT",
                    help="start every run from this checkpoint's networks")
     p.add_argument("--json", metavar="OUT", help="write every run and cell summary as JSON")
@@ -55,6 +58,12 @@ def run(args) -> int:
     if args.seeds < 1 or args.jobs < 1:
         print("capes converge-test: --seeds and --jobs must be >= 1", file=sys.stderr)
         return 2
+    from drl_engine.dqn import pick_device
+    try:
+        device = str(pick_device(args.device))
+    except RuntimeError as exc:
+        print(f"capes converge-test: {exc}", file=sys.stderr)
+        return 2
     cfg = load_config(args.config, args.overrides, args.preset)
     noises = args.noise or [cfg.game.noise]
     rewards = args.reward or [cfg.reward.type]
@@ -64,7 +73,7 @@ def run(args) -> int:
           file=sys.stderr)
     report = run_grid(cfg, noises, rewards, args.seeds, args.first_seed, args.jobs,
                       args.init_model, keep_traces=1 if args.plot else 0,
-                      progress=None if args.quiet else sys.stderr)
+                      progress=None if args.quiet else sys.stderr, device=device)
     print(format_table(report))
     if args.json:
         write_json(report, args.json)
