@@ -1,0 +1,69 @@
+"""`capes drl-engine` against a real interface daemon: it acts on the live replay DB,
+raises ε when told a new workload started, and checkpoints at exit."""
+import json
+import subprocess
+import sys
+import time
+
+import zmq
+
+from capes import curve
+from capes.control_client import ControlClient
+from capes.deployment import KeysConfig
+from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
+
+
+def read_status(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def test_engine_daemon_acts_bumps_epsilon_on_workload_change_and_checkpoints(tmp_path):
+    curve.generate(tmp_path / "keys", ["mon", "engine"])
+    cfg = write_config(tmp_path)
+    daemon = DaemonProcess(cfg, tmp_path / "ready.json")
+    ctx = zmq.Context()
+    engine = None
+    try:
+        keys = KeysConfig(dir=str(tmp_path / "keys"), client="mon")
+        agent = Agent(ctx, daemon.info["ingest"], keys, "mon", "n1", ["throughput", "cpu"])
+        control = ControlClient(daemon.info["grpc"], curve.load_token(keys))
+        first = int(time.time() / 0.05)
+        for i in range(30):                       # enough ticks for a stacked observation
+            agent.send(first + i, [float(i % 7), 1.0])
+            time.sleep(0.01)
+        wait_for(lambda: control.status()["ticks_written"] >= 20, timeout=15)
+        status_file = tmp_path / "engine.json"
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "capes", "drl-engine", "--config", str(cfg),
+             "--set", f"daemon.grpc={daemon.info['grpc']}", "--set", "engine.stack=2",
+             "--set", "engine.exploration_ticks=1", "--set", "keys.client=engine",
+             "--device", "cpu", "--checkpoint-dir", str(tmp_path / "ckpt"),
+             "--status-file", str(status_file)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        tick = first + 30
+
+        def feed_until(pred):
+            nonlocal tick
+            deadline = time.monotonic() + 30
+            while not pred():
+                assert engine.poll() is None, engine.stderr.read().decode()[-2000:]
+                assert time.monotonic() < deadline, read_status(status_file)
+                agent.send(tick, [float(tick % 7), 1.0])
+                tick += 1
+                time.sleep(0.05)
+
+        feed_until(lambda: control.status()["actions"].get("submitted", 0) >= 3)
+        feed_until(lambda: read_status(status_file).get("epsilon", 1) <= 0.06)
+        control.workload_changed("new workload")
+        feed_until(lambda: read_status(status_file).get("epsilon", 0) >= 0.19)
+        engine.terminate()
+        assert engine.wait(15) == 0
+        assert (tmp_path / "ckpt" / "engine-latest.pt").exists()
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+        ctx.destroy(linger=0)
+        daemon.stop()
