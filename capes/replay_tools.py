@@ -164,12 +164,14 @@ def format_summary(s: DBSummary, max_names: int = 12) -> str:
             forbidden = f" forbidden {p['forbidden']}" if p["forbidden"] else ""
             lines.append(f"  parameter {p['name']}: [{p['min']:g}, {p['max']:g}] "
                          f"step {p['step']:g} default {p['default']:g}{forbidden}")
-        if ss.provenance:
-            prov = ss.provenance
-            lines.append(f"  from {prov.get('source_file', '?')} session "
+        prov = ss.provenance or {}
+        if "source_file" in prov:
+            lines.append(f"  from {prov['source_file']} session "
                          f"{prov.get('source_session', '?')}"
                          + (f", merged {_when(prov['merged_at'])}" if "merged_at" in prov
                             else ""))
+        elif "writer" in prov:
+            lines.append(f"  written by {prov['writer']}")
     return "\n".join(lines)
 
 
