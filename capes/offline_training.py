@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from capes import config as cfgmod
-from drl_engine.dqn import PRESETS, DQNConfig, with_preset
+from drl_engine.dqn import DQNConfig, with_preset
 from drl_engine.rewards import RewardConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "storagegamesim.toml"
@@ -42,13 +42,7 @@ def load_training_config(path: str | Path | None = None, overrides=(),
                                      "engine.* and reward.* settings")
     table, source = cfgmod.load_table(path, overrides)
     table = {k: v for k, v in table.items() if k in ("engine", "reward")}
-    if isinstance(table.get("engine", {}), dict):
-        try:
-            table["engine"] = with_preset(table.get("engine", {}))
-        except KeyError as exc:
-            raise cfgmod.ConfigError(source, "engine.preset",
-                                     f"unknown preset {exc.args[0]!r} "
-                                     f"(known: {', '.join(PRESETS)})") from None
+    table["engine"] = with_preset(table.get("engine", {}), source)
     return cfgmod.build(TrainingConfig, table, source)
 
 

@@ -46,17 +46,3 @@ class ParameterSpec:
             return "forbidden value"
         return None
 
-    def normalise(self, value):
-        """Map the valid range to [0, 1] (works on floats and arrays)."""
-        span = self.max - self.min
-        return (value - self.min) / span if span else value * 0.0
-
-
-def named_specs(specs: dict[str, ParameterSpec]) -> list[ParameterSpec]:
-    """Specs in a stable order, each carrying its own name."""
-    out = []
-    for name in sorted(specs):
-        spec = specs[name]
-        spec.name = name
-        out.append(spec)
-    return out

@@ -306,11 +306,6 @@ class SessionData:
         self.defaults = np.array(
             [info.params[j].default if j >= 0 else np.nan for j in self.param_map], np.float32)
 
-    @property
-    def ticks(self) -> range:
-        start = self.first_tick or 0
-        return range(start, start + self.length)
-
     def reserve(self, first_tick: int, last_tick: int) -> None:
         """Make room for ticks up to ``last_tick`` in one allocation when many rows are
         about to load (a big DB then needs no doubling copies and no slack); small

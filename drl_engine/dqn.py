@@ -133,7 +133,7 @@ class DQN:
         self.target = copy.deepcopy(self.q)
         self.target.requires_grad_(False)
         self.optimizer = torch.optim.RMSprop(self.q.parameters(), lr=cfg.learning_rate,
-                                             alpha=cfg.rmsprop_decay, foreach=True)
+                                             alpha=cfg.rmsprop_decay)
         self._q_params = list(self.q.parameters())
         self._t_params = list(self.target.parameters())
         self.loss_fn = nn.SmoothL1Loss() if cfg.loss == "huber" else nn.MSELoss()
@@ -164,7 +164,7 @@ class DQN:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip:
-            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip, foreach=True)
+            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip)
         self.optimizer.step()
         self.soft_update()
         return loss.detach()

@@ -13,6 +13,7 @@ by the current value of every tuned parameter scaled to [0, 1] by its valid rang
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,6 +105,10 @@ class Experience:
             return n
         if self._cols is None:
             self._cols = pi_columns(self.reward, self.layout.pi_names)
+            specs = self.param_specs()
+            self._param_lo = np.array([s.min for s in specs], np.float32)
+            self._param_span = np.array([max(s.max - s.min, 1e-12) for s in specs],
+                                        np.float32)
         for sid, data in self.reader.sessions.items():
             d = self.derived.setdefault(sid, _Derived())
             start = min(d.n, data.dirty_from)
@@ -148,7 +153,8 @@ class Experience:
         if not chunks:
             return
         allp = np.concatenate(chunks)
-        with np.errstate(all="ignore"), _quiet():
+        with np.errstate(all="ignore"), warnings.catch_warnings(action="ignore",
+                                                                category=RuntimeWarning):
             mean = np.nanmean(allp, axis=0)
             std = np.nanstd(allp, axis=0)
             ps = np.concatenate([d.p[:d.n] for d in self.derived.values()])
@@ -186,11 +192,8 @@ class Experience:
         if self.normalise and self.mean is not None:
             x = (x - self.mean) / self.std
         x = np.nan_to_num(x.reshape(len(ticks), -1), nan=0.0)
-        specs = self.param_specs()
         vals = self.derived[sid].values[ticks]
-        lo = np.array([s.min for s in specs], np.float32)
-        span = np.array([max(s.max - s.min, 1e-12) for s in specs], np.float32)
-        v = np.nan_to_num((vals - lo) / span, nan=0.0)
+        v = np.nan_to_num((vals - self._param_lo) / self._param_span, nan=0.0)
         return np.concatenate([x, v], axis=1).astype(np.float32)
 
     def latest(self, sid: int) -> tuple[int, np.ndarray] | None:
@@ -269,15 +272,3 @@ class Experience:
         cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
         return Batch(cat(obs), cat(act), cat(rew).astype(np.float32), cat(nxt), cat(ss), cat(ts))
 
-
-class _quiet:
-    """Silence numpy's all-NaN slice warnings inside a block."""
-
-    def __enter__(self):
-        import warnings
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc):
-        return self._w.__exit__(*exc)
