@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from capes.demo import free_port
-from capes.process_group import ProcessGroup
+from capes.experiments.demo import free_port
+from capes.experiments.process_group import ProcessGroup
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "bench0"
@@ -126,9 +126,9 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args()
 
-    from capes.control_client import ControlClient
-    from capes.curve import generate
-    from capes.deployment import load_deployment
+    from capes.common.control_client import ControlClient
+    from capes.common.curve import generate
+    from capes.common.deployment import load_deployment
 
     tmp = tempfile.TemporaryDirectory(prefix="capes-bench-latency-")
     work = Path(tmp.name)

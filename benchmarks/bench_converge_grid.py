@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from capes.converge_test import format_table, load_config, run_grid, write_json
+from capes.experiments.converge_test import format_table, load_config, run_grid, write_json
 
 PAPER = {  # thesis Table 5.1: success rate within one hour
     (0.01, "diff"): 1.00, (0.01, "diff_avg"): 1.00, (0.01, "diff_ewma"): 0.97,

@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import zmq  # noqa: E402
 
 from bench_message_size import NAMES, Host  # noqa: E402
-from capes import curve  # noqa: E402
-from capes.control_client import ControlClient  # noqa: E402
-from capes.deployment import KeysConfig  # noqa: E402
-from capes.protocol import DeltaEncoder  # noqa: E402
+from capes.common import curve  # noqa: E402
+from capes.common.control_client import ControlClient  # noqa: E402
+from capes.common.deployment import KeysConfig  # noqa: E402
+from capes.common.protocol import DeltaEncoder  # noqa: E402
 
 
 def start_daemon(tmp: Path) -> tuple[subprocess.Popen, dict]:

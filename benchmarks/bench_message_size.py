@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from capes.protocol import DeltaEncoder, encode  # noqa: E402
+from capes.common.protocol import DeltaEncoder, encode  # noqa: E402
 
 DISKS = ["sda", "sdb", "sdc", "sdd", "nvme0n1", "nvme1n1"]
 NETS = ["eth0", "eth1", "ib0"]

@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args()
 
-    from capes import curve
+    from capes.common import curve
     tmp = tempfile.TemporaryDirectory(prefix="capes-bench-")
     keys_dir = None if args.no_curve else str(Path(tmp.name) / "keys")
     ctx = zmq.Context()

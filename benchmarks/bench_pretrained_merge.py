@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from capes.converge_test import load_config, run_grid, run_one  # noqa: E402
-from capes.offline_training import TrainingConfig, train_offline  # noqa: E402
-from capes.replay_tools import merge  # noqa: E402
+from capes.experiments.converge_test import load_config, run_grid, run_one  # noqa: E402
+from capes.experiments.offline_training import TrainingConfig, train_offline  # noqa: E402
+from capes.experiments.replay_merge import merge  # noqa: E402
 
 
 def with_epsilon(cfg, eps: float):

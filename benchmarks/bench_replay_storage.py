@@ -2,8 +2,8 @@
 
 The thesis (Table 5.3) kept 250,000 one-second records of 8 Lustre clients × 44 PIs
 (70 hours) in 0.5 GB on disk and 1.5 GB in memory. This writes the same volume through
-:class:`~capes.replay_db.ReplayWriter` and reports the file size, then loads it with a
-:class:`~capes.replay_db.ReplayReader` in a fresh process and reports the reader's
+:class:`~capes.common.replay_db.ReplayWriter` and reports the file size, then loads it with a
+:class:`~capes.common.replay_db.ReplayReader` in a fresh process and reports the reader's
 memory (RSS after loading minus RSS before, the peak, and the numpy bytes it holds).
 
 The PIs resemble the paper's clients rather than noise, since noise compresses like
@@ -89,8 +89,8 @@ class HostLikePIs:
 def write_db(path: Path, ticks: int, nodes: int, seed: int = 0, compress: bool = True,
              progress=sys.stderr) -> dict:
     """Write ``ticks`` × ``nodes`` PI rows plus one action per tick; return timings."""
-    from capes.params import ParameterSpec
-    from capes.replay_db import ReplayWriter, SessionInfo
+    from capes.common.params import ParameterSpec
+    from capes.common.replay_db import ReplayWriter, SessionInfo
     params = [ParameterSpec(min=1, max=256, step=1, default=8, name=f"osc{i}.max_rpcs_in_flight")
               for i in range(4)]
     gen = HostLikePIs(nodes, seed)
@@ -137,7 +137,7 @@ def rss() -> int:
 
 def measure_reader(path: Path) -> dict:
     """Load the whole DB into a ReplayReader (run in a fresh process)."""
-    from capes.replay_db import ReplayReader
+    from capes.common.replay_db import ReplayReader
     before = rss()
     t0 = time.perf_counter()
     reader = ReplayReader(path)

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from capes.converge_test import load_config, run_one
+from capes.experiments.converge_test import load_config, run_one
 
 
 def main() -> int:

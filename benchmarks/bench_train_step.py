@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from capes.params import ParameterSpec
-from capes.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from capes.common.params import ParameterSpec
+from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.dqn import DQN, DQNConfig, pick_device
 from drl_engine.engine import Engine
 from drl_engine.rewards import RewardConfig

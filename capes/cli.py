@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2
-    from capes.config import ConfigError
+    from capes.common.config import ConfigError
     try:
         return importlib.import_module(args._module).run(args) or 0
     except ConfigError as exc:

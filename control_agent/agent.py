@@ -2,7 +2,7 @@
 
 The agent holds a DEALER socket to the daemon's control ROUTER. On every connection it
 sends a hello (``Ack`` with ``seq=0`` and the knobs' current values), repeated as a
-heartbeat. Each :class:`capes.protocol.Action` carries ABSOLUTE values; the agent
+heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; the agent
 
 * ignores an action older than the last one it handled (after a reconnect the daemon
   may have restarted, so the sequence starts afresh), and answers a repeat of the last
@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from capes import curve
-from capes.config import ConfigError
-from capes.deployment import DeploymentConfig
-from capes.params import ParameterSpec
-from capes.protocol import Ack, Action, DecodeError, decode, encode
-from capes.stop_signal import StopSignal
+from capes.common import curve
+from capes.common.config import ConfigError
+from capes.common.deployment import DeploymentConfig
+from capes.common.params import ParameterSpec
+from capes.common.protocol import Ack, Action, DecodeError, decode, encode
+from capes.common.stop_signal import StopSignal
 from control_agent.appliers import Applier, ApplyError, build_applier
 
 log = logging.getLogger("capes.control_agent")

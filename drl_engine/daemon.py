@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from capes.control_client import ControlClient, ControlError
-from capes.deployment import DeploymentConfig
-from capes.replay_db import ReplayDBError, ReplayReader
-from capes.stop_signal import StopSignal
+from capes.common.control_client import ControlClient, ControlError
+from capes.common.deployment import DeploymentConfig
+from capes.common.replay_db import ReplayDBError, ReplayReader
+from capes.common.stop_signal import StopSignal
 from drl_engine.dqn import DQNConfig
 from drl_engine.engine import Engine, action_name
 from drl_engine.rewards import RewardConfig

@@ -78,7 +78,7 @@ PRESETS: dict[str, dict] = {
 
 def with_preset(table: dict, source: str = "<config>", key: str = "engine") -> dict:
     """An ``[engine]`` table with its preset's values filled in under explicit keys."""
-    from capes.config import ConfigError
+    from capes.common.config import ConfigError
     if not isinstance(table, dict):
         return table                      # build() reports the type error
     preset = table.get("preset", DQNConfig.preset)

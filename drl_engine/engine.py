@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from capes.replay_db import ReplayReader
+from capes.common.replay_db import ReplayReader
 from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
 from drl_engine.experience import Experience
 from drl_engine.rewards import RewardConfig

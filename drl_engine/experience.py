@@ -1,6 +1,6 @@
 """Experience: transitions (s_t, a_t, r_t, s_{t+1}) drawn from the replay DB.
 
-Wraps a :class:`~capes.replay_db.ReplayReader` and keeps, per session, what training
+Wraps a :class:`~capes.common.replay_db.ReplayReader` and keeps, per session, what training
 needs beside the raw PIs: the objective p_t, the reward r_t, how many entries of each
 tick are missing, and the parameter values in effect. These are updated incrementally
 after each refresh. Observations are stacked at sample time from the cached ticks
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from capes.replay_db import ReplayReader, SessionData
+from capes.common.replay_db import ReplayReader, SessionData
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, RewardConfig, pi_columns
 
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from capes.registry import Registry
+from capes.common.registry import Registry
 
 OBJECTIVES = Registry("objective")
 REWARD_TYPES = Registry("reward type")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from capes.params import ParameterSpec
+from capes.common.params import ParameterSpec
 
 
 @dataclass

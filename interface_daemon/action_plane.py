@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from capes.params import ParameterSpec
-from capes.protocol import Ack, Action, DecodeError, decode, encode
+from capes.common.params import ParameterSpec
+from capes.common.protocol import Ack, Action, DecodeError, decode, encode
 from interface_daemon.action_checker import ActionChecker, Verdict
 from interface_daemon.counters import Counters
 

@@ -14,8 +14,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from capes import control_plane_pb2 as pb
-from capes import control_plane_pb2_grpc as pb_grpc
+from capes.common import control_plane_pb2 as pb
+from capes.common import control_plane_pb2_grpc as pb_grpc
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ControlPlane"].full_name
 TOKEN_HEADER = "x-capes-token"

@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import zmq
 
-from capes import curve
-from capes.deployment import DeploymentConfig
-from capes.protocol import FullRequest, encode
-from capes.replay_db import ReplayWriter, SessionInfo
+from capes.common import curve
+from capes.common.deployment import DeploymentConfig
+from capes.common.protocol import FullRequest, encode
+from capes.common.replay_db import ReplayWriter, SessionInfo
 from interface_daemon.action_checker import ActionChecker
 from interface_daemon import control_service
 from interface_daemon.action_plane import ActionPlane

@@ -1,6 +1,6 @@
 """Ingest: one differential stream per monitored node, rebuilt into replay-DB rows.
 
-Each node's frames go through its own :class:`~capes.protocol.DeltaDecoder`. The DB
+Each node's frames go through its own :class:`~capes.common.protocol.DeltaDecoder`. The DB
 session has ONE PI-name list shared by all nodes: a node's names are mapped into it by
 name (new names are appended), and its row holds NaN for PIs it does not have. No
 socket here, so the logic is testable on its own; the daemon feeds it payloads.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from capes.protocol import DecodeError, DeltaDecoder, Indicators, decode
+from capes.common.protocol import DecodeError, DeltaDecoder, Indicators, decode
 
 
 @dataclass

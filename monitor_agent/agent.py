@@ -1,7 +1,7 @@
 """The monitoring agent loop: collect every tick, send one differential frame.
 
 Every ``tick_seconds`` the agent asks each collector for its PIs, lays them out in one
-vector whose order is fixed at start, and sends a :class:`capes.protocol.DeltaEncoder`
+vector whose order is fixed at start, and sends a :class:`capes.common.protocol.DeltaEncoder`
 frame (only the PIs that changed; a full frame every ``full_frame_every`` ticks and
 whenever the daemon sends a :class:`FullRequest`) on a DEALER socket.
 
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from capes import curve
-from capes.config import ConfigError
-from capes.deployment import DeploymentConfig
-from capes.protocol import DecodeError, DeltaEncoder, FullRequest, decode, encode
-from capes.stop_signal import StopSignal
+from capes.common import curve
+from capes.common.config import ConfigError
+from capes.common.deployment import DeploymentConfig
+from capes.common.protocol import DecodeError, DeltaEncoder, FullRequest, decode, encode
+from capes.common.stop_signal import StopSignal
 from monitor_agent.collectors import Collector, build_collector
 
 log = logging.getLogger("capes.monitor_agent")

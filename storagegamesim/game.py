@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from capes.params import ParameterSpec
+from capes.common.params import ParameterSpec
 
 PI_NAMES = ("throughput", "window", "rate_limit")
 

@@ -106,7 +106,7 @@ class SimNode:
 
     def run(self, tick_seconds: float, stop) -> str:
         """Play one tick per ``tick_seconds`` of wall clock until the game is over or
-        ``stop`` (a :class:`capes.stop_signal.StopSignal`) is set; return the outcome:
+        ``stop`` (a :class:`capes.common.stop_signal.StopSignal`) is set; return the outcome:
         ``"won"``, ``"time limit"`` or ``"stopped"``."""
         k = math.floor(time.time() / tick_seconds - 0.5) + 1
         won_at = None

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from capes.params import ParameterSpec
-from capes.replay_db import ReplayWriter, SessionInfo
+from capes.common.params import ParameterSpec
+from capes.common.replay_db import ReplayWriter, SessionInfo
 
 
 def two_params():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import zmq
 
-from capes import curve
-from capes.protocol import DeltaEncoder, FullRequest, decode
+from capes.common import curve
+from capes.common.protocol import DeltaEncoder, FullRequest, decode
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from capes.params import ParameterSpec
-from capes.protocol import Ack, Action, decode, encode
+from capes.common.params import ParameterSpec
+from capes.common.protocol import Ack, Action, decode, encode
 from interface_daemon.action_checker import ActionChecker
 from interface_daemon.action_plane import ActionPlane
 from interface_daemon.counters import Counters

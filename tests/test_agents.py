@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from capes import config as cfgmod
-from capes.config import ConfigError
-from capes.deployment import DeploymentConfig
-from capes.protocol import Ack, Action, DeltaDecoder, FullRequest, Indicators, decode, encode
-from capes.stop_signal import StopSignal
+from capes.common import config as cfgmod
+from capes.common.config import ConfigError
+from capes.common.deployment import DeploymentConfig
+from capes.common.protocol import Ack, Action, DeltaDecoder, FullRequest, Indicators, decode, encode
+from capes.common.stop_signal import StopSignal
 from control_agent.agent import ControlAgent
 from monitor_agent.agent import MonitorAgent
 

@@ -1,8 +1,8 @@
 """Configuration: one clear error naming file, key and problem; overrides; presets."""
 import pytest
 
-from capes.config import ConfigError, apply_overrides, parse_override
-from capes.converge_test import DEFAULT_CONFIG, load_config
+from capes.common.config import ConfigError, apply_overrides, parse_override
+from capes.experiments.converge_test import DEFAULT_CONFIG, load_config
 
 
 def write(tmp_path, text):

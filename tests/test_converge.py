@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from capes.converge_test import load_config, run_grid, run_one
+from capes.experiments.converge_test import load_config, run_grid, run_one
 
 FAST = ["game.noise=0.01"]
 

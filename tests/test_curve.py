@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from capes import curve
-from capes.deployment import KeysConfig
+from capes.common import curve
+from capes.common.deployment import KeysConfig
 
 
 @pytest.fixture

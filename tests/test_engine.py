@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from capes.replay_db import ReplayReader
+from capes.common.replay_db import ReplayReader
 from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
 from drl_engine.engine import Engine, action_name, apply_action
 from drl_engine.rewards import RewardConfig

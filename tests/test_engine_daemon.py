@@ -7,9 +7,9 @@ import time
 
 import zmq
 
-from capes import curve
-from capes.control_client import ControlClient
-from capes.deployment import KeysConfig
+from capes.common import curve
+from capes.common.control_client import ControlClient
+from capes.common.deployment import KeysConfig
 from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from capes import config as cfgmod
-from capes.deployment import DeploymentConfig, load_deployment
+from capes.common import config as cfgmod
+from capes.common.deployment import DeploymentConfig, load_deployment
 from control_agent.agent import build_appliers
 from control_agent.appliers.file import FileApplier
 from monitor_agent.agent import Sampler, build_collectors

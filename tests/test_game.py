@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from capes.config import ConfigError, build
+from capes.common.config import ConfigError, build
 from storagegamesim.game import GameConfig, StorageGameSim
 
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import zmq
 
-from capes import curve
-from capes.control_client import ControlClient, ControlError
-from capes.deployment import KeysConfig
-from capes.protocol import (PROTOCOL_VERSION, Ack, Action, DeltaEncoder, Indicators,
+from capes.common import curve
+from capes.common.control_client import ControlClient, ControlError
+from capes.common.deployment import KeysConfig
+from capes.common.protocol import (PROTOCOL_VERSION, Ack, Action, DeltaEncoder, Indicators,
                             decode, encode)
-from capes.replay_db import ReplayReader
+from capes.common.replay_db import ReplayReader
 from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
 
 PIS = ["cpu", "mem", "disk.sda.read_bps"]

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from capes.cli import main as capes_main
-from capes.config import ConfigError
-from capes.converge_test import load_config, run_one
-from capes.offline_training import (DEFAULT_CONFIG, NotEnoughExperience, load_training_config,
+from capes.common.config import ConfigError
+from capes.experiments.converge_test import load_config, run_one
+from capes.experiments.offline_training import (DEFAULT_CONFIG, NotEnoughExperience, load_training_config,
                                     train_offline)
-from capes.replay_db import ReplayReader, ReplayWriter, SessionInfo
-from capes.replay_tools import merge
+from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from capes.experiments.replay_merge import merge
 from drl_engine.engine import Engine
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from capes.protocol import (PROTOCOL_VERSION, Ack, Action, DecodeError, DeltaDecoder,
+from capes.common.protocol import (PROTOCOL_VERSION, Ack, Action, DecodeError, DeltaDecoder,
                             DeltaEncoder, FullRequest, Indicators, decode, encode, quantise)
 
 f32 = st.floats(width=32, allow_nan=True, allow_infinity=True)

@@ -4,7 +4,7 @@ import sqlite3
 import numpy as np
 import pytest
 
-from capes.replay_db import Layout, ReplayDBError, ReplayReader, SessionInfo
+from capes.common.replay_db import Layout, ReplayDBError, ReplayReader, SessionInfo
 from drl_engine.experience import Experience
 from drl_engine.rewards import RewardConfig
 

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from capes.cli import main as capes_main
-from capes.params import ParameterSpec
-from capes.replay_db import (ReplayDBError, ReplayReader, ReplayWriter, SessionInfo,
+from capes.common.params import ParameterSpec
+from capes.common.replay_db import (ReplayDBError, ReplayReader, ReplayWriter, SessionInfo,
                              decode_vec, encode_vec)
-from capes.replay_tools import (MergeError, describe, differences, export_csv, export_npz,
-                                merge)
+from capes.experiments.replay_export import export_csv, export_npz
+from capes.experiments.replay_info import describe
+from capes.experiments.replay_merge import MergeError, differences, merge
 from drl_engine.experience import Experience
 from drl_engine.rewards import RewardConfig
 
@@ -278,7 +279,7 @@ def test_a_killed_merge_leaves_no_output_and_the_next_merge_cleans_up(tmp_path):
     write_session(b, 2)
     script = textwrap.dedent(f"""
         import os, signal
-        from capes.replay_tools import merge
+        from capes.experiments.replay_merge import merge
         merge([{str(a)!r}, {str(b)!r}], {str(out)!r},
               progress=lambda msg: os.kill(os.getpid(), signal.SIGKILL))
     """)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from capes.config import ConfigError
+from capes.common.config import ConfigError
 from capes.commands.sim_node import load_game_config
 from monitor_agent.collectors import build_collector
 from storagegamesim.game import GameConfig

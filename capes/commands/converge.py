@@ -29,7 +29,7 @@ def _names(text: str) -> list[str]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from capes.converge_test import DEFAULT_CONFIG
+    from capes.experiments.converge_test import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
     p.add_argument("--noise", type=_floats, default=None, metavar="LIST",
                    help="noise levels, e.g. 0.01,0.1,0.5 or 1%%,10%%,50%% "
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.converge_test import format_table, load_config, run_grid, write_json
+    from capes.experiments.converge_test import format_table, load_config, run_grid, write_json
     if args.seeds < 1 or args.jobs < 1:
         print("capes converge-test: --seeds and --jobs must be >= 1", file=sys.stderr)
         return 2
@@ -79,7 +79,7 @@ def run(args) -> int:
         write_json(report, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        from capes.plots import plot_converge
+        from capes.experiments.plots import plot_converge
         plot_converge(report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0

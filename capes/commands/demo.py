@@ -7,7 +7,7 @@ from pathlib import Path
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.cli import common_config_args
-    from capes.demo import DEFAULT_CONFIG
+    from capes.experiments.demo import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
@@ -21,8 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.demo import DemoOptions
-    from capes.demo import run as run_demo
+    from capes.experiments.demo import DemoOptions
+    from capes.experiments.demo import run as run_demo
     opts = DemoOptions(config=Path(args.config), overrides=list(args.overrides),
                        seed=args.seed, timeout_s=args.timeout, workdir=args.workdir,
                        keep=args.keep, plot=args.plot, json_out=args.json, hold_s=args.hold)

@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes import config as cfgmod
-    from capes.deployment import DeploymentConfig
+    from capes.common import config as cfgmod
+    from capes.common.deployment import DeploymentConfig
     from drl_engine.daemon import EngineDaemonOptions
     from drl_engine.daemon import run as run_daemon
     from drl_engine.dqn import DQNConfig, with_preset

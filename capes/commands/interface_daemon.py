@@ -20,9 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.curve import KeysMissing
-    from capes.deployment import load_deployment
-    from capes.replay_db import ReplayDBError
+    from capes.common.curve import KeysMissing
+    from capes.common.deployment import load_deployment
+    from capes.common.replay_db import ReplayDBError
     from interface_daemon.daemon import serve
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr,

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes import curve
+    from capes.common import curve
     try:
         written = curve.generate(args.dir, args.client or ["agent"], overwrite=args.force)
     except (OSError, ValueError) as exc:

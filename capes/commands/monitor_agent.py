@@ -17,9 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.curve import KeysMissing
-    from capes.deployment import load_deployment
-    from capes.stop_signal import StopSignal
+    from capes.common.curve import KeysMissing
+    from capes.common.deployment import load_deployment
+    from capes.common.stop_signal import StopSignal
     from monitor_agent.agent import MonitorAgent
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.replay_db import ReplayDBError
+    from capes.common.replay_db import ReplayDBError
     try:
         return {"info": _info, "merge": _merge, "export": _export}[args.replay_command](args)
     except ReplayDBError as exc:
@@ -45,14 +45,14 @@ def run(args) -> int:
 
 
 def _info(args) -> int:
-    from capes.replay_tools import describe, format_summary
+    from capes.experiments.replay_info import describe, format_summary
     summary = describe(args.db)
     print(json.dumps(summary.to_json(), indent=1) if args.json else format_summary(summary))
     return 0
 
 
 def _merge(args) -> int:
-    from capes.replay_tools import merge
+    from capes.experiments.replay_merge import merge
     # SIGTERM unwinds like Ctrl-C, so the temp file is removed and OUT left untouched
     signal.signal(signal.SIGTERM, _raise_interrupt)
     say = None if args.json else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -69,7 +69,7 @@ def _merge(args) -> int:
 
 
 def _export(args) -> int:
-    from capes.replay_tools import export_csv, export_npz
+    from capes.experiments.replay_export import export_csv, export_npz
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.format == "csv":
         n = export_csv(args.db, args.out, progress=say)

@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.deployment import load_deployment
+    from capes.common.deployment import load_deployment
     from control_agent.agent import ControlAgent
 
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s",

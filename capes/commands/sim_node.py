@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_game_config(path: str | None, overrides: list[str]):
     """The ``[game]`` table of ``path`` (other tables ignored) with ``--set game.*``."""
-    from capes import config as cfgmod
+    from capes.common import config as cfgmod
     from storagegamesim.game import GameConfig
     for text in overrides:
         if not text.split("=", 1)[0].strip().startswith("game."):
@@ -43,7 +43,7 @@ def load_game_config(path: str | None, overrides: list[str]):
 
 
 def run(args) -> int:
-    from capes.stop_signal import StopSignal
+    from capes.common.stop_signal import StopSignal
     from storagegamesim.node import SimNode
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",

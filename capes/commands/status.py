@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.control_client import ControlClient, ControlError
-    from capes.deployment import load_deployment
+    from capes.common.control_client import ControlClient, ControlError
+    from capes.common.deployment import load_deployment
     cfg = load_deployment(args.config, args.overrides)
     client = ControlClient.from_config(cfg, args.grpc, args.timeout)
     try:

@@ -8,7 +8,7 @@ from capes.cli import common_config_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from capes.offline_training import DEFAULT_CONFIG
+    from capes.experiments.offline_training import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
     p.add_argument("--replay", required=True, metavar="DB", help="the replay DB to learn from")
     p.add_argument("--steps", type=int, required=True, metavar="N", help="minibatch updates")
@@ -26,9 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from capes.offline_training import (NotEnoughExperience, format_progress,
+    from capes.experiments.offline_training import (NotEnoughExperience, format_progress,
                                         load_training_config, plot_loss, train_offline)
-    from capes.replay_db import ReplayDBError
+    from capes.common.replay_db import ReplayDBError
     if args.steps < 1 or args.chunk < 1:
         print("capes train: --steps and --chunk must be >= 1", file=sys.stderr)
         return 2
@@ -59,7 +59,7 @@ def run(args) -> int:
         plot_loss(report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
-        from capes.converge_test import write_json
+        from capes.experiments.converge_test import write_json
         write_json(report.to_json(), args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from capes.registry import Registry
+from capes.common.registry import Registry
 
 APPLIERS = Registry("applier", "control_agent.appliers")
 register = APPLIERS.register

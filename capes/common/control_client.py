@@ -10,8 +10,8 @@ from __future__ import annotations
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from capes import control_plane_pb2 as pb
-from capes import control_plane_pb2_grpc as pb_grpc
+from capes.common import control_plane_pb2 as pb
+from capes.common import control_plane_pb2_grpc as pb_grpc
 
 TOKEN_HEADER = "x-capes-token"
 
@@ -38,8 +38,8 @@ class ControlClient:
 
     @classmethod
     def from_config(cls, cfg, address: str | None = None, timeout: float = 5.0) -> "ControlClient":
-        """A client for a :class:`capes.deployment.DeploymentConfig`'s daemon."""
-        from capes.curve import load_token
+        """A client for a :class:`capes.common.deployment.DeploymentConfig`'s daemon."""
+        from capes.common.curve import load_token
         return cls(address or cfg.daemon.grpc, load_token(cfg.keys), timeout)
 
     def _call(self, method, request):

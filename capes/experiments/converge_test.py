@@ -24,15 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
-from capes import config as cfgmod
-from capes.replay_db import ReplayReader, ReplayWriter, SessionInfo
-from capes.stats import median_ci, wilson_ci
+from capes.common import config as cfgmod
+from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from capes.common.stats import median_ci, wilson_ci
 from drl_engine.dqn import DQNConfig, with_preset
 from drl_engine.engine import Engine
 from drl_engine.rewards import RewardConfig
 from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "storagegamesim.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
 
 
 @dataclass

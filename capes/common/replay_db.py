@@ -34,7 +34,7 @@ from pathlib import Path
 import lz4.block
 import numpy as np
 
-from capes.params import ParameterSpec
+from capes.common.params import ParameterSpec
 
 SCHEMA_VERSION = 1
 

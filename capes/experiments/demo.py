@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from capes.process_group import ProcessGroup
+from capes.experiments.process_group import ProcessGroup
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "simulator.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "simulator.toml"
 
 
 @dataclass
@@ -51,9 +51,9 @@ def read_number(path: Path) -> float | None:
 
 
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
-    from capes import config as cfgmod
-    from capes.curve import generate
-    from capes.deployment import DeploymentConfig
+    from capes.common import config as cfgmod
+    from capes.common.curve import generate
+    from capes.common.deployment import DeploymentConfig
 
     table, source = cfgmod.load_table(opts.config, opts.overrides)
     deploy = cfgmod.build(DeploymentConfig, table, source)
@@ -154,8 +154,8 @@ def _read_json(path: Path) -> dict:
 
 
 def _daemon_status(deploy, keys_dir: Path, grpc_port: int) -> dict | None:
-    from capes.control_client import ControlClient, ControlError
-    from capes.curve import load_token
+    from capes.common.control_client import ControlClient, ControlError
+    from capes.common.curve import load_token
     keys = dataclasses.replace(deploy.keys, dir=str(keys_dir))
     try:
         with ControlClient(f"127.0.0.1:{grpc_port}", load_token(keys)) as client:
@@ -187,7 +187,7 @@ def _summary(result: dict, out) -> None:
 
 
 def plot_demo(series: dict, path: str, result: dict) -> None:
-    from capes.plots import _pyplot
+    from capes.experiments.plots import _pyplot
     plt = _pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     t = series["tick"]

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from capes import control_plane_pb2 as capes_dot_control__plane__pb2
+from capes.common import control_plane_pb2 as capes_dot_control__plane__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

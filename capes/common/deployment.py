@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from capes import config as cfgmod
-from capes.params import ParameterSpec
+from capes.common import config as cfgmod
+from capes.common.params import ParameterSpec
 
 
 @dataclass

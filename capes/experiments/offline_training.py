@@ -1,7 +1,7 @@
 """Offline training: a model from stored experience, with no target system attached.
 
 The engine is the live one (:class:`~drl_engine.engine.Engine`) over a
-:class:`~capes.replay_db.ReplayReader` of a (merged) replay DB: the same Algorithm-2
+:class:`~capes.common.replay_db.ReplayReader` of a (merged) replay DB: the same Algorithm-2
 minibatches, loss and target updates, only no actions are taken. The checkpoint it
 writes starts a live engine or a converge test (``--init-model``), whose layout of
 nodes, PIs and parameters must then match the DB's first session.
@@ -17,11 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from capes import config as cfgmod
+from capes.common import config as cfgmod
 from drl_engine.dqn import DQNConfig, with_preset
 from drl_engine.rewards import RewardConfig
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "storagegamesim.toml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
 
 
 @dataclass
@@ -87,7 +87,7 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
     ``progress`` gets each chunk's {"step", "loss", "steps_per_s"}; ``init_model``
     continues from a checkpoint's networks.
     """
-    from capes.replay_db import ReplayReader
+    from capes.common.replay_db import ReplayReader
     from drl_engine.engine import Engine
     if steps < 1 or chunk < 1:
         raise ValueError("steps and chunk must be >= 1")
