@@ -7,7 +7,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test converge bench clean
+.PHONY: run test test-quick converge bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q
+
+# everything but the tests marked slow (real processes, whole runs): a minute or less
+test-quick: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not slow"
 
 converge: $(STAMP)
 	$(VENV)/bin/capes converge-test --noise 1%,10%,50% --reward diff,diff_avg,diff_ewma \

@@ -26,7 +26,7 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.dqn import DQN, DQNConfig, pick_device
 from drl_engine.engine import Engine
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import RewardConfig
 
 STACK, NODES, PIS, PARAMS, BATCH = 10, 4, 44, 4, 32
 OBS = STACK * NODES * PIS           # 1,760 as in Table 5.3

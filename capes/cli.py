@@ -1,14 +1,19 @@
 """The ``capes`` command. Each subcommand lives in its own module under
 ``capes/commands/`` and is imported only when used, so ``capes monitor-agent`` never
-loads torch. A command module defines ``add_arguments(parser)`` and ``run(args) -> int``.
+loads torch. A command module defines ``add_arguments(parser)`` (or the function named
+after a colon in ``COMMANDS``) and ``run(args) -> int``. Every command takes
+``--log-level`` and ``--log-format``; logging is set up here, once.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import logging
 import sys
+import time
 
-# name -> (module, one-line help)
+# name -> ("module[:add_arguments function]", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "converge-test": ("capes.commands.converge", "run the engine against StorageGameSim"),
     "replay": ("capes.commands.replay", "inspect, merge or export replay DBs"),
@@ -22,11 +27,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "drl-engine": ("capes.commands.drl_engine", "train on the live replay DB and act every tick"),
     "demo": ("capes.commands.demo", "the whole stack on this machine against the simulator"),
     "keys": ("capes.commands.keys", "make CURVE keys: capes keys generate --dir DIR"),
-    "status": ("capes.commands.status", "the interface daemon's counters and flags"),
-    "tuning": ("capes.commands.status", "turn tuning on or off"),
-    "training": ("capes.commands.status", "turn training on or off"),
-    "workload-changed": ("capes.commands.status", "tell the engine a new workload started"),
-    "nodes": ("capes.commands.status", "the nodes the interface daemon knows"),
+    "status": ("capes.commands.status:add_status_arguments",
+               "the interface daemon's counters and flags"),
+    "tuning": ("capes.commands.status:add_switch_arguments", "turn tuning on or off"),
+    "training": ("capes.commands.status:add_switch_arguments", "turn training on or off"),
+    "workload-changed": ("capes.commands.status:add_workload_arguments",
+                         "tell the engine a new workload started"),
+    "nodes": ("capes.commands.status:add_status_arguments", "the nodes the interface daemon knows"),
+    "evaluate": ("capes.commands.evaluate", "compare configurations on a real target"),
 }
 
 
@@ -39,30 +47,64 @@ def common_config_args(parser: argparse.ArgumentParser, default: str | None = No
                         "--set engine.gamma=0.9 (repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _logging_args(parser: argparse.ArgumentParser) -> None:
+    if "--log-level" not in parser._option_string_actions:
+        parser.add_argument("--log-level", default="INFO", type=str.upper,
+                            choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                            help="log messages at this level and above (default: INFO)")
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="text lines with timestamps, or one JSON object per line")
+
+
+class _JSONFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+               "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Timestamped lines (UTC, ISO 8601) on stderr, or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JSONFormatter())
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                      "%Y-%m-%dT%H:%M:%SZ")
+        formatter.converter = time.gmtime
+        handler.setFormatter(formatter)
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser; only the command named in ``argv`` gets its arguments (and is
+    imported)."""
     from capes import __version__
     parser = argparse.ArgumentParser(prog="capes", description="CAPES: deep-RL tuning of "
                                      "storage system parameters.")
     parser.add_argument("--version", action="version", version=f"capes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    argv = sys.argv[1:]
     wanted = next((a for a in argv if not a.startswith("-")), None)
-    for name, (module, help_text) in COMMANDS.items():
+    for name, (target, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == wanted:   # only the command being run is imported
-            importlib.import_module(module).add_arguments(p)
+            module, _, adder = target.partition(":")
+            getattr(importlib.import_module(module), adder or "add_arguments")(p)
+            _logging_args(p)
             p.set_defaults(_module=module)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is not None:
-        sys.argv = [sys.argv[0]] + list(argv)
-    parser = build_parser()
-    args = parser.parse_args()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2
+    setup_logging(args.log_level, args.log_format)
     from capes.common.config import ConfigError
     try:
         return importlib.import_module(args._module).run(args) or 0

@@ -10,21 +10,21 @@ Checkpoints (model, target, optimiser, counters, ε) are written atomically ever
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from capes.common.atomic import write_json
 from capes.common.control_client import ControlClient, ControlError
 from capes.common.deployment import DeploymentConfig
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
-from drl_engine.dqn import DQNConfig
-from drl_engine.engine import Engine, action_name
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import DQNConfig
+from drl_engine.engine import Decision, Engine, action_name
+from drl_engine.loop import TickRecord, TickState, WallClock, run_ticks
+from drl_engine.config import RewardConfig
 
 log = logging.getLogger("capes.drl_engine")
 
@@ -37,7 +37,7 @@ class EngineDaemonOptions:
     init_model: str | None = None
     seed: int = 0
     log_every_s: float = 5.0
-    max_ticks: int = 0                 # stop after this many action ticks; 0: run forever
+    max_ticks: int = 0                 # stop after this many ticks; 0: run forever
     status_file: str | None = None     # JSON of tick, ε, loss, ... rewritten every tick
 
 
@@ -55,98 +55,125 @@ def _wait_for_db(client: ControlClient, stop: StopSignal) -> Path | None:
     return None
 
 
-def _write_status(path: str, status: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(status, fh)
-    os.replace(tmp, path)
+class LiveSource:
+    """The interface daemon as the tick loop's source: its status (session, switches,
+    workload epoch, applied values) once per tick; actions go to it over the control
+    plane, which checks, records and broadcasts them. The values in effect are the
+    daemon's, not the DB's: the previous action may not be committed yet."""
+
+    def __init__(self, client: ControlClient, engine: Engine):
+        self.client, self.engine = client, engine
+        self.current: list[float] | None = None
+        self.epoch = 0
+
+    def names(self) -> list[str]:
+        exp = self.engine.experience
+        return list(exp.layout.param_names) if exp.ready else []
+
+    def observe(self) -> TickState:
+        try:
+            status = self.client.status()
+        except ControlError as exc:            # daemon away: an idle tick
+            log.warning("%s", exc)
+            return TickState(session=None, tuning=False, training=False,
+                             workload_epoch=self.epoch, current=self.current)
+        self.epoch = status["workload_epoch"]
+        names = self.names()
+        if self.current is None and names and all(n in status["parameters"] for n in names):
+            self.current = [status["parameters"][n] for n in names]
+        return TickState(session=status["session_id"], tuning=status["tuning"],
+                         training=status["training"], workload_epoch=self.epoch,
+                         current=self.current)
+
+    def apply(self, decision: Decision) -> None:
+        names = self.names()
+        try:
+            reply = self.client.submit_action(decision.tick, decision.action,
+                                              dict(zip(names, decision.values)))
+        except ControlError as exc:
+            log.warning("action not submitted: %s", exc)
+            return
+        if reply["values"]:
+            self.current = [reply["values"].get(n, v) for n, v in zip(names, decision.values)]
+
+
+def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
+                  ckpt: Path, out) -> Engine | None:
+    """The engine on the live DB, resumed from the latest checkpoint or started from
+    ``--init-model``; None (after one line on ``out``) when the DB cannot be read."""
+    try:
+        reader = ReplayReader(db)
+    except ReplayDBError as exc:
+        print(f"capes drl-engine: {exc}", file=out)
+        return None
+    engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
+    if ckpt.exists():
+        engine.load(ckpt)
+        print(f"resumed from {ckpt} (action tick {engine.action_ticks}, "
+              f"{engine.train_steps} training steps)", file=out, flush=True)
+    elif opts.init_model:
+        engine.load(opts.init_model, weights_only=True)
+        print(f"started from the model in {opts.init_model}", file=out, flush=True)
+    return engine
+
+
+def _observers(engine: Engine, source: LiveSource, opts: EngineDaemonOptions, ckpt: Path,
+               out) -> list:
+    """Per-tick observers: the progress line, the status file, periodic checkpoints,
+    and a line when the workload changes."""
+    clock = {"log": time.monotonic(), "ckpt": time.monotonic()}
+    last = {"tick": None, "epoch": None}
+
+    def progress(rec: TickRecord) -> None:
+        if rec.decision is not None:
+            last["tick"] = rec.decision.tick
+        if last["epoch"] is not None and rec.state.workload_epoch != last["epoch"]:
+            print(f"workload changed: ε raised to {engine.epsilon:.2f}", file=out, flush=True)
+        last["epoch"] = rec.state.workload_epoch
+        now = time.monotonic()
+        if now - clock["log"] >= opts.log_every_s:
+            clock["log"] = now
+            act = action_name(rec.decision.action, source.names()) if rec.decision else "-"
+            loss = f"{rec.loss:.4g}" if rec.loss is not None else "-"
+            print(f"tick {last['tick']} ε={engine.epsilon:.3f} loss={loss} "
+                  f"steps={engine.train_steps} action={act} values={source.current}",
+                  file=out, flush=True)
+
+    def status_file(rec: TickRecord) -> None:
+        write_json(opts.status_file, {
+            "tick": last["tick"], "epsilon": engine.epsilon, "loss": engine.last_loss,
+            "train_steps": engine.train_steps, "action_ticks": engine.action_ticks,
+            "values": dict(zip(source.names(), source.current or [])),
+            "device": str(engine.device)}, indent=None)
+
+    def checkpoint(rec: TickRecord) -> None:
+        now = time.monotonic()
+        if now - clock["ckpt"] >= opts.checkpoint_every_s:
+            engine.save(ckpt)
+            clock["ckpt"] = now
+
+    return [progress, checkpoint] + ([status_file] if opts.status_file else [])
 
 
 def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
         opts: EngineDaemonOptions, out=sys.stderr) -> int:
-    tick_s = deploy.tick_seconds
     ckpt = Path(opts.checkpoint_dir) / "engine-latest.pt"
     with StopSignal() as stop, ControlClient.from_config(deploy) as client:
         db = _wait_for_db(client, stop)
         if db is None:
             return 0
-        try:
-            reader = ReplayReader(db)
-        except ReplayDBError as exc:
-            print(f"capes drl-engine: {exc}", file=out)
+        engine = _start_engine(db, dqn, reward, opts, ckpt, out)
+        if engine is None:
             return 1
-        engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
-        if ckpt.exists():
-            engine.load(ckpt)
-            print(f"resumed from {ckpt} (action tick {engine.action_ticks}, "
-                  f"{engine.train_steps} training steps)", file=out, flush=True)
-        elif opts.init_model:
-            engine.load(opts.init_model, weights_only=True)
-            print(f"started from the model in {opts.init_model}", file=out, flush=True)
         print(f"drl-engine: device {engine.device}, preset {dqn.preset}, db {db}, "
-              f"tick {tick_s:g} s", file=out, flush=True)
-        epoch = None
-        last_tick = None
-        current: list[float] | None = None
-        acted = 0
-        last_log = last_ckpt = time.monotonic()
-        next_tick = time.monotonic()
-        while not stop.is_set():
-            try:
-                status = client.status()
-            except ControlError as exc:
-                log.warning("%s", exc)
-                stop.wait(tick_s)
-                continue
-            if epoch is not None and status["workload_epoch"] != epoch:
-                engine.workload_changed()
-                print(f"workload changed: ε raised to {engine.epsilon:.2f}", file=out,
-                      flush=True)
-            epoch = status["workload_epoch"]
-            engine.update()
-            names = list(engine.experience.layout.param_names) if engine.experience.ready else []
-            if current is None and names and all(n in status["parameters"] for n in names):
-                current = [status["parameters"][n] for n in names]
-            decision = None
-            if status["tuning"]:
-                decision = engine.act(status["session_id"], after_tick=last_tick,
-                                      current=current)
-            if decision is not None:
-                try:
-                    reply = client.submit_action(decision.tick, decision.action,
-                                                 dict(zip(names, decision.values)))
-                    if reply["values"]:
-                        current = [reply["values"].get(n, v)
-                                   for n, v in zip(names, decision.values)]
-                except ControlError as exc:
-                    log.warning("action not submitted: %s", exc)
-                last_tick = decision.tick
-                acted += 1
-            loss = engine.train() if status["training"] else None
-            now = time.monotonic()
-            if now - last_log >= opts.log_every_s:
-                last_log = now
-                act = action_name(decision.action, names) if decision else "-"
-                loss_s = f"{loss:.4g}" if loss is not None else "-"
-                print(f"tick {last_tick} ε={engine.epsilon:.3f} loss={loss_s} "
-                      f"steps={engine.train_steps} action={act} values={current}",
-                      file=out, flush=True)
-            if opts.status_file:
-                _write_status(opts.status_file, {
-                    "tick": last_tick, "epsilon": engine.epsilon, "loss": engine.last_loss,
-                    "train_steps": engine.train_steps, "action_ticks": engine.action_ticks,
-                    "values": dict(zip(names, current or [])), "device": str(engine.device)})
-            if now - last_ckpt >= opts.checkpoint_every_s:
+              f"tick {deploy.tick_seconds:g} s", file=out, flush=True)
+        source = LiveSource(client, engine)
+        try:
+            run_ticks(engine, source, WallClock(deploy.tick_seconds, stop),
+                      _observers(engine, source, opts, ckpt, out), max_ticks=opts.max_ticks)
+        finally:
+            if engine.dqn is not None:
                 engine.save(ckpt)
-                last_ckpt = now
-            if opts.max_ticks and acted >= opts.max_ticks:
-                break
-            next_tick += tick_s
-            stop.wait(max(0.0, next_tick - time.monotonic()))
-            if time.monotonic() - next_tick > 10 * tick_s:   # fell far behind: resync
-                next_tick = time.monotonic()
-        if engine.dqn is not None:
-            engine.save(ckpt)
-            print(f"checkpoint written to {ckpt}", file=out, flush=True)
-        reader.close()
+                print(f"checkpoint written to {ckpt}", file=out, flush=True)
+            engine.experience.reader.close()
     return 0

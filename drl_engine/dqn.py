@@ -12,80 +12,19 @@
 Tuning never ends, so no transition is terminal. Presets: ``paper`` is exactly the
 above; ``default`` adds Double DQN, the Huber loss, input normalisation, reward
 scaling, gradient clipping and 5-step returns, justified by the converge test (README).
+The hyperparameters and presets live in the torch-free ``drl_engine.config``; the
+n-step return and its discount γⁿ come with each minibatch from ``drl_engine.experience``.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-
-@dataclass
-class DQNConfig:
-    preset: Literal["default", "paper"] = "default"
-    stack: int = 10                    # S: sampling ticks per observation
-    hidden_layers: int = 2
-    hidden_width: int = 0              # 0: as wide as the input
-    gamma: float = 0.99
-    learning_rate: float = 0.001
-    rmsprop_decay: float = 0.9
-    batch_size: int = 32
-    target_update_rate: float = 0.01   # α of the soft target update
-    epsilon_start: float = 1.0
-    epsilon_final: float = 0.05
-    pretrained_epsilon_start: float = 0.3   # ε start for a model given by --init-model
-    exploration_ticks: int = 72_000    # 20 h of 1 s action ticks
-    workload_epsilon: float = 0.2
-    workload_ticks: int = 3_600        # ticks to anneal back after a workload change
-    missing_tolerance: float = 0.2
-    train_steps_per_tick: int = 1
-    n_step: int = 1                    # TD target over n rewards: r_t + … + γ^n max Q⁻(s_{t+n})
-    double_dqn: bool = False
-    loss: Literal["mse", "huber"] = "mse"
-    normalise_inputs: bool = False
-    scale_rewards: bool = False
-    grad_clip: float = 0.0             # max gradient norm; 0: no clipping
-
-    def validate(self) -> None:
-        positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
-                    "train_steps_per_tick", "learning_rate", "n_step")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        for name in ("gamma", "rmsprop_decay", "target_update_rate", "epsilon_start",
-                     "epsilon_final", "pretrained_epsilon_start", "workload_epsilon",
-                     "missing_tolerance"):
-            v = getattr(self, name)
-            if not 0 <= v <= 1:
-                raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
-        if self.hidden_width < 0 or self.workload_ticks < 0 or self.grad_clip < 0:
-            raise ValueError("hidden_width: hidden_width, workload_ticks and grad_clip "
-                             "must be >= 0")
-
-
-# What each preset changes from the dataclass defaults (which are the paper's values).
-PRESETS: dict[str, dict] = {
-    "paper": {},
-    "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
-                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5},
-}
-
-
-def with_preset(table: dict, source: str = "<config>", key: str = "engine") -> dict:
-    """An ``[engine]`` table with its preset's values filled in under explicit keys."""
-    from capes.common.config import ConfigError
-    if not isinstance(table, dict):
-        return table                      # build() reports the type error
-    preset = table.get("preset", DQNConfig.preset)
-    if preset not in PRESETS:
-        raise ConfigError(source, f"{key}.preset", f"unknown preset {preset!r} "
-                          f"(known: {', '.join(PRESETS)})")
-    return {**PRESETS[preset], **table}
+from drl_engine.config import PRESETS, DQNConfig, with_preset  # noqa: F401  (re-exported)
 
 
 class QNetwork(nn.Module):
@@ -143,9 +82,11 @@ class DQN:
             x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
             return self.q(x).cpu().numpy()
 
-    def td_target(self, rewards: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-        """y = r + γ · Q⁻(s', a*), a* = argmax Q⁻(s') (or argmax Q(s') with Double DQN).
-        With n-step returns r is the discounted sum of n rewards and γ becomes γⁿ."""
+    def td_target(self, rewards: torch.Tensor, discounts: torch.Tensor,
+                  next_obs: torch.Tensor) -> torch.Tensor:
+        """y = r + d · Q⁻(s', a*), a* = argmax Q⁻(s') (or argmax Q(s') with Double DQN).
+        One-step: d = γ; with n-step returns r is the discounted sum of n rewards, s' is
+        s_{t+n} and d = γⁿ."""
         with torch.no_grad():
             next_q = self.target(next_obs)
             if self.cfg.double_dqn:
@@ -153,12 +94,12 @@ class DQN:
                 next_v = next_q.gather(1, best).squeeze(1)
             else:
                 next_v = next_q.max(dim=1).values
-            return rewards + self.cfg.gamma ** self.cfg.n_step * next_v
+            return rewards + discounts * next_v
 
     def train_step(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
-                   next_obs: torch.Tensor) -> torch.Tensor:
+                   discounts: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
         """One minibatch of Eq. 2.1 plus the soft target update; returns the loss."""
-        y = self.td_target(rewards, next_obs)
+        y = self.td_target(rewards, discounts, next_obs)
         q = self.q(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
         loss = self.loss_fn(q, y)
         self.optimizer.zero_grad(set_to_none=True)
@@ -174,10 +115,8 @@ class DQN:
         """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
         torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
 
-    def to_tensors(self, obs, actions, rewards, next_obs):
-        dev = self.device
-        return (torch.as_tensor(obs, device=dev), torch.as_tensor(actions, device=dev),
-                torch.as_tensor(rewards, device=dev), torch.as_tensor(next_obs, device=dev))
+    def to_tensors(self, *arrays):
+        return tuple(torch.as_tensor(a, device=self.device) for a in arrays)
 
     def state_dict(self) -> dict:
         return {"q": self.q.state_dict(), "target": self.target.state_dict(),

@@ -20,9 +20,9 @@ import numpy as np
 import torch
 
 from capes.common.replay_db import ReplayReader
-from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
+from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
-from drl_engine.rewards import RewardConfig
 
 CHECKPOINT_VERSION = 1
 
@@ -131,7 +131,7 @@ class Engine:
             if batch is None:
                 break
             tensors = self.dqn.to_tensors(batch.obs, batch.actions, batch.rewards * scale,
-                                          batch.next_obs)
+                                          batch.discounts, batch.next_obs)
             losses.append(self.dqn.train_step(*tensors))
             self.train_steps += 1
         if not losses:
@@ -147,7 +147,7 @@ class Engine:
                 "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "layout": dataclasses.asdict(layout) if layout else None,
-                "stats": self.experience.stats_state(),
+                "stats": self.experience.normaliser.state(),
                 "action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "bumped_at": self.bumped_at, "epsilon": self.epsilon,
                 "pretrained": self.pretrained,
@@ -193,7 +193,7 @@ class Engine:
         if state.get("dqn"):
             self.dqn.load_state_dict(state["dqn"])
         if state.get("stats") and self.cfg.normalise_inputs:
-            self.experience.load_stats(state["stats"])
+            self.experience.normaliser.load(state["stats"])
         if "action_ticks" in state:
             self.action_ticks = state["action_ticks"]
             self.train_steps = state["train_steps"]

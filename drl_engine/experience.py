@@ -12,33 +12,25 @@ by the current value of every tuned parameter scaled to [0, 1] by its valid rang
 """
 from __future__ import annotations
 
-import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
 from capes.common.replay_db import ReplayReader, SessionData
-from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, RewardConfig, pi_columns
+from drl_engine.config import RewardConfig
+from drl_engine.normaliser import Normaliser
+from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
 
 @dataclass
 class Batch:
     obs: np.ndarray        # (B, obs_dim) float32
     actions: np.ndarray    # (B,) int64
-    rewards: np.ndarray    # (B,) float32: r_t, or the n-step return from t
-    next_obs: np.ndarray   # (B, obs_dim) float32: s_{t+1}, or s_{t+n}
+    rewards: np.ndarray    # (B,) float32: the n-step return r_t + γ r_{t+1} + … + γ^{n−1} r_{t+n−1}
+    next_obs: np.ndarray   # (B, obs_dim) float32: s_{t+n}
+    discounts: np.ndarray  # (B,) float32: γ^n, what the TD target multiplies max Q⁻(s_{t+n}) by
     sessions: np.ndarray   # (B,) session ids
     ticks: np.ndarray      # (B,) ticks t
-
-
-def reward_lookback(cfg: RewardConfig) -> int:
-    """How many earlier objective values a reward at t can depend on."""
-    if cfg.type == "diff_avg":
-        return cfg.avg_window + 1
-    if cfg.type == "diff_ewma":   # long enough that the truncated EWMA is exact to 1e-9
-        return 1 + math.ceil(math.log(1e-9) / math.log(1.0 - min(cfg.ewma_weight, 0.999999)))
-    return 1
 
 
 class _Derived:
@@ -63,13 +55,11 @@ class Experience:
         self.stack = stack
         self.tolerance = missing_tolerance
         self.normalise = normalise
+        self.normaliser = Normaliser()
         self.derived: dict[int, _Derived] = {}
-        self._lookback = reward_lookback(reward)
+        self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
+        self.reward_fn = REWARD_TYPES.build(reward.type, reward.options)
         self._cols: list[int] | None = None
-        self.mean = self.std = None
-        self.objective_std = 1.0
-        self._stats_ticks = 0
-        self._prior_until = 0     # keep statistics loaded from a checkpoint this long
         self.update()
 
     # -- shape ------------------------------------------------------------------------
@@ -104,7 +94,7 @@ class Experience:
         if not self.ready:
             return n
         if self._cols is None:
-            self._cols = pi_columns(self.reward, self.layout.pi_names)
+            self._cols = pi_columns(self.reward.pis, self.layout.pi_names)
             specs = self.param_specs()
             self._param_lo = np.array([s.min for s in specs], np.float32)
             self._param_span = np.array([max(s.max - s.min, 1e-12) for s in specs],
@@ -115,12 +105,17 @@ class Experience:
             if data.length > start or data.length != d.n:
                 self._derive(data, d, start)
             data.dirty_from = data.length
-        total = sum(d.n for d in self.derived.values())
-        if (self.normalise and total >= self._prior_until
-                and total - self._stats_ticks >= max(1, total // 20)):
-            self._update_stats()
-            self._stats_ticks = total
+        if self.normalise:
+            sessions = self.reader.sessions
+            self.normaliser.maybe_update(
+                [sessions[sid].pis[:d.n] for sid, d in self.derived.items()],
+                [d.p[:d.n] for d in self.derived.values()])
         return n
+
+    @property
+    def objective_std(self) -> float:
+        """Spread of the objective, to scale rewards (1 before statistics exist)."""
+        return self.normaliser.objective_std
 
     def _derive(self, data: SessionData, d: _Derived, start: int) -> None:
         L = data.length
@@ -131,12 +126,11 @@ class Experience:
                 grown = np.full(len(data.pis), np.nan)
                 grown[:len(arr)] = arr
                 setattr(d, name, grown)
-        fn = OBJECTIVES[self.reward.objective]
-        d.p[start:L] = fn(pis[start:L], self._cols, self.reward)
+        d.p[start:L] = self.objective(pis[start:L][:, :, self._cols])
         # rewards that can change: from the first changed tick minus one (r_t uses p_{t+1})
         r0 = max(0, start - 1)
-        lo = max(0, r0 - self._lookback)
-        r = REWARD_TYPES[self.reward.type](d.p[lo:L], self.reward)
+        lo = max(0, r0 - self.reward_fn.lookback)
+        r = self.reward_fn(d.p[lo:L])
         d.r[r0:L] = r[r0 - lo:]
         missing = np.isnan(pis[start:L]).reshape(L - start, -1).sum(axis=1)
         cum = np.empty(L + 1, np.int64)
@@ -146,42 +140,6 @@ class Experience:
         d.values = data.values_in_effect()
         d.n = L
 
-    def _update_stats(self) -> None:
-        """Per-(node, PI) mean and std over all cached ticks, for input normalisation."""
-        chunks = [data.pis[:data.length] for data in self.reader.sessions.values()
-                  if data.length]
-        if not chunks:
-            return
-        allp = np.concatenate(chunks)
-        with np.errstate(all="ignore"), warnings.catch_warnings(action="ignore",
-                                                                category=RuntimeWarning):
-            mean = np.nanmean(allp, axis=0)
-            std = np.nanstd(allp, axis=0)
-            ps = np.concatenate([d.p[:d.n] for d in self.derived.values()])
-            ostd = float(np.nanstd(ps)) if np.isfinite(ps).any() else 1.0
-        self.mean = np.nan_to_num(mean).astype(np.float32)
-        self.std = np.where(np.isfinite(std) & (std > 1e-6), std, 1.0).astype(np.float32)
-        self.objective_std = ostd if ostd > 1e-6 else 1.0
-
-    PRIOR_STATS_TICKS = 1000
-
-    def stats_state(self) -> dict | None:
-        """The normalisation statistics, for a checkpoint (None when not normalising)."""
-        if self.mean is None:
-            return None
-        return {"mean": self.mean.tolist(), "std": self.std.tolist(),
-                "objective_std": self.objective_std}
-
-    def load_stats(self, state: dict) -> None:
-        """Use a checkpoint's statistics until this DB has PRIOR_STATS_TICKS of its own,
-        so a pretrained model first sees inputs scaled as in its training."""
-        mean = np.asarray(state["mean"], np.float32)
-        if self.mean is not None and mean.shape != self.mean.shape:
-            raise ValueError("checkpoint statistics do not fit this layout")
-        self.mean, self.std = mean, np.asarray(state["std"], np.float32)
-        self.objective_std = float(state["objective_std"])
-        self._prior_until = self.PRIOR_STATS_TICKS
-
     # -- observations -------------------------------------------------------------------
     def observations(self, sid: int, ticks: np.ndarray) -> np.ndarray:
         """Stacked observations at session indices ``ticks`` (each >= stack − 1)."""
@@ -189,8 +147,8 @@ class Experience:
         S = self.stack
         idx = ticks[:, None] + np.arange(-S + 1, 1)
         x = data.pis[idx]                                   # (B, S, N, P)
-        if self.normalise and self.mean is not None:
-            x = (x - self.mean) / self.std
+        if self.normalise:
+            x = self.normaliser(x)
         x = np.nan_to_num(x.reshape(len(ticks), -1), nan=0.0)
         vals = self.derived[sid].values[ticks]
         v = np.nan_to_num((vals - self._param_lo) / self._param_span, nan=0.0)
@@ -270,5 +228,7 @@ class Experience:
             ss.append(np.full(len(i), sid))
             ts.append(i + data.first_tick)
         cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
-        return Batch(cat(obs), cat(act), cat(rew).astype(np.float32), cat(nxt), cat(ss), cat(ts))
+        discounts = np.full(n, self.gamma ** self.n_step, np.float32)
+        return Batch(cat(obs), cat(act), cat(rew).astype(np.float32), cat(nxt), discounts,
+                     cat(ss), cat(ts))
 

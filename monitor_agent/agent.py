@@ -28,6 +28,7 @@ from capes.common import curve
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
 from capes.common.protocol import DecodeError, DeltaEncoder, FullRequest, decode, encode
+from capes.common.registry import PluginError
 from capes.common.stop_signal import StopSignal
 from monitor_agent.collectors import Collector, build_collector
 
@@ -43,8 +44,8 @@ def build_collectors(cfg: DeploymentConfig, source: str = "<config>") -> list[Co
         key = f"monitor.collectors[{i}]"
         try:
             out.append(build_collector(c.name, c.options))
-        except TypeError as exc:       # an option the collector does not take
-            raise ConfigError(source, f"{key}.options", f"{c.name}: {exc}") from None
+        except PluginError as exc:     # unknown name, or an option it does not take
+            raise exc.config_error(source, key) from None
         except ValueError as exc:
             raise ConfigError(source, key, f"{c.name}: {exc}") from None
     return out

@@ -100,7 +100,7 @@ def test_file_applier_read_is_none_when_matches_disagree(tree):
 def test_file_applier_rejects_bad_options():
     with pytest.raises(ValueError, match="path"):
         build_applier("file", {})
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="options: file: .*unexpected keyword argument 'mode'"):
         build_applier("file", {"path": "/x", "mode": "w"})
 
 

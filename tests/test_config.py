@@ -37,7 +37,7 @@ def test_presets_differ_only_in_their_improvements_and_the_file_wins(tmp_path):
     ("[engine]\ngamma = 1.5\n", "engine.gamma", "must lie in [0, 1]"),
     ("[engine]\nloss = \"l1\"\n", "engine.loss", "must be one of"),
     ("[engine]\npreset = \"fast\"\n", "engine.preset", "unknown preset"),
-    ("[reward]\ntype = \"ratio\"\n", "reward.type", "must be one of"),
+    ("[reward]\ntype = \"ratio\"\n", "reward.type", "unknown reward type"),
     ("[reward]\nobjective = \"latency\"\n", "reward.objective", "unknown objective"),
     ("[game.window]\nmin = 10\nmax = 5\n", "game.window.min", "must be <= max"),
     ("[game.window]\ndefault = 500\n", "game.window.default", "must lie in"),
@@ -64,10 +64,14 @@ def test_set_overrides_are_typed_and_validated(tmp_path):
                                        "game.window.default=20", "engine.double_dqn=false"])
     assert cfg.game.noise == 0.5 and cfg.reward.type == "diff_ewma"
     assert cfg.game.window.default == 20 and cfg.engine.double_dqn is False
-    with pytest.raises(ConfigError, match=r"\(with --set\): game.noise: must be >= 0"):
-        load_config(DEFAULT_CONFIG, ["game.noise=-2"])
-    with pytest.raises(ConfigError, match="unknown key"):
+    # an error caused by an override names the override, not the file
+    with pytest.raises(ConfigError, match=r"^--set game.noise=-2: game.noise: must be >= 0"):
+        load_config(DEFAULT_CONFIG, ["game.noise=0.5", "game.noise=-2"])
+    with pytest.raises(ConfigError, match=r"^--set game.speed=2: game.speed: unknown key"):
         load_config(DEFAULT_CONFIG, ["game.speed=2"])
+    with pytest.raises(ConfigError, match=r"^--set reward.options.window=0: reward.options"
+                                          r".window: diff_avg: must be >= 1"):
+        load_config(DEFAULT_CONFIG, ["reward.type=diff_avg", "reward.options.window=0"])
 
 
 def test_parse_override():

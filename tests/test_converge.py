@@ -3,11 +3,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from capes.experiments.converge_test import load_config, run_grid, run_one
 
 FAST = ["game.noise=0.01"]
 
 
+@pytest.mark.slow
 def test_seeded_run_wins_the_default_game():
     result = run_one(load_config(None, FAST), seed=0)
     assert result.won
@@ -42,6 +45,7 @@ def test_grid_report_summarises_every_cell():
         assert len(cell["converge_times"]) == cell["wins"]
 
 
+@pytest.mark.slow
 def test_cli_writes_json_and_plot(tmp_path):
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     proc = subprocess.run(
@@ -55,6 +59,7 @@ def test_cli_writes_json_and_plot(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_config_clearly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "capes", "converge-test", "--set",
                            "game.noise=-1"], capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ import torch
 from capes.common.replay_db import ReplayReader
 from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
 from drl_engine.engine import Engine, action_name, apply_action
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import RewardConfig
 from conftest import two_params
 
 
@@ -59,12 +59,12 @@ def test_bellman_target_matches_a_hand_computation():
     r = torch.tensor([2.0, -1.0])
     s1 = torch.zeros(2, 2)
     # plain DQN: y = r + γ max_a Q⁻(s', a) = r + 0.5 * 5
-    np.testing.assert_allclose(dqn.td_target(r, s1).numpy(), [4.5, 1.5])
+    np.testing.assert_allclose(dqn.td_target(r, torch.full((2,), 0.5), s1).numpy(), [4.5, 1.5])
     # Double DQN: a* = argmax Q(s') = 0, y = r + γ Q⁻(s', 0) = r + 0.5 * 1
     double = tiny_dqn(double_dqn=True)
     set_linear(double.target, [[0, 0, 0]] * 3, [1.0, 5.0, 3.0])
     set_linear(double.q, [[0, 0, 0]] * 3, [9.0, 0.0, 2.0])
-    np.testing.assert_allclose(double.td_target(r, s1).numpy(), [2.5, -0.5])
+    np.testing.assert_allclose(double.td_target(r, torch.full((2,), 0.5), s1).numpy(), [2.5, -0.5])
 
 
 def test_train_step_minimises_the_squared_td_error():
@@ -73,12 +73,13 @@ def test_train_step_minimises_the_squared_td_error():
     actions = torch.randint(0, 3, (32,))
     rewards = torch.ones(32)
     nxt = torch.randn(32, 2)
-    y = dqn.td_target(rewards, nxt)
+    disc = torch.full((32,), 0.5)
+    y = dqn.td_target(rewards, disc, nxt)
     q = dqn.q(obs).gather(1, actions[:, None]).squeeze(1)
     expected = ((y - q) ** 2).mean().detach()
-    loss = dqn.train_step(obs, actions, rewards, nxt)
+    loss = dqn.train_step(obs, actions, rewards, disc, nxt)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
-    losses = [float(dqn.train_step(obs, actions, rewards, nxt)) for _ in range(200)]
+    losses = [float(dqn.train_step(obs, actions, rewards, disc, nxt)) for _ in range(200)]
     assert losses[-1] < 0.1 * losses[0]
 
 
@@ -159,10 +160,10 @@ def test_checkpoint_for_another_layout_is_refused(tmp_path, make_session):
         make_engine(tmp_path / "b.db").load(ckpt)
 
 
-def test_n_step_target_discounts_the_bootstrap_by_gamma_to_the_n():
+def test_td_target_discounts_the_bootstrap_by_the_batch_discount():
     dqn = tiny_dqn(n_step=2)
     set_linear(dqn.target, [[0, 0, 0]] * 3, [1.0, 5.0, 3.0])
-    y = dqn.td_target(torch.tensor([1.0]), torch.zeros(1, 2))
+    y = dqn.td_target(torch.tensor([1.0]), torch.tensor([0.5 ** 2]), torch.zeros(1, 2))
     assert float(y) == pytest.approx(1.0 + 0.5 ** 2 * 5.0)
 
 
@@ -174,9 +175,9 @@ def test_checkpoint_carries_normalisation_statistics(tmp_path, make_session):
     make_session(tmp_path / "new.db", ticks=12)          # a new, short session
     fresh = make_engine(tmp_path / "new.db", normalise_inputs=True)
     fresh.load(ckpt, weights_only=True)
-    np.testing.assert_allclose(fresh.experience.mean, eng.experience.mean)
+    np.testing.assert_allclose(fresh.experience.normaliser.mean, eng.experience.normaliser.mean)
     fresh.update()                                       # its own few ticks do not replace them
-    np.testing.assert_allclose(fresh.experience.std, eng.experience.std)
+    np.testing.assert_allclose(fresh.experience.normaliser.std, eng.experience.normaliser.std)
 
 
 def test_a_pretrained_model_explores_less_at_first(tmp_path, make_session):

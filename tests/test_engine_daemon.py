@@ -5,12 +5,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import zmq
+from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
 
 from capes.common import curve
 from capes.common.control_client import ControlClient
 from capes.common.deployment import KeysConfig
-from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
 
 
 def read_status(path):
@@ -20,6 +21,7 @@ def read_status(path):
         return {}
 
 
+@pytest.mark.slow
 def test_engine_daemon_acts_bumps_epsilon_on_workload_change_and_checkpoints(tmp_path):
     curve.generate(tmp_path / "keys", ["mon", "engine"])
     cfg = write_config(tmp_path)

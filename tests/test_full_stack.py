@@ -5,8 +5,10 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 
+@pytest.mark.slow
 def test_demo_tunes_the_simulator_to_its_peak_and_leaves_no_process(tmp_path):
     out = tmp_path / "demo.json"
     work = tmp_path / "work"

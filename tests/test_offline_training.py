@@ -92,13 +92,13 @@ def test_too_little_experience_is_a_clear_error(tmp_path):
     assert not (tmp_path / "m.pt").exists()
 
 
-def test_config_takes_engine_and_reward_only():
+def test_config_takes_engine_and_reward_and_checks_the_whole_file():
     cfg = load_training_config(DEFAULT_CONFIG, ["engine.gamma=0.5", 'reward.type="diff_avg"'],
                                preset="paper")
     assert (cfg.engine.gamma, cfg.reward.type, cfg.engine.preset) == (0.5, "diff_avg", "paper")
     assert cfg.engine.double_dqn is False                   # the paper preset's value
-    with pytest.raises(ConfigError, match="only engine"):
-        load_training_config(DEFAULT_CONFIG, ["game.noise=0.5"])
+    with pytest.raises(ConfigError, match="game.noise: must be >= 0"):
+        load_training_config(DEFAULT_CONFIG, ["game.noise=-0.5"])
     with pytest.raises(ConfigError, match="engine.gamma"):
         load_training_config(DEFAULT_CONFIG, ["engine.gamma=2"])
 

@@ -6,7 +6,7 @@ import pytest
 
 from capes.common.replay_db import Layout, ReplayDBError, ReplayReader, SessionInfo
 from drl_engine.experience import Experience
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import RewardConfig
 
 
 def test_round_trip_keeps_values_metadata_and_wal(tmp_path, make_session):
@@ -160,4 +160,5 @@ def test_n_step_returns_discount_n_rewards_and_look_n_ticks_ahead(tmp_path, make
     batch = exp.sample(32, np.random.default_rng(0))
     assert (batch.ticks <= 36).all()                    # s_{t+3} must exist
     np.testing.assert_allclose(batch.rewards, 2 * (1 + 0.5 + 0.25))
+    np.testing.assert_allclose(batch.discounts, 0.5 ** 3)    # the bootstrap's γⁿ
     np.testing.assert_array_equal(batch.next_obs[:, 12], batch.ticks + 3)

@@ -19,7 +19,7 @@ from capes.experiments.replay_export import export_csv, export_npz
 from capes.experiments.replay_info import describe
 from capes.experiments.replay_merge import MergeError, differences, merge
 from drl_engine.experience import Experience
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import RewardConfig
 
 
 def specs(order=("a", "b"), b_step=2.0):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from capes.common.config import ConfigError
-from capes.commands.sim_node import load_game_config
+from capes.settings import load_settings
 from monitor_agent.collectors import build_collector
 from storagegamesim.game import GameConfig
 from storagegamesim.node import KNOBS, PI_FILES, SimNode
@@ -113,12 +113,15 @@ def test_bad_knob_values_are_ignored_and_counted(tmp_path):
     assert read_number(tmp_path / "ticks") == 2
 
 
-def test_game_config_comes_from_the_game_table(tmp_path):
+def test_game_config_comes_from_the_game_table_and_the_whole_file_is_checked(tmp_path):
     toml = tmp_path / "game.toml"
     toml.write_text("[game]\nnoise = 0.1\n[engine]\nstack = 4\n")
-    cfg = load_game_config(str(toml), ["game.window.default=20"])
+    cfg = load_settings(str(toml), ["game.window.default=20"]).game
     assert cfg.noise == 0.1 and cfg.window.default == 20
-    with pytest.raises(ConfigError, match="only game"):
-        load_game_config(str(toml), ["noise=0.5"])
-    with pytest.raises(ConfigError, match="game.nosie"):
-        load_game_config(None, ["game.nosie=0.5"])
+    with pytest.raises(ConfigError, match="--set noise=0.5: noise: unknown key"):
+        load_settings(str(toml), ["noise=0.5"])
+    with pytest.raises(ConfigError, match="--set game.nosie=0.5: game.nosie: unknown key"):
+        load_settings(None, ["game.nosie=0.5"])
+    toml.write_text("[game]\nnoise = 0.1\n[engine]\nstak = 4\n")
+    with pytest.raises(ConfigError, match=f"{toml}: engine.stak: unknown key"):
+        load_settings(str(toml))

@@ -16,28 +16,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-model", metavar="CKPT",
                    help="start from this model's networks when there is no checkpoint")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-ticks", type=int, default=0, help="stop after N actions (0: never)")
+    p.add_argument("--max-ticks", type=int, default=0, help="stop after N ticks (0: never)")
     p.add_argument("--log-every", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--status-file", metavar="PATH",
                    help="rewrite this JSON file (tick, ε, loss, ...) every action tick")
 
 
 def run(args) -> int:
-    from capes.common import config as cfgmod
-    from capes.common.deployment import DeploymentConfig
+    from capes.settings import load_settings
     from drl_engine.daemon import EngineDaemonOptions
     from drl_engine.daemon import run as run_daemon
-    from drl_engine.dqn import DQNConfig, with_preset
-    from drl_engine.rewards import RewardConfig
 
-    overrides = list(args.overrides) + ([f'engine.preset="{args.preset}"'] if args.preset else [])
-    table, source = cfgmod.load_table(args.config, overrides)
-    deploy = cfgmod.build(DeploymentConfig, table, source)
-    dqn = cfgmod.build(DQNConfig, with_preset(deploy.engine, source), source, "engine")
-    reward = cfgmod.build(RewardConfig, deploy.reward, source, "reward")
+    settings = load_settings(args.config, args.overrides, args.preset)
     opts = EngineDaemonOptions(device=args.device, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every_s=args.checkpoint_every,
                                init_model=args.init_model, seed=args.seed,
                                log_every_s=args.log_every, max_ticks=args.max_ticks,
                                status_file=args.status_file)
-    return run_daemon(deploy, dqn, reward, opts)
+    return run_daemon(settings, settings.engine, settings.reward, opts)

@@ -13,21 +13,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common_config_args(p)
     p.add_argument("--ticks", type=int, default=None, metavar="N",
                    help="stop after N ticks (default: run until SIGTERM/Ctrl-C)")
-    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 
 def run(args) -> int:
     from capes.common.curve import KeysMissing
-    from capes.common.deployment import load_deployment
+    from capes.settings import load_settings
     from capes.common.stop_signal import StopSignal
     from monitor_agent.agent import MonitorAgent
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     if args.ticks is not None and args.ticks < 1:
         print("capes monitor-agent: --ticks must be >= 1", file=sys.stderr)
         return 2
-    cfg = load_deployment(args.config, args.overrides)
+    cfg = load_settings(args.config, args.overrides)
     try:
         agent = MonitorAgent(cfg, source=args.config or "<defaults>")
     except KeysMissing as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from capes.cli import common_config_args
@@ -25,30 +24,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-running", action="store_true",
                    help="keep playing after a win, until the time limit (shows the hold)")
     common_config_args(p)
-    p.epilog = "The game is the config's [game] table; --set takes game.* keys."
-
-
-def load_game_config(path: str | None, overrides: list[str]):
-    """The ``[game]`` table of ``path`` (other tables ignored) with ``--set game.*``."""
-    from capes.common import config as cfgmod
-    from storagegamesim.game import GameConfig
-    for text in overrides:
-        if not text.split("=", 1)[0].strip().startswith("game."):
-            raise cfgmod.ConfigError("--set", text.split("=", 1)[0],
-                                     "sim-node takes only game.* keys")
-    table = cfgmod.read_toml(path) if path else {}
-    table = cfgmod.apply_overrides(table, overrides)
-    source = (path or "<defaults>") + (" (with --set)" if overrides else "")
-    return cfgmod.build(GameConfig, table.get("game", {}), source, "game")
+    p.epilog = "The game is the config's [game] table (the whole file is validated)."
 
 
 def run(args) -> int:
     from capes.common.stop_signal import StopSignal
     from storagegamesim.node import SimNode
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    game_cfg = load_game_config(args.config, args.overrides)
+    from capes.settings import load_settings
+    game_cfg = load_settings(args.config, args.overrides).game
     node = SimNode(args.dir, game_cfg, seed=args.seed, keep_running=args.keep_running)
     with StopSignal() as stop:
         outcome = node.run(args.tick_seconds, stop)

@@ -10,29 +10,32 @@ import sys
 from capes.cli import common_config_args
 
 
-def _command(p: argparse.ArgumentParser) -> str:
-    return p.prog.rsplit(" ", 1)[-1]
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_status_arguments(p: argparse.ArgumentParser) -> None:
+    """``capes status`` and ``capes nodes``."""
     common_config_args(p)
     p.add_argument("--grpc", metavar="ADDR",
                    help="the daemon's control plane, host:port (default: the config's "
                         "daemon.grpc)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
-    cmd = _command(p)
-    if cmd in ("tuning", "training"):
-        p.add_argument("state", choices=["on", "off"])
-    if cmd == "workload-changed":
-        p.add_argument("--note", default="", help="logged by the daemon")
-    if cmd in ("status", "nodes", "tuning", "training", "workload-changed"):
-        p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def add_switch_arguments(p: argparse.ArgumentParser) -> None:
+    """``capes tuning on|off`` and ``capes training on|off``."""
+    add_status_arguments(p)
+    p.add_argument("state", choices=["on", "off"])
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """``capes workload-changed [--note TEXT]``."""
+    add_status_arguments(p)
+    p.add_argument("--note", default="", help="logged by the daemon")
 
 
 def run(args) -> int:
     from capes.common.control_client import ControlClient, ControlError
-    from capes.common.deployment import load_deployment
-    cfg = load_deployment(args.config, args.overrides)
+    from capes.settings import load_settings
+    cfg = load_settings(args.config, args.overrides)
     client = ControlClient.from_config(cfg, args.grpc, args.timeout)
     try:
         if args.command == "nodes":

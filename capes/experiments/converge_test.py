@@ -27,9 +27,10 @@ import numpy as np
 from capes.common import config as cfgmod
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from capes.common.stats import median_ci, wilson_ci
-from drl_engine.dqn import DQNConfig, with_preset
-from drl_engine.engine import Engine
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import DQNConfig
+from drl_engine.engine import Decision, Engine
+from drl_engine.loop import TickRecord, TickState, run_ticks
+from drl_engine.config import RewardConfig
 from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
@@ -45,11 +46,10 @@ class ConvergeConfig:
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None
                 ) -> ConvergeConfig:
     """Load a converge-test config; the engine preset fills keys the file leaves out."""
+    from capes.settings import load_settings
     path = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
-    table, source = cfgmod.load_table(path, overrides)
-    table["engine"] = with_preset(table.get("engine", {}), source)
-    return cfgmod.build(ConvergeConfig, table, source)
+    s = load_settings(path, overrides, preset)
+    return ConvergeConfig(game=s.game, engine=s.engine, reward=s.reward)
 
 
 @dataclass
@@ -67,6 +67,36 @@ class RunResult:
     trace: dict | None = None   # per-tick series, kept only when asked for
 
 
+class GameSource:
+    """The simulator as the tick loop's source: each tick the game's PIs are written and
+    committed; an action is recorded and applied to the game's knobs; the game then
+    advances one simulated second (at the start of the next tick)."""
+
+    def __init__(self, game: StorageGameSim, writer: ReplayWriter, session: int,
+                 names: list[str]):
+        self.game, self.writer, self.session, self.names = game, writer, session, names
+        self.started = False
+
+    def observe(self) -> TickState | None:
+        if self.started:
+            self.game.tick()
+        self.started = True
+        if self.game.over:
+            return None
+        pis = self.game.pis()
+        self.writer.add_pis(self.game.ticks, 0, [pis[n] for n in PI_NAMES])
+        self.writer.commit()
+        return TickState(session=self.session)
+
+    def apply(self, decision: Decision) -> None:
+        self.writer.add_action(self.game.ticks, decision.action, decision.values)
+        self.writer.commit()
+        self.game.set_params(**dict(zip(self.names, decision.values)))
+
+
+TRACE_KEYS = ("throughput", "true_throughput", "window", "rate_limit", "epsilon", "loss")
+
+
 def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
             init_model: str | None = None, device: str = "cpu",
             keep_trace: bool = False) -> RunResult:
@@ -74,7 +104,6 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
     game_seed, engine_seed = np.random.SeedSequence(seed).generate_state(2)
     game = StorageGameSim(cfg.game, seed=int(game_seed))
     specs = list(cfg.game.param_specs().values())
-    names = [s.name for s in specs]
     with tempfile.TemporaryDirectory(prefix="capes-converge-") as tmp:
         path = Path(db_path) if db_path else Path(tmp) / "replay.db"
         writer = ReplayWriter(path)
@@ -85,28 +114,18 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
         engine = Engine(cfg.engine, cfg.reward, reader, device=device, seed=int(engine_seed))
         if init_model:
             engine.load(init_model, weights_only=True)
-        trace = {k: [] for k in ("throughput", "true_throughput", "window", "rate_limit",
-                                 "epsilon", "loss")} if keep_trace else None
+        trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
+
+        def record(rec: TickRecord) -> None:
+            for k, v in (("throughput", game.throughput),
+                         ("true_throughput", game.true_throughput),
+                         ("window", game.window), ("rate_limit", game.rate_limit),
+                         ("epsilon", engine.epsilon), ("loss", rec.loss)):
+                trace[k].append(v)
+
         start = time.perf_counter()
-        while not game.over:
-            tick = game.ticks
-            pis = game.pis()
-            writer.add_pis(tick, 0, [pis[n] for n in PI_NAMES])
-            writer.commit()
-            engine.update()
-            decision = engine.act(session.id)
-            if decision is not None:
-                writer.add_action(tick, decision.action, decision.values)
-                writer.commit()
-                game.set_params(**dict(zip(names, decision.values)))
-            loss = engine.train()
-            if trace is not None:
-                for k, v in (("throughput", game.throughput),
-                             ("true_throughput", game.true_throughput),
-                             ("window", game.window), ("rate_limit", game.rate_limit),
-                             ("epsilon", engine.epsilon), ("loss", loss)):
-                    trace[k].append(v)
-            game.tick()
+        run_ticks(engine, GameSource(game, writer, session.id, [s.name for s in specs]),
+                  observers=[record] if trace is not None else [])
         wall = time.perf_counter() - start
         writer.close()
         reader.close()
@@ -126,8 +145,12 @@ def _run_job(job):
 
 
 def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConfig:
+    """The base config at one grid cell; a reward type other than the config's runs
+    with its own default options."""
+    options = base.reward.options if reward == base.reward.type else {}
     return dataclasses.replace(base, game=dataclasses.replace(base.game, noise=noise),
-                               reward=dataclasses.replace(base.reward, type=reward))
+                               reward=dataclasses.replace(base.reward, type=reward,
+                                                          options=options))
 
 
 def summarise(runs: list[RunResult]) -> dict:

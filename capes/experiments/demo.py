@@ -51,12 +51,10 @@ def read_number(path: Path) -> float | None:
 
 
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
-    from capes.common import config as cfgmod
     from capes.common.curve import generate
-    from capes.common.deployment import DeploymentConfig
+    from capes.settings import load_settings
 
-    table, source = cfgmod.load_table(opts.config, opts.overrides)
-    deploy = cfgmod.build(DeploymentConfig, table, source)
+    deploy = load_settings(opts.config, opts.overrides)      # the whole file, before any process
     tick_s = deploy.tick_seconds
     workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="capes-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Callable
 
 from capes.common import config as cfgmod
-from drl_engine.dqn import DQNConfig, with_preset
-from drl_engine.rewards import RewardConfig
+from drl_engine.config import DQNConfig
+from drl_engine.loop import TickRecord, TickState, run_ticks
+from drl_engine.config import RewardConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
 
@@ -32,18 +33,29 @@ class TrainingConfig:
 
 def load_training_config(path: str | Path | None = None, overrides=(),
                          preset: str | None = None) -> TrainingConfig:
-    """The ``[engine]`` and ``[reward]`` tables of ``path`` (other tables are the
-    target's and are ignored) with ``--set`` overrides and the engine preset applied."""
-    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
-    for text in overrides:
-        key = cfgmod.parse_override(text)[0]
-        if key[0] not in ("engine", "reward"):
-            raise cfgmod.ConfigError("--set", ".".join(key), "offline training uses only "
-                                     "engine.* and reward.* settings")
-    table, source = cfgmod.load_table(path, overrides)
-    table = {k: v for k, v in table.items() if k in ("engine", "reward")}
-    table["engine"] = with_preset(table.get("engine", {}), source)
-    return cfgmod.build(TrainingConfig, table, source)
+    """The ``[engine]`` and ``[reward]`` of a deployment (or converge-test) file; the
+    whole file is validated, with ``--set`` overrides and the engine preset applied."""
+    from capes.settings import load_settings
+    s = load_settings(path, overrides, preset)
+    return TrainingConfig(engine=s.engine, reward=s.reward)
+
+
+class StoredExperience:
+    """Stored experience as the tick loop's source: every tick trains ``chunk``
+    minibatches (one point of the loss curve), none acts, until ``steps`` have run."""
+
+    def __init__(self, engine, steps: int, chunk: int):
+        self.engine, self.chunk = engine, chunk
+        self.until = engine.train_steps + steps
+
+    def observe(self) -> TickState | None:
+        left = self.until - self.engine.train_steps
+        if left <= 0:
+            return None
+        return TickState(session=None, tuning=False, train_steps=min(self.chunk, left))
+
+    def apply(self, decision) -> None:
+        raise AssertionError("offline training takes no actions")
 
 
 class NotEnoughExperience(ValueError):
@@ -102,28 +114,31 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         sids, counts = engine.experience.candidates()
         ticks = sum(d.length for d in reader.sessions.values())
         curve: list[dict] = []
-        start = time.perf_counter()
-        done = 0
-        while done < steps:
-            t0 = time.perf_counter()
-            before = engine.train_steps
-            loss = engine.train(min(chunk, steps - done))
-            ran = engine.train_steps - before
-            if loss is None or ran == 0:
+        source = StoredExperience(engine, steps, chunk)
+        timer = {"t": time.perf_counter(), "steps": 0}
+
+        def record(rec: TickRecord) -> None:
+            ran = engine.train_steps - timer["steps"]
+            if rec.loss is None or ran == 0:
                 raise NotEnoughExperience(
                     f"{replay}: too few usable transitions for a minibatch of "
                     f"{cfg.engine.batch_size} (a transition needs {cfg.engine.stack} ticks "
                     f"of history, an action, and at most "
                     f"{cfg.engine.missing_tolerance:.0%} missing entries)")
-            done += ran
-            point = {"step": done, "loss": loss,
-                     "steps_per_s": ran / max(time.perf_counter() - t0, 1e-9)}
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss} at step {done}; lower "
-                                         f"engine.learning_rate or use the default preset")
+            now = time.perf_counter()
+            point = {"step": engine.train_steps, "loss": rec.loss,
+                     "steps_per_s": ran / max(now - timer["t"], 1e-9)}
+            timer.update(t=now, steps=engine.train_steps)
+            if not math.isfinite(rec.loss):
+                raise FloatingPointError(f"loss became {rec.loss} at step {engine.train_steps};"
+                                         f" lower engine.learning_rate or use the default preset")
             curve.append(point)
             if progress is not None:
                 progress(point)
+
+        start = time.perf_counter()
+        run_ticks(engine, source, observers=[record])
+        done = engine.train_steps
         wall = time.perf_counter() - start
         engine.save(out)
     finally:

@@ -1,0 +1,57 @@
+"""One typed configuration for the whole installation, validated before anything
+starts.
+
+A deployment TOML describes every process of a CAPES installation: the daemon, the
+agents, the parameters (``capes.common.deployment``), the engine and its reward
+(``drl_engine.config``) and, for the simulator, the game (``storagegamesim.game``).
+``load_settings`` turns the whole file into one ``Settings`` object and checks every
+section, whichever command reads it: a typo under ``[engine]`` stops
+``capes interface-daemon`` too, before any socket opens. Nothing here imports torch.
+
+``Settings`` *is a* ``DeploymentConfig`` (the components take it as one), with the
+engine, reward and game sections typed instead of raw tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from capes.common import config as cfgmod
+from capes.common.config import ConfigError
+from capes.common.deployment import DeploymentConfig
+from drl_engine.config import DQNConfig, RewardConfig, with_preset
+from storagegamesim.game import GameConfig
+
+
+@dataclass
+class Settings(DeploymentConfig):
+    engine: DQNConfig = field(default_factory=DQNConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    game: GameConfig = field(default_factory=GameConfig)
+
+
+def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
+                  preset: str | None = None) -> Settings:
+    """The whole file (or the defaults when None) with ``--set`` overrides and the
+    engine preset applied. A bad value is one ``ConfigError`` naming the file and the
+    dotted key, or the ``--set`` that caused it."""
+    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
+    table, source = cfgmod.load_table(path, overrides)
+    try:
+        table["engine"] = with_preset(table.get("engine", {}), source)
+        return cfgmod.build(Settings, table, source)
+    except ConfigError as exc:
+        culprit = _override_of(exc.key, overrides)
+        if culprit is not None:
+            raise ConfigError(f"--set {culprit}", exc.key, exc.problem) from None
+        raise
+
+
+def _override_of(key: str, overrides: list[str]) -> str | None:
+    """The ``--set`` whose key is ``key``, lies above it or below it."""
+    for text in reversed(overrides):
+        set_key = text.split("=", 1)[0].strip()
+        if key == set_key or key.startswith(set_key + ".") or set_key.startswith(key + "."):
+            return text
+    return None

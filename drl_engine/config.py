@@ -1,0 +1,95 @@
+"""The engine's settings, torch-free: the DQN hyperparameters, the presets, and the
+reward. Validating a deployment file imports this module, never torch.
+
+``DQNConfig``'s defaults are the paper's values (thesis §5.1.4–5.1.7, Table 5.2); a
+preset names the changes from them. ``paper`` is exactly the paper; ``default`` is what
+the converge test justified (README, "Converge test").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from capes.common.config import ConfigError
+
+
+@dataclass
+class DQNConfig:
+    preset: Literal["default", "paper"] = "default"
+    stack: int = 10                    # S: sampling ticks per observation
+    hidden_layers: int = 2
+    hidden_width: int = 0              # 0: as wide as the input
+    gamma: float = 0.99
+    learning_rate: float = 0.001
+    rmsprop_decay: float = 0.9
+    batch_size: int = 32
+    target_update_rate: float = 0.01   # α of the soft target update
+    epsilon_start: float = 1.0
+    epsilon_final: float = 0.05
+    pretrained_epsilon_start: float = 0.3   # ε start for a model given by --init-model
+    exploration_ticks: int = 72_000    # 20 h of 1 s action ticks
+    workload_epsilon: float = 0.2
+    workload_ticks: int = 3_600        # ticks to anneal back after a workload change
+    missing_tolerance: float = 0.2
+    train_steps_per_tick: int = 1
+    n_step: int = 1                    # TD target over n rewards: r_t + … + γ^n max Q⁻(s_{t+n})
+    double_dqn: bool = False
+    loss: Literal["mse", "huber"] = "mse"
+    normalise_inputs: bool = False
+    scale_rewards: bool = False
+    grad_clip: float = 0.0             # max gradient norm; 0: no clipping
+
+    def validate(self) -> None:
+        positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
+                    "train_steps_per_tick", "learning_rate", "n_step")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        for name in ("gamma", "rmsprop_decay", "target_update_rate", "epsilon_start",
+                     "epsilon_final", "pretrained_epsilon_start", "workload_epsilon",
+                     "missing_tolerance"):
+            v = getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
+        for name in ("hidden_width", "workload_ticks", "grad_clip"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+
+
+# What each preset changes from the dataclass defaults (which are the paper's values).
+PRESETS: dict[str, dict] = {
+    "paper": {},
+    "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
+                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5},
+}
+
+
+def with_preset(table: Any, source: str = "<config>", key: str = "engine") -> Any:
+    """An ``[engine]`` table with its preset's values filled in under explicit keys."""
+    if not isinstance(table, dict):
+        return table                      # build() reports the type error
+    preset = table.get("preset", DQNConfig.preset)
+    if preset not in PRESETS:
+        raise ConfigError(source, f"{key}.preset", f"unknown preset {preset!r} "
+                          f"(known: {', '.join(PRESETS)})")
+    return {**PRESETS[preset], **table}
+
+
+@dataclass
+class RewardConfig:
+    """What to maximise and how its change becomes a reward (``drl_engine.rewards``).
+    ``objective`` and ``type`` name registered plug-ins; ``objective_options`` and
+    ``options`` are their typed option tables, checked when the config is loaded."""
+    objective: str = "throughput"
+    pis: list[str] = field(default_factory=lambda: ["throughput"])
+    objective_options: dict[str, Any] = field(default_factory=dict)
+    type: str = "diff"
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from drl_engine.rewards import OBJECTIVES, REWARD_TYPES   # numpy only
+        if not self.pis:
+            raise ValueError("pis: name at least one PI")
+        OBJECTIVES.build(self.objective, self.objective_options, "objective_options",
+                         "objective")
+        REWARD_TYPES.build(self.type, self.options, "options", "type")
