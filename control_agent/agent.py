@@ -7,30 +7,47 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
 * ignores an action older than the last one it handled (after a reconnect the daemon
   may have restarted, so the sequence starts afresh), and answers a repeat of the last
   one with the same ack, since the daemon re-sends what was not acknowledged;
-* re-checks every value with the parameter's ``ParameterSpec.check_value`` and refuses
-  what is out of range or forbidden (counted and logged), whatever the daemon said;
+* re-checks every value with the parameter's ``ParameterSpec.check_value`` (range, step
+  grid, forbidden values, all with a tolerance) and the daemon's ``[daemon.forbidden]``,
+  and refuses what fails (counted and logged with the reason), whatever the daemon said;
+  a categorical value (an index) is handed to the applier by name;
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
   the unchanged values, which is the truth).
 
-Every parameter goes back to its default on SIGTERM/SIGINT, on ``capes
-restore-defaults`` (no daemon needed) and, when ``restore_after_s`` > 0, after that
-long without a word from the daemon: a tuner that lost its brain should not leave a
-production system at an exploratory setting. The daemon sends an Action only when a
+**Originals.** Before the agent first changes a knob it reads the value the host has
+(``applier.read``, or ``read_text`` for a categorical knob) and records it in a small
+JSON state file (``control.state_file``, written atomically; see
+:class:`OriginalValues`), so a restarted or kill -9'd agent still knows it, and never
+records a tuned value as an original. Restoring puts back those originals; the config's
+``default`` is only the fallback where nothing was recorded. The agent restores on
+SIGTERM/SIGINT and a clean stop, and, when ``restore_after_s`` > 0, after that long
+without a word from the daemon: a tuner that lost its brain should not leave a
+production system at an exploratory setting. There it restores only what it has
+recorded or changed (a knob it never touched keeps the host's value);
+``capes restore-defaults`` (no daemon needed) puts every knob back, to its default where
+nothing was recorded. A knob restored successfully is forgotten, and the state file is
+removed once it holds nothing. The daemon sends an Action only when a
 value must change, so a quiet but live connection is not silence: ZMTP heartbeats
 (PING/PONG) keep checking that the daemon answers, and the silence clock runs only while
 there is no live connection and no message.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from capes.common import curve
+from capes.common.atomic import remove_stale_temps, write_json
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
 from capes.common.params import ParameterSpec
@@ -71,6 +88,134 @@ def build_appliers(cfg: DeploymentConfig, source: str = "<config>") -> dict[str,
     return out
 
 
+def state_path(cfg: DeploymentConfig) -> Path | None:
+    """Where this node's original values are kept (None: in memory only)."""
+    node = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.control.node) or "node"
+    spec = cfg.control.state_file
+    if not spec:
+        return None
+    if spec == "auto":
+        if os.geteuid() == 0:
+            base = Path("/var/lib/capes")
+        else:
+            try:
+                home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state")
+            except (RuntimeError, KeyError):          # no home directory at all
+                home = Path(tempfile.gettempdir()) / f"capes-{os.geteuid()}"
+            base = home / "capes"
+        return base / f"control-{node}.json"
+    return Path(spec.replace("{node}", node)).expanduser()
+
+
+def applier_fingerprint(cfg: DeploymentConfig, param: str) -> dict:
+    """What identifies a knob: its applier's name and options, as plain JSON. An original
+    recorded under another fingerprint (the config now points elsewhere, e.g. sda ->
+    sdb) is never written to this knob."""
+    ac = cfg.control.appliers.get(param)
+    raw = {"name": ac.name, "options": ac.options} if ac is not None else {"name": "?"}
+    return json.loads(json.dumps(raw, sort_keys=True, default=str))
+
+
+class OriginalValues:
+    """The host's own value of each knob, recorded before CAPES first changes it.
+
+    The state file (JSON, rewritten atomically on every change) holds a list of entries
+    ``{param, applier, value, recorded_at}``; ``value`` is a number, or a categorical
+    knob's name. Entries of other knobs (another applier fingerprint, e.g. a second
+    deployment that shares the file) are left as they are. An unreadable file is moved
+    aside to ``<file>.corrupt`` (and reported) rather than overwritten.
+    """
+
+    VERSION = 1
+
+    def __init__(self, path: Path | None, node: str, fingerprints: dict[str, dict]):
+        self.path, self.node, self.fingerprints = path, node, fingerprints
+        self.values: dict[str, float | str] = {}
+        self.recorded_at: dict[str, float] = {}
+        for e in self._entries():
+            param = e["param"]
+            if param not in fingerprints:
+                continue
+            if e["applier"] == fingerprints[param]:
+                self.values[param] = e["value"]
+                self.recorded_at[param] = float(e.get("recorded_at", 0.0))
+            else:
+                log.warning("%s: the state file %s holds an original value %r recorded "
+                            "for another applier (%s); it is not restored here", param,
+                            path, e["value"], json.dumps(e["applier"]))
+
+    def _entries(self) -> list[dict]:
+        if self.path is None or not self.path.exists():
+            return []
+        try:
+            data = json.loads(self.path.read_text())
+            entries = data["originals"]
+            if not isinstance(entries, list) or not all(
+                    isinstance(e, dict) and isinstance(e.get("param"), str) and "applier" in e
+                    and isinstance(e.get("value"), (int, float, str)) for e in entries):
+                raise ValueError("malformed 'originals'")
+            return entries
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            aside = self.path.with_name(self.path.name + ".corrupt")
+            log.error("cannot read the original values in %s (%s); moved it to %s",
+                      self.path, exc, aside)
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                pass
+            return []
+
+    def _mine(self, e: dict) -> bool:
+        return self.fingerprints.get(e["param"]) == e["applier"]
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        entries = [e for e in self._entries() if not self._mine(e)]
+        entries += [{"param": p, "applier": self.fingerprints[p], "value": v,
+                     "recorded_at": self.recorded_at.get(p, 0.0)}
+                    for p, v in sorted(self.values.items())]
+        if entries:
+            write_json(self.path, {"version": self.VERSION, "node": self.node,
+                                   "originals": entries})
+        else:
+            self.path.unlink(missing_ok=True)
+            remove_stale_temps(self.path.parent, self.path.name)
+
+    def check_writable(self) -> str | None:
+        """Why the state file cannot be written (None: it can)."""
+        if self.path is None:
+            return None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"cannot create {self.path.parent}: {exc.strerror or exc}"
+        if not os.access(self.path.parent, os.W_OK):
+            return f"cannot write in {self.path.parent}"
+        return None
+
+    def record(self, param: str, value: float | str) -> None:
+        """Remember ``value`` as ``param``'s original unless one is known (OSError: not
+        saved, and not remembered either)."""
+        if param in self.values:
+            return
+        self.values[param] = value
+        self.recorded_at[param] = time.time()
+        try:
+            self._save()
+        except OSError:
+            del self.values[param]
+            raise
+
+    def forget(self, params) -> None:
+        params = [p for p in params if p in self.values]
+        for p in params:
+            del self.values[p]
+            self.recorded_at.pop(p, None)
+        if params:
+            self._save()
+
+
 @dataclass
 class ControlCounters:
     actions: int = 0
@@ -82,6 +227,7 @@ class ControlCounters:
     bad_messages: int = 0
     acks_dropped: int = 0          # daemon away when the ack was due
     restores: int = 0
+    originals_recorded: int = 0
 
 
 class ControlAgent:
@@ -96,10 +242,20 @@ class ControlAgent:
         self.dry_run = cfg.control.dry_run if dry_run is None else dry_run
         self.specs = node_parameters(cfg)
         self.appliers = appliers if appliers is not None else build_appliers(cfg, source)
+        self.forbidden = {name: list(cfg.daemon.forbidden.get(name, ()))
+                          for name in self.specs}
         self.counters = ControlCounters()
+        self.originals = OriginalValues(state_path(cfg), self.node,
+                                        {n: applier_fingerprint(cfg, n) for n in self.specs})
+        for name, value in self.originals.values.items():
+            log.info("%s: original value %s recorded %s by an earlier run; it is put back "
+                     "when this agent restores", name, self.specs[name].describe(value),
+                     time.strftime("%Y-%m-%d %H:%M:%S",
+                                   time.localtime(self.originals.recorded_at[name])))
+        self.touched: set[str] = set()     # knobs this process has changed
         self.current: dict[str, float] = {}
         for name in self.specs:
-            value = self.appliers[name].read(name)
+            value = self._read(name)
             if value is not None:
                 self.current[name] = value
         self.last_seq = 0
@@ -110,25 +266,79 @@ class ControlAgent:
 
     # ------------------------------------------------------------------ knobs
 
+    def _read_raw(self, param: str) -> float | str | None:
+        """The knob's value as the host has it: a number, or a categorical knob's name."""
+        applier = self.appliers[param]
+        if self.specs[param].categorical:
+            return applier.read_text(param)
+        return applier.read(param)
+
+    def _read(self, param: str) -> float | None:
+        """The knob's value as the engine sees it (a categorical knob's index); None when
+        unknown, or a name not among the parameter's values."""
+        raw = self._read_raw(param)
+        if isinstance(raw, str):
+            return self.specs[param].index_of(raw)
+        return raw
+
     def _refuse(self, param: str, value: float, reason: str) -> None:
-        key = "out of range" if reason.startswith("outside") else reason
+        key = ("out of range" if reason.startswith("outside") else
+               "off the step grid" if reason.startswith("off the step grid") else reason)
         n = self.counters.refused[key] = self.counters.refused.get(key, 0) + 1
         log.warning("refused %s = %r: %s (%d refused for this reason)", param, value, reason, n)
+
+    def check(self, param: str, value: float) -> str | None:
+        """Why ``value`` may not be set on ``param`` here (None: it may)."""
+        spec = self.specs.get(param)
+        if spec is None:
+            return "unknown parameter on this node"
+        why = spec.check_value(value)
+        if why is None and any(abs(value - f) <= 1e-6 * spec.step
+                               for f in self.forbidden[param]):
+            why = "forbidden value"
+        return why
+
+    def _remember_original(self, param: str) -> bool:
+        """Record the knob's value as found on the host before its first change; False
+        when it was read but could not be saved (the change must not happen)."""
+        if param in self.originals.values:
+            return True
+        raw = self._read_raw(param)
+        if raw is None:
+            if param not in self.touched:
+                log.warning("%s: cannot read its value before changing it; restoring will "
+                            "fall back to the config's default %s", param,
+                            self.specs[param].describe(self.specs[param].default))
+            return True
+        try:
+            self.originals.record(param, raw)
+        except OSError as exc:
+            log.error("%s: cannot save its original value %s to %s: %s", param, raw,
+                      self.originals.path, exc.strerror or exc)
+            return False
+        self.counters.originals_recorded += 1
+        log.info("%s: original value %s recorded", param, self.specs[param].describe(raw))
+        return True
 
     def _set(self, param: str, value: float) -> float | None:
         """Apply one checked value; return the value now in force (None: unknown)."""
         applier = self.appliers[param]
+        if not self._remember_original(param):
+            self._refuse(param, value, "original value not saved")
+            return self.current.get(param)
+        spec = self.specs[param]
         try:
-            applier.apply(param, value)
+            applier.apply(param, spec.label(value))
         except ApplyError as exc:
             self.counters.apply_failed += 1
-            log.error("could not apply %s = %r: %s", param, value, exc)
-            now = applier.read(param)
+            log.error("could not apply %s = %s: %s", param, spec.describe(value), exc)
+            now = self._read(param)
             if now is not None:
                 self.current[param] = now
             return self.current.get(param)
+        self.touched.add(param)
         self.counters.applied += 1
-        now = applier.read(param)
+        now = self._read(param)
         self.current[param] = value if now is None else now
         return self.current[param]
 
@@ -145,16 +355,13 @@ class ControlAgent:
         self.last_seq = action.seq
         acked: dict[str, float] = {}
         for param, value in action.values.items():
-            spec = self.specs.get(param)
-            if spec is None:
-                self._refuse(param, value, "unknown parameter on this node")
-                continue
-            why = spec.check_value(value)
+            why = self.check(param, value)
             if why is not None:
                 self._refuse(param, value, why)
             elif self.dry_run:
-                log.info("dry run: would set %s = %r (now %r)", param, value,
-                         self.current.get(param))
+                log.info("dry run: would set %s = %s (now %s)", param,
+                         self.specs[param].describe(value),
+                         self.specs[param].describe(self.current.get(param)))
             else:
                 self._set(param, value)
             if param in self.current:
@@ -162,26 +369,56 @@ class ControlAgent:
         self.last_ack = Ack(self.node, action.seq, acked)
         return self.last_ack
 
-    def restore_defaults(self, why: str = "asked") -> tuple[dict[str, float], list[str]]:
-        """Set every parameter of this node to its default; (values in force, failures)."""
-        self.counters.restores += 1
-        restored, failed = {}, []
-        if self.dry_run:
-            log.info("dry run: would restore defaults (%s): %s", why,
-                     ", ".join(f"{k}={s.default:g}" for k, s in self.specs.items()))
-            return restored, failed
+    def restore_plan(self, fallback: bool = False) -> dict[str, tuple[float | str, str]]:
+        """What restoring sets: parameter -> (value for the applier, "original" or
+        "default"). A recorded original first; the config's default for a knob this
+        process changed without recording one, or for every other knob with
+        ``fallback`` (``capes restore-defaults``); knobs in neither case are left alone."""
+        plan = {}
         for param, spec in self.specs.items():
+            if param in self.originals.values:
+                plan[param] = (self.originals.values[param], "original")
+            elif fallback or param in self.touched:
+                plan[param] = (spec.label(spec.default), "default")
+        return plan
+
+    def restore_defaults(self, why: str = "asked", fallback: bool = False
+                         ) -> tuple[dict[str, float | str], list[str]]:
+        """Put back each knob's original value (see ``restore_plan``); return (what was
+        set, by parameter: a number or a categorical name; the parameters that failed).
+        Restored knobs are forgotten; the failed ones keep their recorded original."""
+        self.counters.restores += 1
+        plan = self.restore_plan(fallback)
+        restored: dict[str, float | str] = {}
+        failed: list[str] = []
+        if self.dry_run:
+            log.info("dry run: would restore (%s): %s", why, ", ".join(
+                f"{k}={self.specs[k].describe(v)} ({src})" for k, (v, src) in plan.items())
+                or "nothing")
+            return restored, failed
+        for param, (value, source) in plan.items():
             applier = self.appliers[param]
             try:
-                applier.apply(param, spec.default)
+                applier.apply(param, value)
             except ApplyError as exc:
                 failed.append(param)
-                log.error("could not restore %s = %r: %s", param, spec.default, exc)
+                log.error("could not restore %s = %s (%s): %s", param,
+                          self.specs[param].describe(value), source, exc)
                 continue
-            now = applier.read(param)
-            restored[param] = self.current[param] = spec.default if now is None else now
-        log.info("restored defaults (%s): %s%s", why,
-                 ", ".join(f"{k}={v:g}" for k, v in restored.items()) or "nothing",
+            restored[param] = value
+            now = self._read(param)
+            if now is None:          # unreadable knob: trust the write
+                now = (self.specs[param].index_of(value) if isinstance(value, str)
+                       else float(value))
+            if now is None:          # a categorical original that is not among values
+                self.current.pop(param, None)
+            else:
+                self.current[param] = now
+        self.originals.forget(restored)
+        self.touched.difference_update(restored)
+        log.info("restored (%s): %s%s", why,
+                 ", ".join(f"{k}={self.specs[k].describe(v)} ({plan[k][1]})"
+                           for k, v in restored.items()) or "nothing",
                  f"; FAILED: {', '.join(failed)}" if failed else "")
         return restored, failed
 
@@ -210,8 +447,8 @@ class ControlAgent:
         return self._send(Ack(self.node, 0, dict(self.current)))
 
     def run(self, stop: StopSignal) -> int:
-        """Serve the daemon until ``stop``; then restore the defaults. Returns 0, or 1
-        when a default could not be restored."""
+        """Serve the daemon until ``stop``; then restore the originals. Returns 0, or 1
+        when a knob could not be restored."""
         if self.sock is None:
             self.connect()
         poller = zmq.Poller()
@@ -264,7 +501,7 @@ class ControlAgent:
                 else:
                     stop.drain()
         _, failed = self.restore_defaults("stopping")
-        self.hello()                       # best effort: tell the daemon the defaults
+        self.hello()                       # best effort: tell the daemon the values now
         return 1 if failed else 0
 
     def _receive(self) -> bool:
@@ -304,4 +541,5 @@ class ControlAgent:
         return (f"{c.actions} actions, {c.applied} values applied, refused: {refused}, "
                 f"{c.apply_failed} failed, "
                 f"{c.duplicates} duplicates, {c.stale} stale, {c.bad_messages} bad messages, "
-                f"{c.restores} restores")
+                f"{c.restores} restores, {c.originals_recorded} originals recorded"
+                f"{f', {len(self.originals.values)} kept in {self.originals.path}' if self.originals.values else ''}")

@@ -34,6 +34,7 @@ def knob_dir(tmp_path: Path) -> Path:
 
 
 def deployment_toml(tmp_path: Path, knobs: Path, port: int, **control) -> Path:
+    control.setdefault("state_file", f'"{tmp_path / "control-state.json"}"')
     extra = "".join(f"{k} = {v}\n" for k, v in control.items())
     text = f"""
 tick_seconds = 0.05
@@ -232,6 +233,7 @@ def test_control_agent_process_applies_acks_and_restores_on_sigterm(tmp_path, ro
     assert "refused" in err and "1 bad messages" in err
 
 
+@pytest.mark.slow
 def test_control_agent_process_restores_when_the_daemon_is_gone(tmp_path):
     """A live but quiet daemon is not silence; a daemon gone for restore_after_s is.
     When it comes back, the agent says hello again and applies its actions."""

@@ -69,7 +69,7 @@ def host():
 def test_builtin_collectors_are_registered_by_name():
     build_collector("timeofday")
     COLLECTORS.load_builtin()             # every built-in module registers itself
-    assert {"host", "timeofday", "simulator", "command"} <= set(COLLECTORS)
+    assert {"host", "timeofday", "simulator", "command", "blockdev", "vmstat"} <= set(COLLECTORS)
     with pytest.raises(ValueError, match="unknown collector 'nope'"):
         build_collector("nope")
 

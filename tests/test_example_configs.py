@@ -15,8 +15,8 @@ from capes.common.deployment import DeploymentConfig, load_deployment
 from control_agent.agent import build_appliers
 from control_agent.appliers.file import FileApplier
 from monitor_agent.agent import Sampler, build_collectors
-from monitor_agent.collectors import blockdev, lustre_osc
-from test_target_collectors import FakeBlockDevices, FakeLustreClient
+from monitor_agent.collectors import blockdev, lustre_osc, vmstat
+from test_target_collectors import FakeBlockDevices, FakeLustreClient, FakeProc
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 NOT_DEPLOYMENTS = {"storagegamesim.toml"}          # the converge test's own config
@@ -25,6 +25,7 @@ DEPLOYMENTS = sorted(p for p in CONFIGS.glob("*.toml") if p.name not in NOT_DEPL
 # collector -> (option holding a path, its default)
 ROOTED_OPTIONS = {"lustre_osc": ("root", list(lustre_osc.DEFAULT_ROOTS)),
                   "blockdev": ("root", blockdev.DEFAULT_ROOT),
+                  "vmstat": ("root", vmstat.DEFAULT_ROOT),
                   "simulator": ("dir", None)}
 
 
@@ -42,6 +43,7 @@ class World:
         self.base = base
         self.lustre = FakeLustreClient(base)
         self.blocks = FakeBlockDevices(base, devices=("sda", "nvme0n1", "loop0"))
+        self.proc = FakeProc(base)
         sim = base / "sim"
         sim.mkdir()
         for name, value in (("throughput", 40), ("window", 10), ("rate_limit", 50)):
@@ -77,8 +79,8 @@ def test_every_supported_target_has_an_example_config():
 
 @pytest.mark.parametrize("path", DEPLOYMENTS, ids=lambda p: p.name)
 def test_config_builds_every_part(path, world):
-    from drl_engine.dqn import DQNConfig, with_preset
-    from drl_engine.rewards import RewardConfig
+    from drl_engine.config import DQNConfig, with_preset
+    from drl_engine.config import RewardConfig
 
     cfg = world.load(path)
     sampler = Sampler(build_collectors(cfg, str(path)))   # also: no PI reported twice
@@ -108,8 +110,10 @@ def test_engine_sees_every_knob_it_turns(path, world):
             continue
         value = spec.clamp(spec.default + spec.step)
         assert spec.check_value(value) is None
-        applier.apply(name, value)
-        assert applier.read(name) == value
+        applier.apply(name, spec.label(value))        # a categorical knob: by name
+        got = (spec.index_of(applier.read_text(name)) if spec.categorical
+               else applier.read(name))
+        assert got == value
         knob = os.path.basename(applier.pattern(name))
         shown = {n: v for n, v in zip(sampler.names, sampler.sample())
                  if n == knob or n.endswith("." + knob)}

@@ -172,6 +172,63 @@ class FakeBlockDevices:
         self.set_stat(dev, values)
 
 
+VMSTAT_TEXT = """nr_free_pages 5830870
+nr_zone_inactive_file 137430
+nr_dirty {nr_dirty}
+nr_writeback {nr_writeback}
+nr_dirtied {nr_dirtied}
+nr_written {nr_written}
+nr_dirty_threshold 1203685
+nr_dirty_background_threshold 601107
+pgpgin {pgpgin}
+pgpgout {pgpgout}
+pswpin 0
+pswpout 0
+pgfault 9315442
+pgmajfault {pgmajfault}
+"""
+
+MEMINFO_TEXT = """MemTotal:       32768000 kB
+MemFree:        23323272 kB
+MemAvailable:   24003356 kB
+Buffers:           18364 kB
+Cached:         {cached} kB
+SwapCached:            0 kB
+Dirty:          {dirty} kB
+Writeback:      {writeback} kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+
+
+class FakeProc:
+    """/proc/vmstat, /proc/meminfo and /proc/sys/vm/dirty_* under ``base`` (which stands
+    for ``/``), as an older kernel without pgscan/pgsteal counters prints them."""
+
+    SYSCTLS = {"dirty_ratio": 20, "dirty_background_ratio": 10,
+               "dirty_expire_centisecs": 3000, "dirty_writeback_centisecs": 500,
+               "dirty_bytes": 0, "dirty_background_bytes": 0}
+
+    def __init__(self, base: Path):
+        self.root = Path(base) / "proc"
+        (self.root / "sys/vm").mkdir(parents=True, exist_ok=True)
+        self.vm = dict(nr_dirty=100, nr_writeback=0, nr_dirtied=10_000, nr_written=9_000,
+                       pgpgin=500_000, pgpgout=800_000, pgmajfault=40)
+        self.mem = dict(cached=911_892, dirty=400, writeback=0)
+        for name, value in self.SYSCTLS.items():
+            (self.root / "sys/vm" / name).write_text(f"{value}\n")
+        self.write()
+
+    def write(self) -> None:
+        (self.root / "vmstat").write_text(VMSTAT_TEXT.format(**self.vm))
+        (self.root / "meminfo").write_text(MEMINFO_TEXT.format(**self.mem))
+
+    def add(self, **deltas: int) -> None:
+        for name, delta in deltas.items():
+            self.vm[name] += delta
+        self.write()
+
+
 def osc_collector(client: FakeLustreClient, clock=None, **options):
     return build_collector("lustre_osc", {"root": client.roots, "clock": clock or FakeClock(),
                                           **options})

@@ -1,6 +1,7 @@
 """``capes control-agent``: apply the parameter values the interface daemon sends to
-this node (the ``[control]`` and ``[parameters]`` sections of the deployment config);
-restores every default when it stops."""
+this node (the ``[control]`` and ``[parameters]`` sections of the deployment config).
+It records each knob's original value before changing it (``control.state_file``) and
+puts the originals back when it stops; after a kill, ``capes restore-defaults`` does."""
 from __future__ import annotations
 
 import argparse
@@ -19,17 +20,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from capes.common.curve import KeysMissing
-    from capes.common.deployment import load_deployment
+    from capes.settings import load_settings
     from capes.common.stop_signal import StopSignal
     from control_agent.agent import ControlAgent
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
-    cfg = load_deployment(args.config, args.overrides)
+    cfg = load_settings(args.config, args.overrides)
     agent = ControlAgent(cfg, dry_run=args.dry_run, source=args.config or "<defaults>")
     if not agent.specs:
         print(f"capes control-agent: no parameter in [parameters] is set on node "
               f"{agent.node!r}", file=sys.stderr)
+        return 2
+    why = None if agent.dry_run else agent.originals.check_writable()
+    if why is not None:
+        print(f"capes control-agent: control.state_file: {why}; the host's original values "
+              f"could not be kept (set control.state_file to a writable path)",
+              file=sys.stderr)
+        agent.close()
         return 2
     try:
         with StopSignal() as stop:

@@ -88,6 +88,16 @@ class ControlConfig:
     dry_run: bool = False                    # log what would be applied, apply nothing
     restore_after_s: float = 0.0             # restore defaults after this much silence; 0: never
     appliers: dict[str, ApplierConfig] = field(default_factory=dict)   # parameter -> applier
+    # the host's original knob values, recorded before the first change and kept across
+    # restarts (control_agent.agent.OriginalValues): "auto" = /var/lib/capes/control-
+    # <node>.json as root, else $XDG_STATE_HOME/capes/...; "{node}" is replaced; "" keeps
+    # them in memory only (a killed agent then forgets them)
+    state_file: str = "auto"
+
+    def validate(self) -> None:
+        if self.state_file.endswith(("/", "\\")):
+            raise ValueError(f"state_file: must name a file, not a directory "
+                             f"(got {self.state_file!r})")
 
 
 @dataclass

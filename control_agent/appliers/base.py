@@ -19,9 +19,12 @@ class ApplyError(RuntimeError):
     """A value could not be applied (the knob is unchanged)."""
 
 
-def format_value(value: float) -> str:
+def format_value(value: float | str) -> str:
     """How every applier writes a number: ``32`` rather than ``32.0`` when the value is
-    integral (sysfs and procfs knobs reject a decimal point), else the shortest repr."""
+    integral (sysfs and procfs knobs reject a decimal point), else the shortest repr.
+    A categorical parameter's value arrives as its name and is written as it is."""
+    if isinstance(value, str):
+        return value
     value = float(value)
     if value.is_integer():
         return str(int(value))
@@ -35,6 +38,11 @@ class Applier:
         raise NotImplementedError
 
     def read(self, param: str) -> float | None:
+        return None
+
+    def read_text(self, param: str) -> str | None:
+        """A categorical knob's current value by name (None: cannot be read). ``apply``
+        is given the name (a str) for a categorical parameter."""
         return None
 
     def close(self) -> None:

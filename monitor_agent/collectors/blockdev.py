@@ -5,7 +5,7 @@ knob value beside the I/O statistics): per device ``/sys/block/<dev>/``
 
 * ``queue/read_ahead_kb``, ``queue/nr_requests``, ``queue/max_sectors_kb``,
   ``queue/rotational`` and ``queue/scheduler`` (the bracketed one, as its index in
-  ``SCHEDULERS``; −1 for one not listed there);
+  ``schedulers``; −1 for one not listed there);
 * ``inflight``: reads and writes in flight now;
 * ``stat`` (Documentation/block/stat.rst: read I/Os, merges, sectors, ticks; the same
   for writes; in flight; io_ticks; time_in_queue; then discard and flush fields) turned
@@ -16,7 +16,15 @@ knob value beside the I/O statistics): per device ``/sys/block/<dev>/``
 
 Devices are chosen once, at start, from ``root`` (default /sys/block) by shell-style
 patterns ``devices`` (default: all) minus ``exclude`` (default: loop, ram, zram, optical,
-floppy), so the PI vector never changes. PI names: ``blockdev.<dev>.<field>``.
+floppy), so the PI vector never changes. Exclusions only thin out what a pattern picks:
+a device named literally in ``devices`` (``loop3``) is always reported, and a default
+exclusion is lifted for a pattern that asks for that kind of device (``loop*``,
+``loop1?``); an ``exclude`` the config gives is applied as written. PI names:
+``blockdev.<dev>.<field>``.
+
+``schedulers`` (default ``SCHEDULERS``) is the list the ``scheduler`` PI indexes into:
+give it the same list as a categorical ``scheduler`` parameter's ``values`` so that the
+PI is the parameter's value, as the engine sees it.
 """
 from __future__ import annotations
 
@@ -48,15 +56,27 @@ RATES = ("read_iops", "read_merges_s", "read_bytes_s", "read_await_ms",
 FIELDS = (*GAUGES, *RATES)
 
 
-def parse_scheduler(text: str) -> float:
-    """``mq-deadline kyber [bfq] none`` -> index of ``bfq`` in SCHEDULERS; −1 when the
+def parse_scheduler(text: str, schedulers=SCHEDULERS) -> float:
+    """``mq-deadline kyber [bfq] none`` -> index of ``bfq`` in ``schedulers``; −1 when the
     active scheduler is not listed there; NaN when the text names none."""
     tokens = text.split()
     active = next((t[1:-1] for t in tokens if t.startswith("[") and t.endswith("]")),
                   tokens[0] if len(tokens) == 1 else None)
     if active is None:
         return NAN
-    return float(SCHEDULERS.index(active)) if active in SCHEDULERS else -1.0
+    return float(schedulers.index(active)) if active in schedulers else -1.0
+
+
+def _has_magic(pattern: str) -> bool:
+    return any(c in pattern for c in "*?[")
+
+
+def _literal(pattern: str) -> str:
+    """The part of a name pattern before its first wildcard: ``loop*`` -> ``loop``."""
+    for i, c in enumerate(pattern):
+        if c in "*?[":
+            return pattern[:i]
+    return pattern
 
 
 def parse_stat(text: str) -> list[float] | None:
@@ -113,12 +133,18 @@ def _number(text: str | None) -> float:
 class BlockDevCollector(Collector):
     def __init__(self, root: str = DEFAULT_ROOT, devices: list[str] | None = None,
                  exclude: list[str] | None = None, fields: list[str] | None = None,
+                 schedulers: list[str] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         for key, value in (("devices", devices), ("exclude", exclude)):
             if value is not None and (not isinstance(value, list)
                                       or not all(isinstance(p, str) for p in value)):
                 raise ValueError(f"{key}: must be a list of device name patterns, "
                                  f"e.g. [\"sd*\", \"nvme*\"]")
+        if schedulers is not None and (not isinstance(schedulers, list) or not schedulers
+                                       or not all(isinstance(x, str) and x for x in schedulers)
+                                       or len(set(schedulers)) != len(schedulers)):
+            raise ValueError("schedulers: must be a list of distinct scheduler names")
+        self.schedulers = tuple(schedulers) if schedulers is not None else SCHEDULERS
         if fields is not None:
             unknown = [f for f in fields if f not in FIELDS]
             if unknown or not fields:
@@ -126,7 +152,7 @@ class BlockDevCollector(Collector):
                 raise ValueError(f"fields: {what} (known: {', '.join(FIELDS)})")
         self._root, self._clock = root, clock
         self.fields = [f for f in FIELDS if fields is None or f in fields]
-        self.devices = self._select(root, devices, DEFAULT_EXCLUDE if exclude is None else exclude)
+        self.devices = self._select(root, devices, exclude)
         self._names = [f"blockdev.{d}.{f}" for d in self.devices for f in self.fields]
         self._want_rates = any(f in RATES for f in self.fields)
         self._want_inflight = any(f.startswith("inflight_") for f in self.fields)
@@ -134,14 +160,18 @@ class BlockDevCollector(Collector):
         self._prev_t = clock()
 
     @staticmethod
-    def _select(root: str, include: list[str] | None, exclude: list[str]) -> list[str]:
+    def _select(root: str, include: list[str] | None, exclude: list[str] | None) -> list[str]:
         try:
             entries = sorted(os.listdir(root))
         except OSError as exc:
             raise ValueError(f"root: cannot list {root}: {exc.strerror or exc}") from None
+        if exclude is None:           # default exclusions, lifted where devices asks
+            exclude = [x for x in DEFAULT_EXCLUDE
+                       if not any(_literal(p).startswith(_literal(x)) for p in include or ())]
+        named = {p for p in include or () if not _has_magic(p)}
         chosen = [d for d in entries
                   if (include is None or any(fnmatchcase(d, p) for p in include))
-                  and not any(fnmatchcase(d, p) for p in exclude)
+                  and (d in named or not any(fnmatchcase(d, p) for p in exclude))
                   and os.path.isdir(os.path.join(root, d))]
         if not chosen:
             raise ValueError(f"devices: no block device under {root} matches "
@@ -163,7 +193,7 @@ class BlockDevCollector(Collector):
                 out[f] = _number(_read(os.path.join(base, rel)))
         if "scheduler" in self.fields:
             text = _read(os.path.join(base, "queue/scheduler"))
-            out["scheduler"] = NAN if text is None else parse_scheduler(text)
+            out["scheduler"] = NAN if text is None else parse_scheduler(text, self.schedulers)
         if self._want_inflight:
             parts = (_read(os.path.join(base, "inflight")) or "").split()
             try:
