@@ -110,6 +110,9 @@ def test_profile_write_and_empty_bricks():
     assert r["write_bytes_s"] == 309723136 and r["write_s"] == 2362
     assert r["write_lat_us"] == pytest.approx(2420.94612)
     assert r["latency_us"] == pytest.approx(2420.94612)
+    flush = profile_rates(parse_profile(fixture("profile-incremental-flush.txt")), 11.0)
+    assert flush["write_bytes_s"] == pytest.approx(487325696 / 11)
+    assert flush["flush_s"] == pytest.approx(1 / 11) and flush["flush_lat_us"] == 18.257
     small = profile_rates(parse_profile(fixture("profile-incremental-small.txt")), 1.0)
     assert small["write_bytes_s"] == 62259200 and small["flush_s"] == 1
 
@@ -157,6 +160,8 @@ def test_to_option(value, unit, want):
 def test_volume_get_parsers():
     assert parse_volume_get(fixture("volume-get-write-behind-window.txt"),
                             "performance.write-behind-window-size") == ["1MB"]
+    assert parse_volume_get(fixture("volume-get-cache-size.txt"),
+                            "performance.cache-size") == ["32MB"]
     every = glc.parse_volume_get(fixture("volume-get-all.txt"))
     assert every["performance.cache-size"] == ["32MB", "128MB"]    # io-cache, quick-read
     assert every["performance.write-behind"] == ["on"]
