@@ -5,13 +5,17 @@ cold-start values; this is the guard against that).
 Forbidden values come from each ``[parameters.NAME] forbidden = [...]`` and from
 ``[daemon.forbidden] NAME = [...]``. The control agents re-check with the same
 ``ParameterSpec.check_value``; this is the first of the two fences.
+
+:meth:`ActionChecker.check_step` also holds the engine to its own action set: an action
+moves one parameter by one step (NULL moves none), so the label recorded for training
+always matches the change, and no action jumps across the range.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from capes.common.params import ParameterSpec
+from capes.common.params import TOLERANCE, ParameterSpec
 
 
 @dataclass
@@ -20,7 +24,7 @@ class Verdict:
     (the current ones where it is refused); ``reason`` is None when accepted."""
     values: dict[str, float]
     reason: str | None = None
-    key: str = ""             # short counter key: range, forbidden, unknown, action, not_finite
+    key: str = ""             # counter key: range, forbidden, unknown, action, not_finite, step
 
     @property
     def ok(self) -> bool:
@@ -64,6 +68,48 @@ class ActionChecker:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return "not a finite number"
         why = spec.check_value(value)
-        if why is None and value in self.forbidden[name]:
+        tol = TOLERANCE * spec.step              # never float equality (as ParameterSpec)
+        if why is None and any(abs(value - f) <= tol for f in self.forbidden[name]):
             why = "forbidden value"
         return why
+
+    def check_step(self, action: int, verdict: Verdict, current: dict[str, float]) -> Verdict:
+        """Check that an accepted ``verdict`` is the change ``action`` stands for: action
+        1 + 2k raises parameter k by its step, 2 + 2k lowers it (both clamped to the
+        range), 0 changes nothing, and no other parameter moves. The returned values are
+        snapped to the exact step (the engine's may have passed through float32)."""
+        if not verdict.ok:
+            return verdict
+        now = {n: float(current[n]) for n in self.order}
+        target = action_target(action, self.order)
+        expect = dict(now)
+        if target is not None:
+            name, sign = target
+            spec = self.specs[name]
+            expect[name] = spec.clamp(now[name] + sign * spec.step)
+        for name in self.order:
+            got, want = verdict.values[name], expect[name]
+            if not _close(got, want, self.specs[name].step):
+                label = "NULL" if target is None else f"{target[0]}{'+' if target[1] > 0 else '-'}"
+                return Verdict(now, f"action {action} ({label}) sets {name} to {want:g}, "
+                                    f"not {got:g}", "step")
+        if target is not None:                   # the snapped value must pass too
+            why = self.check_value(target[0], expect[target[0]])
+            if why is not None:
+                return Verdict(now, f"{target[0]}={expect[target[0]]}: {why}",
+                               "forbidden" if why == "forbidden value" else "range")
+        return Verdict(expect)
+
+
+def action_target(action: int, order: list[str]) -> tuple[str, int] | None:
+    """(parameter, +1 or -1) that ``action`` moves; None for the NULL action."""
+    if action == 0:
+        return None
+    k, down = divmod(action - 1, 2)
+    return order[k], -1 if down else 1
+
+
+def _close(got: float, want: float, step: float) -> bool:
+    """Equal up to float32 rounding, and always closer than a quarter step."""
+    tol = min(1e-6 * max(abs(got), abs(want), step), step / 4)
+    return abs(got - want) <= tol

@@ -6,6 +6,10 @@ node), and the latest Action is re-sent to an agent that has not acknowledged it
 ``ack_timeout_s`` or that reconnects. Sequence numbers start at the daemon's start time
 in milliseconds and only grow, so a restarted daemon never reuses an old one.
 No socket here: the daemon passes a ``send(identity, payload) -> bool`` function.
+
+The daemon takes an engine action in two steps, :meth:`ActionPlane.decide` (check it,
+change nothing) and, once its row is committed to the replay DB, :meth:`ActionPlane.
+broadcast`: an action that reaches a control agent is always recorded.
 """
 from __future__ import annotations
 
@@ -38,7 +42,9 @@ class ControlPeer:
 class ActionPlane:
     def __init__(self, specs: list[ParameterSpec], checker: ActionChecker,
                  counters: Counters, send: Callable[[bytes, bytes], bool],
-                 ack_timeout_s: float = 2.0, max_nodes: int = 1024, max_bytes: int = 65536):
+                 ack_timeout_s: float = 2.0, max_nodes: int = 1024, max_bytes: int = 65536,
+                 allowed_nodes: frozenset[str] = frozenset(),
+                 may_speak: Callable[[str | None, str], bool] = lambda key, node: True):
         self.specs = {s.name: s for s in specs}
         self.order = [s.name for s in specs]
         self.checker = checker
@@ -47,6 +53,8 @@ class ActionPlane:
         self.ack_timeout_s = ack_timeout_s
         self.max_nodes = max_nodes
         self.max_bytes = max_bytes
+        self.allowed_nodes = allowed_nodes      # empty: any node a parameter targets
+        self.may_speak = may_speak              # (CURVE key, node) -> bound to it?
         self.peers: dict[str, ControlPeer] = {}
         self.current = {s.name: float(s.default) for s in specs}
         self.decided: set[str] = set()       # parameters set by an accepted action
@@ -69,8 +77,12 @@ class ActionPlane:
             return exc.reason
         if not isinstance(msg, Ack):
             return "type"
+        if not self.may_speak(key, msg.node):
+            return "key_not_bound"
         peer = self.peers.get(msg.node)
         if peer is None:
+            if not self.node_allowed(msg.node):
+                return "node_not_allowed"
             if len(self.peers) >= self.max_nodes:
                 return "too_many_nodes"
             peer = self.peers[msg.node] = ControlPeer(msg.node, key)
@@ -108,25 +120,53 @@ class ActionPlane:
             self.counters.actions["stale_ack"] += 1
         return None
 
+    def node_allowed(self, node: str) -> bool:
+        """A control agent may speak for a node of the allow-list (when there is one)
+        that at least one parameter targets: a made-up node gets no say."""
+        if self.allowed_nodes and node not in self.allowed_nodes:
+            return False
+        return bool(self.targets(node))
+
     # ------------------------------------------------------------------ from the engine
+
+    def decide(self, action: int, values: dict[str, float], tuning: bool,
+               check_step: bool = True) -> Verdict:
+        """Check an engine action without changing anything (see :meth:`broadcast`).
+        ``check_step``: the action must be the one-step change its number stands for."""
+        self.counters.actions["submitted"] += 1
+        verdict = self.checker.check(action, values, self.current)
+        if check_step:
+            verdict = self.checker.check_step(action, verdict, self.current)
+        if not verdict.ok:
+            self.refuse(verdict.key)
+            return verdict
+        if not tuning:
+            self.counters.actions["tuning_off"] += 1
+            return Verdict(dict(self.current), "tuning is off", "tuning_off")
+        return verdict
+
+    def refuse(self, key: str) -> None:
+        """Count a refused action under ``refused`` and ``refused_<key>``."""
+        self.counters.actions["refused"] += 1
+        self.counters.actions[f"refused_{key}"] += 1
 
     def submit(self, tick: int, action: int, values: dict[str, float], tuning: bool
                ) -> tuple[Verdict, int, int]:
-        """Check and (tuning on) broadcast an action; return (verdict, seq, agents sent to).
-        A refused action, or any action while tuning is off, changes nothing."""
-        self.counters.actions["submitted"] += 1
-        verdict = self.checker.check(action, values, self.current)
+        """:meth:`decide` (values only, no step rule) then :meth:`broadcast`, with no
+        replay DB in between: for tests of the plane alone; the daemon records first."""
+        verdict = self.decide(action, values, tuning, check_step=False)
         if not verdict.ok:
-            self.counters.actions["refused"] += 1
-            self.counters.actions[f"refused_{verdict.key}"] += 1
             return verdict, 0, 0
-        if not tuning:
-            self.counters.actions["tuning_off"] += 1
-            return Verdict(dict(self.current), "tuning is off", "tuning_off"), 0, 0
+        seq, sent = self.broadcast(tick, verdict)
+        return verdict, seq, sent
+
+    def broadcast(self, tick: int, verdict: Verdict) -> tuple[int, int]:
+        """Make an accepted verdict current and send it to the agents it concerns;
+        return (seq, agents sent to)."""
         self.counters.actions["accepted"] += 1
         changed = {n for n, v in verdict.values.items() if v != self.current[n]}
         self.current = dict(verdict.values)
-        self.decided.update(values)
+        self.decided.update(self.current)        # hello values are no longer adopted
         now = time.monotonic()
         self.seq += 1
         sent = 0
@@ -138,7 +178,7 @@ class ActionPlane:
                 continue
             peer.desired, peer.seq, peer.tick = want, self.seq, tick
             sent += self._send(peer, now)
-        return verdict, self.seq, sent
+        return self.seq, sent
 
     def resend_due(self, now: float | None = None) -> int:
         """Re-send the latest Action to every agent that has not acked it in time."""

@@ -3,11 +3,13 @@
 Handlers run on gRPC's threads; every one of them hands its work to the daemon's loop
 thread through ``daemon.call`` so the daemon's state has a single owner. With keys
 enabled, each call must carry the ``x-capes-token`` metadata (the contents of
-``KEYS_DIR/control.token``); the standard health service needs no token.
+``KEYS_DIR/control.token``); the standard health service needs no token. Health is
+NOT_SERVING while the replay DB cannot be written (see :func:`set_serving`).
 """
 from __future__ import annotations
 
 import hmac
+import socket
 from concurrent import futures
 
 import grpc
@@ -79,6 +81,7 @@ def start_server(daemon, address: str, token: str | None, workers: int = 4
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    _resolve(address)
     try:
         port = server.add_insecure_port(address)
     except RuntimeError as exc:
@@ -86,9 +89,31 @@ def start_server(daemon, address: str, token: str | None, workers: int = 4
     if port == 0:
         raise OSError(f"cannot listen for gRPC on {address}")
     server.start()
-    for name in ("", SERVICE):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    set_serving(health_servicer, True)
     return server, health_servicer, port
+
+
+def _resolve(address: str) -> None:
+    """Fail with one clear line on a host that does not resolve (gRPC's own error comes
+    with a C-core log line)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():              # unix:PATH and other forms: gRPC's own check
+        return
+    try:
+        socket.getaddrinfo(host.strip("[]") or None, int(port))
+    except (socket.gaierror, ValueError) as exc:
+        raise OSError(f"cannot listen for gRPC on {address}: "
+                      f"{getattr(exc, 'strerror', None) or exc}") from None
+
+
+def set_serving(health_servicer: health.HealthServicer | None, serving: bool) -> None:
+    """Report SERVING or NOT_SERVING for the daemon and its control plane."""
+    if health_servicer is None:
+        return
+    status = (health_pb2.HealthCheckResponse.SERVING if serving
+              else health_pb2.HealthCheckResponse.NOT_SERVING)
+    for name in ("", SERVICE):
+        health_servicer.set(name, status)
 
 
 def stop_server(server: grpc.Server, health_servicer: health.HealthServicer) -> None:

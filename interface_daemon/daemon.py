@@ -5,7 +5,13 @@ One process, one loop thread that owns all state: a zmq poll over the ingest ROU
 agents' Acks in, Actions out) and a wake-up pipe through which the gRPC threads hand
 work to the loop (``call``). Rows go to the DB in one WAL transaction every
 ``commit_every_s``; SIGTERM/SIGINT commit and exit cleanly, and a SIGKILL loses at most
-the uncommitted batch.
+the uncommitted batch of indicator rows.
+
+Recording comes before acting: an accepted action is committed to the replay DB before
+any control agent sees it, and while the DB cannot be written (disk full, read-only) the
+daemon keeps running on a bounded row buffer, reports NOT_SERVING on the gRPC health
+service, refuses actions (no tuning without recording), and resumes by itself once a
+commit succeeds again. SIGHUP re-reads the CURVE allow-list.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import logging
 import os
 import queue
 import signal
+import sqlite3
 import threading
 import time
 from concurrent.futures import Future
@@ -26,25 +33,35 @@ import zmq
 from capes.common import curve
 from capes.common.deployment import DeploymentConfig
 from capes.common.protocol import FullRequest, encode
-from capes.common.replay_db import ReplayWriter, SessionInfo
-from interface_daemon.action_checker import ActionChecker
+from capes.common.replay_db import Committed, ReplayDBError, ReplayWriter, SessionInfo
+from interface_daemon.action_checker import ActionChecker, Verdict
 from interface_daemon import control_service
 from interface_daemon.action_plane import ActionPlane
 from interface_daemon.counters import Counters
-from interface_daemon.node_streams import Ingest
+from interface_daemon.node_streams import Ingest, tick_in_range
 
 log = logging.getLogger("capes.interface_daemon")
 
 DRAIN_BATCH = 2000          # messages taken from one socket before looking at the others
 CALL_TIMEOUT_S = 10.0
+COMMIT_CHUNK = 5000         # rows per transaction: a nearly full disk still takes the oldest
+DB_ERRORS = (sqlite3.Error, ReplayDBError, OSError)     # a write that failed, not a bug
+STARTUP_ERRORS = DB_ERRORS + (ValueError, OverflowError, curve.KeysMissing, zmq.ZMQError)
+
+
+class StartupError(OSError):
+    """The daemon cannot start; the message is the one line to show the operator."""
 
 
 def _lock_db(db: str):
     """Hold an exclusive lock next to the DB for the daemon's lifetime: one writer only.
     The kernel drops it when the process dies, SIGKILL included."""
     path = Path(str(db) + ".lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fh = open(path, "a+")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a+")
+    except OSError as exc:
+        raise OSError(f"{db}: cannot create its lock file {path} ({exc.strerror})") from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -77,23 +94,28 @@ class InterfaceDaemon:
         self.specs = cfg.param_specs()
         self.counters = Counters()
         self.checker = ActionChecker(self.specs, d.forbidden)
+        allowed = allowed_nodes(cfg)
         self.ingest = Ingest(max_nodes=d.max_nodes, max_bytes=d.max_message_bytes,
                              full_request_every_s=d.full_request_every_s,
                              tick_seconds=cfg.tick_seconds,
-                             max_clock_skew_s=d.max_clock_skew_s)
+                             max_clock_skew_s=d.max_clock_skew_s,
+                             max_pis_per_node=d.max_pis_per_node,
+                             max_pi_name_bytes=d.max_pi_name_bytes,
+                             max_session_pis=d.max_session_pis, allowed_nodes=allowed,
+                             may_speak=self._may_speak)
         self.actions = ActionPlane(self.specs, self.checker, self.counters, self._send_control,
                                    ack_timeout_s=d.ack_timeout_s, max_nodes=d.max_nodes,
-                                   max_bytes=d.max_message_bytes)
+                                   max_bytes=d.max_message_bytes, allowed_nodes=allowed,
+                                   may_speak=self._may_speak)
         self.tuning = d.tuning
         self.training = d.training
         self.workload_epoch = 0
         self.curve_on = cfg.keys.enabled
         self.writer: ReplayWriter | None = None
         self.session: SessionInfo | None = None
-        self._pending_ticks: set[int] = set()
-        self._pending_rows = 0
-        self._pending_actions = 0
+        self.db_ok = True                # the last write succeeded
         self._committed_tick = -1
+        self._reload = False             # SIGHUP: re-read the allow-list
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -101,49 +123,81 @@ class InterfaceDaemon:
         self._loop_thread: int | None = None
         self.ctx: zmq.Context | None = None
         self.auth = None
+        self.health = None
         self.endpoints: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict:
         """Open the DB, bind the sockets, start the authenticator and the gRPC server.
-        Return the endpoints actually bound (ports 0 resolved)."""
-        d = self.cfg.daemon
-        self._lock = _lock_db(d.db)
-        self.writer = ReplayWriter(d.db)
-        self.ctx = zmq.Context()
+        Return the endpoints actually bound (ports 0 resolved). On any error, whatever
+        was opened is closed again (no socket may block the context's termination)."""
         try:
-            self.auth = curve.start_authenticator(self.ctx, self.cfg.keys)
-            keys = self.cfg.keys if self.curve_on else None
-            self.ingest_sock = curve.server_socket(self.ctx, zmq.ROUTER, keys, d.high_water_mark)
-            self.control_sock = curve.server_socket(self.ctx, zmq.ROUTER, keys, d.high_water_mark)
-            for sock in (self.ingest_sock, self.control_sock):
-                sock.setsockopt(zmq.MAXMSGSIZE, 4 * d.max_message_bytes)
-            ingest = _bind(self.ingest_sock, d.ingest)
-            control = _bind(self.control_sock, d.control)
-            token = curve.load_token(self.cfg.keys)
-            if self.curve_on and token is None:
-                raise curve.KeysMissing(f"{Path(self.cfg.keys.dir) / curve.TOKEN_FILE}: no "
-                                        "control-plane token (run `capes keys generate`)")
-            self.grpc_server, self.health, port = control_service.start_server(self, d.grpc, token)
+            self._open_db()
+            ingest, control = self._open_sockets()
+            port = self._start_control_plane()
         except BaseException:
-            self._close_sockets()
-            self.writer.close()
-            self.writer = None
-            self._lock.close()
+            self._release()
             raise
+        d = self.cfg.daemon
         host = d.grpc.rsplit(":", 1)[0]
         if host not in ("127.0.0.1", "localhost", "[::1]"):
             log.warning("the gRPC control plane listens on %s without TLS: its token "
                         "authenticates callers but the traffic is not encrypted", d.grpc)
+        if not self.ingest.allowed_nodes:
+            log.info("no daemon.nodes allow-list: an admitted key may speak for any node")
         self.endpoints = {"ingest": ingest, "control": control, "grpc": f"{host}:{port}",
                           "db": str(Path(d.db).resolve()), "pid": os.getpid()}
         log.info("listening: %s", self.endpoints)
         return self.endpoints
 
+    def _open_db(self) -> None:
+        d = self.cfg.daemon
+        self._lock = _lock_db(d.db)
+        self.writer = ReplayWriter(d.db, max_pending=d.max_buffered_rows)
+
+    def _open_sockets(self) -> tuple[str, str]:
+        d = self.cfg.daemon
+        self.ctx = zmq.Context()
+        self.auth = curve.start_authenticator(self.ctx, self.cfg.keys)
+        keys = self.cfg.keys if self.curve_on else None
+        self.ingest_sock = curve.server_socket(self.ctx, zmq.ROUTER, keys, d.high_water_mark)
+        self.control_sock = curve.server_socket(self.ctx, zmq.ROUTER, keys, d.high_water_mark)
+        for sock in (self.ingest_sock, self.control_sock):
+            sock.setsockopt(zmq.MAXMSGSIZE, 4 * d.max_message_bytes)
+        return _bind(self.ingest_sock, d.ingest), _bind(self.control_sock, d.control)
+
+    def _start_control_plane(self) -> int:
+        token = curve.load_token(self.cfg.keys)
+        if self.curve_on and token is None:
+            raise curve.KeysMissing(f"{Path(self.cfg.keys.dir) / curve.TOKEN_FILE}: no "
+                                    "control-plane token (run `capes keys generate`)")
+        self.grpc_server, self.health, port = control_service.start_server(
+            self, self.cfg.daemon.grpc, token)
+        return port
+
+    def _release(self) -> None:
+        """Close what a failed start() opened (safe to call on anything half-open)."""
+        self._close_sockets()
+        if self.writer is not None:
+            self.writer.close(commit=False)
+            self.writer = None
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.close()
+            self._lock = None
+
     def stop(self) -> None:
         """Ask the loop to finish (safe from a signal handler or another thread)."""
         self._stop = True
+        self._wake()
+
+    def request_reload(self) -> None:
+        """Ask the loop to re-read the allow-list (safe from a signal handler)."""
+        self._reload = True
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -157,12 +211,10 @@ class InterfaceDaemon:
             control_service.stop_server(self.grpc_server, self.health)
             self.grpc_server = None
         self._run_calls()        # answer anyone still waiting
-        if self.writer is not None:
-            self._commit()
-            self.writer.close()
-            self.writer = None
-            self._lock.close()
-        self._close_sockets()
+        if self.writer is not None and not self._commit():
+            log.error("stopping with %d rows the replay DB could not take: they are lost",
+                      self.writer.pending)
+        self._release()
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -170,6 +222,8 @@ class InterfaceDaemon:
                 pass
 
     def _close_sockets(self) -> None:
+        """Close every socket and end the context; ``destroy`` closes any socket still
+        open (linger 0), so termination can never hang."""
         for name in ("ingest_sock", "control_sock"):
             sock = getattr(self, name, None)
             if sock is not None:
@@ -179,7 +233,7 @@ class InterfaceDaemon:
             self.auth.stop()
             self.auth = None
         if self.ctx is not None:
-            self.ctx.term()
+            self.ctx.destroy(linger=0)
             self.ctx = None
 
     # ------------------------------------------------------------------ the loop
@@ -208,6 +262,9 @@ class InterfaceDaemon:
                 except BlockingIOError:
                     pass
                 self._run_calls()
+                if self._reload:
+                    self._reload = False
+                    self._reload_allow_list()
             now = time.monotonic()
             if now >= next_commit:
                 self._commit()
@@ -244,13 +301,7 @@ class InterfaceDaemon:
         if out.drop:
             c.drop(out.drop)
         if out.row is not None:
-            self._ensure_session()
-            if out.layout_grew:
-                self.writer.update_layout(list(self.ingest.pi_names), list(self.ingest.node_names))
-            self.writer.add_pis(out.tick, out.stream.index, out.row)
-            self._pending_ticks.add(out.tick)
-            self._pending_rows += 1
-            c.frames_applied += 1
+            self._buffer_row(out.tick, out.stream.index, out.row, out.layout_grew)
         if out.full_request:
             msg = encode(FullRequest(out.stream.name, out.full_request))
             try:
@@ -275,33 +326,97 @@ class InterfaceDaemon:
 
     # ------------------------------------------------------------------ the replay DB
 
-    def _ensure_session(self) -> None:
-        if self.session is None:
-            info = SessionInfo(pi_names=list(self.ingest.pi_names),
-                               node_names=list(self.ingest.node_names), params=self.specs,
-                               tick_seconds=self.cfg.tick_seconds, label=self.cfg.daemon.label,
-                               provenance={"writer": "capes interface-daemon",
-                                           "pid": os.getpid()})
-            self.session = self.writer.begin_session(info)
-
-    def _commit(self) -> None:
-        if self.writer is None:
-            return
+    def _ensure_session(self) -> bool:
+        """Begin the DB session on the first row; False (and NOT_SERVING) if the DB
+        cannot take it now (a later row tries again)."""
+        if self.session is not None:
+            return True
+        info = SessionInfo(pi_names=list(self.ingest.pi_names),
+                           node_names=list(self.ingest.node_names), params=self.specs,
+                           tick_seconds=self.cfg.tick_seconds, label=self.cfg.daemon.label,
+                           provenance={"writer": "capes interface-daemon", "pid": os.getpid()})
         try:
-            self.writer.commit()
-        except Exception as exc:          # disk full, locked...: keep the batch, retry
-            self.counters.drop("db_error")
-            log.error("replay DB commit failed (will retry): %s", exc)
+            self.session = self.writer.begin_session(info)
+        except DB_ERRORS as exc:
+            self._db_failed(exc)
+            return False
+        return True
+
+    def _buffer_row(self, tick: int, node: int, row, layout_grew: bool) -> None:
+        """Buffer one PI row for the next commit (the buffer is bounded: when it is
+        full, the oldest row is dropped and counted)."""
+        if not self._ensure_session():
+            self.counters.drop("db_unwritable")
             return
-        if self._pending_rows or self._pending_actions:
-            self.counters.commits += 1
-        self.counters.rows_written += self._pending_rows
-        new = [t for t in self._pending_ticks if t > self._committed_tick]
-        self.counters.ticks_written += len(new)
+        if layout_grew:
+            self.writer.update_layout(list(self.ingest.pi_names), list(self.ingest.node_names))
+        if self.writer.add_pis(tick, node, row):
+            self.counters.drop("db_buffer_full")
+        self.counters.frames_applied += 1
+
+    def _commit(self) -> bool:
+        """Write the buffer, oldest rows first, one chunk per transaction (so a nearly
+        full disk still takes what fits). True when everything buffered is stored."""
+        if self.writer is None:
+            return True
+        try:
+            while True:
+                self._account(self.writer.commit(COMMIT_CHUNK))
+                if not self.writer.pending:
+                    break
+        except DB_ERRORS as exc:
+            self._db_failed(exc)
+            return False
+        self._db_writable()
+        return True
+
+    def _account(self, done: Committed) -> None:
+        c = self.counters
+        if done.empty:
+            return
+        c.commits += 1
+        c.rows_written += done.rows
+        if done.rows_ignored or done.actions_ignored:
+            c.drops["replayed"] += done.rows_ignored + done.actions_ignored
+        new = {t for t in done.ticks if t > self._committed_tick}
+        c.ticks_written += len(new)
         if new:
             self._committed_tick = max(new)
-        self._pending_rows = self._pending_actions = 0
-        self._pending_ticks.clear()
+
+    def _db_failed(self, exc: Exception) -> None:
+        """A write failed: count it; on the first, log it and report NOT_SERVING."""
+        self.counters.drop("db_error")
+        if self.db_ok:
+            self.db_ok = False
+            log.error("replay DB %s cannot be written (%s): actions are refused and up to "
+                      "%d rows are kept until it can", self.cfg.daemon.db, exc,
+                      self.cfg.daemon.max_buffered_rows)
+            control_service.set_serving(self.health, False)
+
+    def _db_writable(self) -> None:
+        """A commit succeeded: if the DB had failed, resume serving."""
+        if not self.db_ok:
+            self.db_ok = True
+            log.info("replay DB written again (%d rows dropped from the full buffer so "
+                     "far); serving", self.writer.dropped)
+            control_service.set_serving(self.health, True)
+
+    def _may_speak(self, key: str | None, node: str) -> bool:
+        """Whether CURVE key ``key`` may use node name ``node`` (its binding, if any)."""
+        return self.auth is None or self.auth.may_speak_for(key, node)
+
+    def _reload_allow_list(self) -> None:
+        """SIGHUP: re-read DIR/clients (on error the old allow-list stays)."""
+        if self.auth is None:
+            log.info("SIGHUP: keys are disabled, there is no allow-list to reload")
+            return
+        try:
+            n = self.auth.reload()
+        except curve.KeysMissing as exc:
+            log.error("SIGHUP: allow-list not reloaded, the previous one stays: %s", exc)
+            return
+        log.info("SIGHUP: allow-list reloaded: %d client keys, %d bound to node names "
+                 "(connected peers stay connected)", n, len(self.auth.bindings))
 
     # ------------------------------------------------------------------ control plane
     # These run on the loop thread, called through ``call`` by the gRPC handlers.
@@ -375,30 +490,82 @@ class InterfaceDaemon:
         return [out[k] for k in sorted(out)]
 
     def submit_action(self, tick: int, action: int, values: dict[str, float]) -> dict:
-        """The engine's action: check, record in the DB, and (tuning on) broadcast.
-        A refused action, or one while tuning is off, is recorded as NULL (0) with the
-        values that stay in effect, so the DB says what really happened."""
-        if tick < 0:
-            self.counters.actions["refused"] += 1
-            return {"accepted": False, "reason": f"tick {tick} < 0",
-                    "values": dict(self.actions.current)}
-        verdict, seq, sent = self.actions.submit(tick, action, values, self.tuning)
-        self._ensure_session()
-        self.writer.add_action(tick, action if verdict.ok else 0,
-                               [verdict.values[s.name] for s in self.specs])
-        self._pending_actions += 1
+        """The engine's action: checked, committed to the replay DB, and only then (tuning
+        on) broadcast, so an applied action is always recorded. A refused action, or one
+        while tuning is off, is recorded as NULL (0) with the values that stay in effect,
+        so the DB says what really happened. Nothing is applied while the DB cannot
+        record it."""
+        early = self._refuse_early(tick)
+        if early is not None:
+            self.counters.actions["submitted"] += 1
+            self.actions.refuse(early[0])
+            return self._action_reply(Verdict(dict(self.actions.current), early[1]))
+        verdict = self.actions.decide(action, values, self.tuning)
+        why_not = self._record_action(tick, action if verdict.ok else 0, verdict)
+        if why_not is not None and verdict.ok:
+            self.actions.refuse(why_not[0])
+            verdict = Verdict(dict(self.actions.current), why_not[1], why_not[0])
         if not verdict.ok:
             log.info("action %d at tick %d not applied: %s", action, tick, verdict.reason)
+            return self._action_reply(verdict)
+        seq, sent = self.actions.broadcast(tick, verdict)
+        return self._action_reply(verdict, seq, sent)
+
+    def _refuse_early(self, tick: int) -> tuple[str, str] | None:
+        """(counter key, reason) for an action refused before it is even checked."""
+        d = self.cfg.daemon
+        if tick < 0 or not tick_in_range(tick, self.cfg.tick_seconds, d.max_clock_skew_s):
+            return "tick", (f"tick {tick} is more than {d.max_clock_skew_s:g} s from the "
+                            "daemon's clock")
+        if not self.db_ok:
+            return "db", "the replay DB cannot be written: tuning is held until it can"
+        return None
+
+    def _record_action(self, tick: int, label: int, verdict: Verdict) -> tuple[str, str] | None:
+        """Commit the action row now; (counter key, reason) when it was not recorded."""
+        if not self._ensure_session():
+            return "db", "the replay DB cannot be written: tuning is held until it can"
+        self.writer.add_action(tick, label, [verdict.values[s.name] for s in self.specs])
+        try:
+            done = self.writer.commit(max_rows=0, durable=True)    # it is about to act
+        except DB_ERRORS as exc:
+            self.writer.discard_actions()
+            self._db_failed(exc)
+            return "db", "the replay DB cannot record it: tuning is held until it can"
+        self._account(done)
+        if done.actions_ignored:
+            return "replayed", f"tick {tick} already has an action (the DB is append-only)"
+        return None
+
+    def _action_reply(self, verdict: Verdict, seq: int = 0, sent: int = 0) -> dict:
         return {"accepted": verdict.ok, "reason": verdict.reason or "", "seq": seq,
                 "values": dict(verdict.values), "sent_to": sent}
 
 
+def allowed_nodes(cfg: DeploymentConfig) -> frozenset[str]:
+    """The node names that may speak (``daemon.nodes``; empty: any). A parameter may
+    only target listed nodes."""
+    nodes = frozenset(cfg.daemon.nodes)
+    for spec in cfg.param_specs() if nodes else ():
+        stray = sorted(set(spec.nodes) - nodes)
+        if stray:
+            raise ValueError(f"parameters.{spec.name}.nodes: {stray[0]!r} is not in "
+                             "daemon.nodes")
+    return nodes
+
+
 def serve(cfg: DeploymentConfig, ready: Callable[[dict], None] | None = None) -> int:
-    """Run a daemon until SIGTERM/SIGINT; ``ready`` gets the bound endpoints."""
-    daemon = InterfaceDaemon(cfg)
-    daemon.start()
-    previous = {s: signal.signal(s, lambda *_: daemon.stop())
-                for s in (signal.SIGTERM, signal.SIGINT)}
+    """Run a daemon until SIGTERM/SIGINT (SIGHUP reloads the allow-list); ``ready`` gets
+    the bound endpoints. Any startup problem is one :class:`StartupError`."""
+    try:
+        daemon = InterfaceDaemon(cfg)
+        daemon.start()
+    except STARTUP_ERRORS as exc:
+        raise StartupError(str(exc)) from None
+    handlers = {signal.SIGTERM: lambda *_: daemon.stop(),
+                signal.SIGINT: lambda *_: daemon.stop(),
+                signal.SIGHUP: lambda *_: daemon.request_reload()}
+    previous = {s: signal.signal(s, h) for s, h in handlers.items()}
     try:
         if ready:
             ready(daemon.endpoints)

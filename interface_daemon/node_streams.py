@@ -4,12 +4,19 @@ Each node's frames go through its own :class:`~capes.common.protocol.DeltaDecode
 session has ONE PI-name list shared by all nodes: a node's names are mapped into it by
 name (new names are appended), and its row holds NaN for PIs it does not have. No
 socket here, so the logic is testable on its own; the daemon feeds it payloads.
+
+Nothing a client sends can grow the daemon without bound: nodes, PI names per node, PI
+names in the session and name lengths are capped, ticks must lie near the daemon's
+clock, node names must be in the allow-list when there is one, and a tick a node has
+already sent is never stored again (history is append-only). Each refusal is a drop
+reason the daemon counts.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -26,6 +33,7 @@ class NodeStream:
     index: int = -1                      # node index in the DB session
     pi_map: np.ndarray | None = None     # node PI index -> session PI index
     mapped_names: list[str] | None = None
+    announced: set[str] = field(default_factory=set)   # every PI name it has used
     last_tick: int = -1
     last_seen: float = 0.0
     messages: int = 0
@@ -44,19 +52,35 @@ class Outcome:
     layout_grew: bool = False
 
 
+def tick_in_range(tick: int, tick_seconds: float, max_skew_s: float,
+                  now: float | None = None) -> bool:
+    """Whether ``tick`` lies within ``max_skew_s`` of the wall clock. Agents tick on
+    wall-clock boundaries; a tick far away would make replay-DB readers allocate for
+    the gap, so frames and actions outside the window are refused."""
+    now = time.time() if now is None else now
+    return abs(tick * tick_seconds - now) <= max_skew_s
+
+
 @dataclass
 class Ingest:
     max_nodes: int = 1024
     max_bytes: int = 65536
     full_request_every_s: float = 1.0
     tick_seconds: float = 1.0
-    max_clock_skew_s: float = 300.0       # agents tick on wall-clock boundaries; 0: off
+    max_clock_skew_s: float = 300.0       # agents tick on wall-clock boundaries
+    max_pis_per_node: int = 4096          # distinct PI names one node may announce
+    max_pi_name_bytes: int = 128
+    max_session_pis: int = 65_535         # PI names of all nodes together
+    allowed_nodes: frozenset[str] = frozenset()            # empty: any node name
+    may_speak: Callable[[str | None, str], bool] = lambda key, node: True   # key binding
     streams: dict[str, NodeStream] = field(default_factory=dict)
     pi_names: list[str] = field(default_factory=list)      # the session's PI layout
     node_names: list[str] = field(default_factory=list)    # the session's node layout
     latest_tick: int = -1
 
     def __post_init__(self):
+        if not self.max_clock_skew_s > 0:
+            raise ValueError("max_clock_skew_s must be > 0")
         self._pi_index = {n: i for i, n in enumerate(self.pi_names)}
 
     def handle(self, payload: bytes, identity: bytes = b"", key: str | None = None,
@@ -70,10 +94,12 @@ class Ingest:
             return Outcome(drop=exc.reason)
         if not isinstance(msg, Indicators):
             return Outcome(drop="type")
-        # a tick far from the daemon's own clock would make readers allocate for the gap
-        if (self.max_clock_skew_s and
-                abs(msg.tick * self.tick_seconds - time.time()) > self.max_clock_skew_s):
+        if not tick_in_range(msg.tick, self.tick_seconds, self.max_clock_skew_s):
             return Outcome(drop="tick_range")
+        if self.allowed_nodes and msg.node not in self.allowed_nodes:
+            return Outcome(drop="node_not_allowed")
+        if not self.may_speak(key, msg.node):
+            return Outcome(drop="key_not_bound")          # the key is bound to other nodes
         stream = self.streams.get(msg.node)
         if stream is None:
             if len(self.streams) >= self.max_nodes:
@@ -85,11 +111,15 @@ class Ingest:
         stream.last_seen = now
         stream.messages += 1
         out = Outcome(stream=stream, tick=msg.tick)
-        try:
-            vector = stream.decoder.apply(msg)
-        except DecodeError as exc:
-            out.drop = exc.reason
-            vector = None
+        out.drop = self._refuse_names(stream, msg.names)
+        vector = None
+        if out.drop is None:
+            try:
+                vector = stream.decoder.apply(msg)
+            except DecodeError as exc:
+                out.drop = exc.reason
+        if out.drop is None and vector is not None and msg.tick <= stream.last_tick:
+            out.drop, vector = "replayed", None          # append-only: never rewrite a tick
         if vector is None:
             out.drop = out.drop or stream.decoder.pending_full or "gap"
         else:
@@ -104,6 +134,22 @@ class Ingest:
             stream.last_full_request = now
             out.full_request = pending
         return out
+
+    def _refuse_names(self, stream: NodeStream, names: list[str] | None) -> str | None:
+        """Why a frame announcing ``names`` is refused (None: it is not): names too long,
+        or more distinct names than the node or the session may have. Checked before
+        the decoder keeps them, so a name flood costs the daemon no memory."""
+        if names is None:
+            return None
+        if any(len(n.encode()) > self.max_pi_name_bytes for n in names):
+            return "pi_name_length"
+        new = [n for n in names if n not in stream.announced]
+        if len(stream.announced) + len(new) > self.max_pis_per_node:
+            return "too_many_pis"
+        unseen = sum(1 for n in new if n not in self._pi_index)
+        if len(self.pi_names) + unseen > self.max_session_pis:
+            return "too_many_pis"
+        return None
 
     def _map(self, stream: NodeStream) -> bool:
         """Place the node and its PI names in the session layout; True if it grew."""
@@ -124,4 +170,5 @@ class Ingest:
                 idx.append(i)
             stream.pi_map = np.array(idx, np.int64)
             stream.mapped_names = names
+            stream.announced.update(names)
         return grew

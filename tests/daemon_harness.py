@@ -35,7 +35,10 @@ nodes = ["n1"]
 
 def write_config(tmp: Path, keys: bool = True, ingest: str = "tcp://127.0.0.1:0",
                  control: str = "tcp://127.0.0.1:0", grpc: str = "127.0.0.1:0",
-                 extra: str = "", max_clock_skew_s: float = 0) -> Path:
+                 extra: str = "", max_clock_skew_s: float = 1e10,
+                 commit_every_s: float = 0.1, db: Path | None = None) -> Path:
+    """A deployment file for a daemon on 127.0.0.1. The default skew (317 years) lets
+    tests use small made-up ticks; pass a realistic one to test the clock rule."""
     cfg = tmp / "deploy.toml"
     cfg.write_text(f"""
 tick_seconds = 0.05
@@ -46,8 +49,8 @@ enabled = {'true' if keys else 'false'}
 ingest = "{ingest}"
 control = "{control}"
 grpc = "{grpc}"
-db = "{tmp / 'replay.db'}"
-commit_every_s = 0.1
+db = "{db or tmp / 'replay.db'}"
+commit_every_s = {commit_every_s}
 ack_timeout_s = 0.3
 full_request_every_s = 0.05
 max_clock_skew_s = {max_clock_skew_s}

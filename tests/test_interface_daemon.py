@@ -220,18 +220,19 @@ def test_actions_are_checked_recorded_and_sent_to_their_targets(deployment, daem
     c = client(deployment, daemon)
     try:
         wait_for(lambda: len(c.nodes()) == 2)
-        r = c.submit_action(10, 3, {"rate": 60.0})          # rate targets n1 only
+        # actions (parameters in name order): 1 = rate+, 2 = rate-, 3 = window+, 4 = window-
+        r = c.submit_action(10, 1, {"rate": 60.0})          # rate targets n1 only
         assert r["accepted"] and r["sent_to"] == 1
         a = n1.recv()
         assert a.seq == r["seq"] and a.values == {"rate": 60.0, "window": 10.0}
         n1.ack(a)
         assert n2.recv(300) is None
-        r = c.submit_action(11, 1, {"window": 13.0})        # forbidden
+        r = c.submit_action(11, 3, {"window": 13.0})        # forbidden
         assert not r["accepted"] and "forbidden" in r["reason"]
-        r = c.submit_action(12, 1, {"window": 1000.0})      # out of range
+        r = c.submit_action(12, 3, {"window": 1000.0})      # out of range
         assert not r["accepted"] and r["values"] == {"rate": 60.0, "window": 10.0}
         assert n1.recv(300) is None and n2.recv(100) is None
-        r = c.submit_action(13, 1, {"window": 11.0})
+        r = c.submit_action(13, 3, {"window": 11.0})
         assert r["accepted"] and r["sent_to"] == 2
         a1, a2 = n1.recv(), n2.recv()
         assert a1.values == {"rate": 60.0, "window": 11.0} and a2.values == {"window": 11.0}
@@ -241,7 +242,7 @@ def test_actions_are_checked_recorded_and_sent_to_their_targets(deployment, daem
         n2.ack(again)
         s = c.set_tuning(False)
         assert not s["tuning"]
-        r = c.submit_action(14, 1, {"window": 12.0})
+        r = c.submit_action(14, 3, {"window": 12.0})
         assert not r["accepted"] and n1.recv(300) is None
         s = c.status()
         assert s["actions"]["refused_forbidden"] == 1 and s["actions"]["refused_range"] == 1
@@ -256,8 +257,8 @@ def test_actions_are_checked_recorded_and_sent_to_their_targets(deployment, daem
         recorded = {data.first_tick + i: (int(data.actions[i]), data.after[i].tolist())
                     for i in range(data.length) if data.actions[i] >= 0}
     assert order == ["rate", "window"]
-    assert recorded == {10: (3, [60.0, 10.0]), 11: (0, [60.0, 10.0]), 12: (0, [60.0, 10.0]),
-                        13: (1, [60.0, 11.0]), 14: (0, [60.0, 11.0])}
+    assert recorded == {10: (1, [60.0, 10.0]), 11: (0, [60.0, 10.0]), 12: (0, [60.0, 10.0]),
+                        13: (3, [60.0, 11.0]), 14: (0, [60.0, 11.0])}
 
 
 def test_control_plane_needs_the_token_and_the_cli_speaks_to_it(deployment, daemon):

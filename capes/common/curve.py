@@ -5,6 +5,7 @@ Key directory (made by ``capes keys generate --dir DIR --client NAME ...``)::
     DIR/server.key            the daemon's public key (every client needs it)
     DIR/server.key_secret     the daemon's secret key (daemon only, mode 0600)
     DIR/clients/NAME.key      allow-list: public keys of admitted clients
+    DIR/clients/NAME.nodes    optional: the node names key NAME may speak for, one a line
     DIR/secret/NAME.key_secret  a client's secret key (copy to that client only, 0600)
     DIR/control.token         shared secret of the gRPC control plane (0600)
 
@@ -12,16 +13,17 @@ The daemon runs a ZAP authenticator (``zmq.auth.ThreadAuthenticator``) that admi
 client only if its public key is in ``DIR/clients``; a peer without an admitted key never
 completes the handshake, so none of its bytes reach the daemon's code. The authenticator
 reports the key's file name (``NAME``) as the ZMQ ``User-Id`` of every message, which the
-daemon uses to pin a node name to the key that first spoke for it.
+daemon uses to pin a node name to the key that first spoke for it, and to refuse node
+names outside the key's binding (``capes keys generate --bind NAME=NODE,...``).
 
 With ``KeysConfig.enabled = false`` sockets are plain: only for protocol tests on a
 trusted loopback.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import secrets
-import shutil
 from pathlib import Path
 
 import zmq
@@ -48,33 +50,87 @@ def _enabled(keys) -> bool:
 def generate(keys_dir: str | Path, clients: list[str], overwrite: bool = False) -> list[Path]:
     """Create the server key pair (unless present), one key pair per client and the
     control-plane token; return the files written. Existing keys are kept unless
-    ``overwrite``, so adding a client never invalidates the others."""
+    ``overwrite``, so adding a client never invalidates the others. Secret files are
+    created 0600 (the secret directory 0700): there is no moment a secret is readable
+    by others, whatever the umask."""
     root = Path(keys_dir)
     allow, secret = root / "clients", root / "secret"
-    for d in (root, allow, secret):
+    for d in (root, allow):
         d.mkdir(parents=True, exist_ok=True)
-    os.chmod(secret, 0o700)
+    secret.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(secret, 0o700)             # tighten a directory made wider by hand or by umask
     written: list[Path] = []
     if overwrite or not (root / f"{SERVER}.key_secret").exists():
-        pub, sec = zmq.auth.create_certificates(root, SERVER)
-        os.chmod(sec, 0o600)
-        written += [Path(pub), Path(sec)]
+        written += _key_pair(root / f"{SERVER}.key", root / f"{SERVER}.key_secret")
     for name in clients:
         if not name or "/" in name or name.startswith(".") or name == SERVER:
             raise ValueError(f"bad client name {name!r}")
         if not overwrite and (secret / f"{name}.key_secret").exists():
             continue
-        pub, sec = zmq.auth.create_certificates(secret, name)
-        os.chmod(sec, 0o600)
-        dest = allow / f"{name}.key"
-        shutil.move(pub, dest)
-        written += [dest, Path(sec)]
+        written += _key_pair(allow / f"{name}.key", secret / f"{name}.key_secret")
     token = root / TOKEN_FILE
     if overwrite or not token.exists():
-        token.write_text(secrets.token_hex(32) + "\n")
-        os.chmod(token, 0o600)
+        _write_new(token, secrets.token_hex(32) + "\n", 0o600)
         written.append(token)
     return written
+
+
+_BANNER = ("#   ****  Generated on {} by CAPES (capes keys generate)  ****\n"
+           "#   ZeroMQ CURVE {} Certificate\n\n")
+
+
+def _key_pair(public_path: Path, secret_path: Path) -> list[Path]:
+    """Write a new key pair in ZeroMQ's certificate format (readable by
+    ``zmq.auth.load_certificate``): the public file 0644, the secret file 0600."""
+    public, secret = (k.decode() for k in zmq.curve_keypair())
+    now = datetime.datetime.now()
+    body = f'metadata\ncurve\n    public-key = "{public}"\n'
+    _write_new(public_path, _BANNER.format(now, "Public") + body, 0o644)
+    _write_new(secret_path, _BANNER.format(now, "**Secret**") + body +
+                   f'    secret-key = "{secret}"\n', 0o600)
+    return [public_path, secret_path]
+
+
+def _write_new(path: Path, text: str, mode: int) -> None:
+    """Write ``text`` to ``path`` through a new file created with ``mode`` (never
+    wider), then rename it over ``path``: no window with other permissions."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def bind(keys_dir: str | Path, client: str, nodes: list[str]) -> Path:
+    """Bind client key ``client`` to ``nodes``: the daemon then refuses any other node
+    name from that key. Return the binding file written."""
+    root = Path(keys_dir)
+    if not (root / "clients" / f"{client}.key").exists():
+        raise ValueError(f"--bind {client}: no client key {client!r} in {root / 'clients'}")
+    bad = [n for n in nodes if not n or n != n.strip() or "\n" in n or len(n.encode()) > 255]
+    if bad or not nodes:
+        raise ValueError(f"--bind {client}: bad node name {bad[0] if bad else ''!r}")
+    path = root / "clients" / f"{client}.nodes"
+    _write_new(path, "".join(f"{n}\n" for n in sorted(set(nodes))), 0o644)
+    return path
+
+
+def read_bindings(clients_dir: Path) -> dict[str, frozenset[str]]:
+    """{client key name: node names it may speak for} from ``DIR/clients/*.nodes``."""
+    out = {}
+    for path in sorted(clients_dir.glob("*.nodes")):
+        try:
+            lines = path.read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeysMissing(f"{path}: unreadable node binding ({exc})") from None
+        out[path.stem] = frozenset(line.strip() for line in lines if line.strip())
+    return out
 
 
 def _load(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
@@ -86,6 +142,8 @@ def _load(path: Path, want_secret: bool) -> tuple[bytes, bytes | None]:
         raise KeysMissing(f"{path}: not a CURVE key file ({exc})") from None
     if want_secret and not secret:
         raise KeysMissing(f"{path}: has no secret key")
+    if len(public) != 40 or (secret is not None and len(secret) != 40):
+        raise KeysMissing(f"{path}: not a CURVE key file (keys must be 40 Z85 characters)")
     return public, secret
 
 
@@ -107,6 +165,7 @@ class AllowList(ThreadAuthenticator):
         super().__init__(ctx)
         self.clients_dir = _dir(keys_dir) / "clients"
         self.names: dict[bytes, str] = {}
+        self.bindings: dict[str, frozenset[str]] = {}
         self.denied = 0
 
     def reload(self) -> int:
@@ -118,9 +177,16 @@ class AllowList(ThreadAuthenticator):
         for path in sorted(self.clients_dir.glob("*.key")):
             public, _ = _load(path, want_secret=False)
             names[zmq.utils.z85.decode(public)] = path.stem
-        self.names = names
+        bindings = read_bindings(self.clients_dir)
+        self.names, self.bindings = names, bindings
         self.configure_curve(domain="*", location=str(self.clients_dir))
         return len(names)
+
+    def may_speak_for(self, key: str | None, node: str) -> bool:
+        """Whether client key ``key`` may use node name ``node``: yes unless the key is
+        bound to other nodes (``DIR/clients/KEY.nodes``)."""
+        bound = self.bindings.get(key or "")
+        return bound is None or node in bound
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self.names.get(client_public_key, "?")
@@ -152,14 +218,18 @@ def server_socket(ctx: zmq.Context, kind: int, keys, hwm: int = 10_000) -> zmq.S
     None or disabled). ROUTER sockets get ROUTER_MANDATORY, so a send to a peer that
     is gone raises ``zmq.ZMQError(EHOSTUNREACH)`` instead of vanishing silently."""
     sock = ctx.socket(kind)
-    _common(sock, hwm)
-    if kind == zmq.ROUTER:
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    if _enabled(keys):
-        public, secret = _load(_dir(keys) / f"{SERVER}.key_secret", want_secret=True)
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
-        sock.curve_server = True
+    try:
+        _common(sock, hwm)
+        if kind == zmq.ROUTER:
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        if _enabled(keys):
+            public, secret = _load(_dir(keys) / f"{SERVER}.key_secret", want_secret=True)
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+            sock.curve_server = True
+    except BaseException:
+        sock.close(linger=0)        # an open socket would block the context's term()
+        raise
     return sock
 
 
@@ -168,15 +238,19 @@ def client_socket(ctx: zmq.Context, kind: int, keys, name: str | None = None,
     """A socket acting as CURVE client with key ``name`` (default: ``keys.client``),
     trusting only the daemon's public key ``server.key``."""
     sock = ctx.socket(kind)
-    _common(sock, hwm)
-    if _enabled(keys):
-        name = name or getattr(keys, "client", None) or "agent"
-        root = _dir(keys)
-        server_public, _ = _load(root / f"{SERVER}.key", want_secret=False)
-        public, secret = _load(client_keyfile(root, name), want_secret=True)
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
-        sock.curve_serverkey = server_public
+    try:
+        _common(sock, hwm)
+        if _enabled(keys):
+            name = name or getattr(keys, "client", None) or "agent"
+            root = _dir(keys)
+            server_public, _ = _load(root / f"{SERVER}.key", want_secret=False)
+            public, secret = _load(client_keyfile(root, name), want_secret=True)
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+            sock.curve_serverkey = server_public
+    except BaseException:
+        sock.close(linger=0)
+        raise
     return sock
 
 

@@ -37,20 +37,33 @@ class DaemonConfig:
     forbidden: dict[str, list[float]] = field(default_factory=dict)
     max_nodes: int = 1024                    # nodes (streams) the daemon keeps state for
     full_request_every_s: float = 1.0        # at most one FullRequest per node this often
-    max_clock_skew_s: float = 300.0          # drop frames whose tick is this far from now (0: off)
+    max_clock_skew_s: float = 300.0          # refuse frames and actions whose tick is this far from now
     label: str = ""                          # label of the replay DB sessions it starts
     tuning: bool = True                      # start with tuning on (`capes tuning on|off`)
     training: bool = True                    # start with training on (`capes training on|off`)
+    max_buffered_rows: int = 100_000         # rows kept while the DB cannot be written (oldest dropped)
+    max_pis_per_node: int = 4096             # distinct PI names one node may announce
+    max_pi_name_bytes: int = 128             # longest PI name (UTF-8 bytes)
+    max_session_pis: int = 65_535            # PI names of all nodes together
+    nodes: list[str] = field(default_factory=list)   # node names allowed to speak; empty: any
+
+    # upper bounds: beyond them a value is a typo, not a deployment
+    LIMITS = {"high_water_mark": 1_000_000, "max_message_bytes": 16 << 20,
+              "max_nodes": 1 << 20, "max_buffered_rows": 10_000_000, "max_pis_per_node": 4096,
+              "max_pi_name_bytes": 255, "max_session_pis": 65_535}
 
     def validate(self) -> None:
-        if self.max_clock_skew_s < 0:
-            raise ValueError(f"max_clock_skew_s: must be >= 0 (got {self.max_clock_skew_s})")
-        for key in ("commit_every_s", "ack_timeout_s", "full_request_every_s"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"{key}: must be > 0 (got {getattr(self, key)})")
-        for key in ("high_water_mark", "max_message_bytes", "max_nodes"):
-            if not getattr(self, key) >= 1:
-                raise ValueError(f"{key}: must be >= 1 (got {getattr(self, key)})")
+        import math
+        for key in ("commit_every_s", "ack_timeout_s", "full_request_every_s",
+                    "max_clock_skew_s"):          # 0 skew would be "any tick": refuse it
+            value = getattr(self, key)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{key}: must be a finite number > 0 (got {value})")
+        for key, most in self.LIMITS.items():
+            if not 1 <= getattr(self, key) <= most:
+                raise ValueError(f"{key}: must lie in [1, {most}] (got {getattr(self, key)})")
+        if any(not n or len(n.encode()) > 255 for n in self.nodes):
+            raise ValueError("nodes: every node name must have 1 to 255 bytes")
 
 
 @dataclass

@@ -23,11 +23,14 @@ by name, so sessions recorded with other PI orders or missing PIs still read cor
 """
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import sqlite3
 import struct
 import time
 import uuid
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +38,8 @@ import lz4.block
 import numpy as np
 
 from capes.common.params import ParameterSpec
+
+log = logging.getLogger("capes.replay_db")
 
 SCHEMA_VERSION = 1
 
@@ -180,25 +185,54 @@ def read_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
     return [_session_from_row(r) for r in rows]
 
 
+@dataclass
+class Committed:
+    """What one :meth:`ReplayWriter.commit` stored. ``ignored`` rows had a key that was
+    already stored: history is append-only, so they were dropped, never rewritten."""
+    rows: int = 0
+    actions: int = 0
+    rows_ignored: int = 0
+    actions_ignored: int = 0
+    ticks: list[int] = field(default_factory=list)     # ticks of the PI rows attempted
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rows or self.actions or self.rows_ignored or self.actions_ignored)
+
+
 class ReplayWriter:
     """The single writer. Rows are buffered and committed in one WAL transaction per
     ``commit()``: a crash loses at most the uncommitted batch, never a committed tick.
-    ``compress=False`` stores every PI vector raw (see :func:`encode_vec`)."""
+    Stored rows are never rewritten (a row whose key is stored is ignored and counted).
+    ``max_pending`` bounds the PI-row buffer while commits fail: the oldest row makes
+    room and is counted in ``dropped``. ``compress=False`` stores every PI vector raw
+    (see :func:`encode_vec`)."""
 
-    def __init__(self, path: str | Path, compress: bool = True):
+    def __init__(self, path: str | Path, compress: bool = True, max_pending: int | None = None):
         self.path = Path(path)
         self.compress = compress
-        self.conn = connect(self.path)
-        with self.conn:
-            self.conn.executescript(SCHEMA)
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                              (str(SCHEMA_VERSION),))
-            self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_by', 'capes')")
+        self.max_pending = max_pending
+        self.dropped = 0
+        try:
+            self.conn = connect(self.path)
+            with self.conn:
+                self.conn.executescript(SCHEMA)
+                self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                                  (str(SCHEMA_VERSION),))
+                self.conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_by', 'capes')")
+        except sqlite3.Error as exc:
+            raise ReplayDBError(f"{self.path}: cannot open as a replay DB for writing "
+                                f"({exc})") from None
         _check_schema(self.conn, self.path)
-        self._pis: list[tuple] = []
+        self._pis: deque[tuple] = deque()
         self._actions: list[tuple] = []
-        self._pending_layout = False
+        self._layout: tuple[str, str] | None = None      # JSON of names not yet stored
         self.session: SessionInfo | None = None
+
+    @property
+    def pending(self) -> int:
+        """Buffered rows (PIs and actions) not committed yet."""
+        return len(self._pis) + len(self._actions)
 
     def begin_session(self, info: SessionInfo) -> SessionInfo:
         """Start a new session (its transitions never join another session's)."""
@@ -215,17 +249,17 @@ class ReplayWriter:
         return info
 
     def update_layout(self, pi_names: list[str], node_names: list[str]) -> None:
-        """Append newly seen PIs or nodes to the current session (never reorders)."""
+        """Append newly seen PIs or nodes to the current session (never reorders). The
+        names are stored by the next commit, in the same transaction as the rows."""
         s = self._require_session()
         if pi_names[:len(s.pi_names)] != s.pi_names or \
                 node_names[:len(s.node_names)] != s.node_names:
             raise ReplayDBError("layout may only grow by appending names")
         s.pi_names, s.node_names = list(pi_names), list(node_names)
-        self._pending_layout = True
-        self.conn.execute("UPDATE sessions SET pi_names=?, node_names=? WHERE id=?",
-                          (json.dumps(s.pi_names), json.dumps(s.node_names), s.id))
+        self._layout = (json.dumps(s.pi_names), json.dumps(s.node_names))
 
-    def add_pis(self, tick: int, node: int, vec: np.ndarray) -> None:
+    def add_pis(self, tick: int, node: int, vec: np.ndarray) -> bool:
+        """Buffer one row; True when the buffer was full and its oldest row was dropped."""
         s = self._require_session()
         if not 0 <= node < len(s.node_names):
             raise ReplayDBError(f"node index {node} not in session layout")
@@ -233,7 +267,12 @@ class ReplayWriter:
         if vec.ndim != 1 or len(vec) > len(s.pi_names):
             raise ReplayDBError(f"PI vector of shape {vec.shape} does not fit "
                                 f"{len(s.pi_names)} PIs")
+        full = self.max_pending is not None and len(self._pis) >= self.max_pending
+        if full:
+            self._pis.popleft()
+            self.dropped += 1
         self._pis.append((s.id, int(tick), int(node), encode_vec(vec, self.compress)))
+        return full
 
     def add_action(self, tick: int, action: int, values) -> None:
         s = self._require_session()
@@ -244,22 +283,57 @@ class ReplayWriter:
             raise ReplayDBError(f"action {action} outside [0, {2 * len(s.params)}]")
         self._actions.append((s.id, int(tick), int(action), vals.tobytes()))
 
-    def commit(self) -> None:
-        if not (self._pis or self._actions or self._pending_layout):
-            return
-        with self.conn:
-            if self._pis:
-                self.conn.executemany("INSERT OR REPLACE INTO pis VALUES (?,?,?,?)", self._pis)
-            if self._actions:
-                self.conn.executemany("INSERT OR REPLACE INTO actions VALUES (?,?,?,?)",
-                                      self._actions)
-        self._pis.clear()
+    def discard_actions(self) -> int:
+        """Forget the buffered actions (their commit failed and they were not applied)."""
+        n = len(self._actions)
         self._actions.clear()
-        self._pending_layout = False
+        return n
 
-    def close(self) -> None:
-        self.commit()
-        self.conn.close()
+    def commit(self, max_rows: int | None = None, durable: bool = False) -> Committed:
+        """Store the layout, every buffered action and the ``max_rows`` oldest PI rows
+        (all when None) in one transaction. On an error nothing of it is stored and
+        everything stays buffered, so a later commit can retry. ``durable``: fsync the
+        WAL before returning, so the rows survive a power cut too (a plain commit
+        survives any crash of the process)."""
+        n = len(self._pis) if max_rows is None else min(max_rows, len(self._pis))
+        pis = list(itertools.islice(self._pis, n))
+        done = Committed(ticks=[row[1] for row in pis])
+        if not (pis or self._actions or self._layout):
+            return done
+        if durable:
+            self.conn.execute("PRAGMA synchronous=FULL")
+        try:
+            with self.conn:
+                if self._layout:
+                    self.conn.execute("UPDATE sessions SET pi_names=?, node_names=? WHERE "
+                                      "id=?", (*self._layout, self._require_session().id))
+                done.rows = self._insert("pis", pis)
+                done.actions = self._insert("actions", self._actions)
+        finally:
+            if durable:
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+        done.rows_ignored = len(pis) - done.rows
+        done.actions_ignored = len(self._actions) - done.actions
+        for _ in range(n):
+            self._pis.popleft()
+        self._actions.clear()
+        self._layout = None
+        return done
+
+    def _insert(self, table: str, rows: list[tuple]) -> int:
+        """Insert ``rows``, ignoring keys already stored; return how many were stored."""
+        if not rows:
+            return 0
+        return self.conn.executemany(f"INSERT OR IGNORE INTO {table} VALUES (?,?,?,?)",
+                                     rows).rowcount
+
+    def close(self, commit: bool = True) -> None:
+        """Commit what is buffered (unless ``commit`` is false) and close."""
+        try:
+            if commit:
+                self.commit()
+        finally:
+            self.conn.close()
 
     def _require_session(self) -> SessionInfo:
         if self.session is None:
@@ -281,12 +355,20 @@ class SessionData:
     parameters' values in effect *during* that tick (after the previous action).
     """
 
-    def __init__(self, info: SessionInfo, layout: Layout):
+    # a gap between rows costs memory like rows: allow this much (or a day of 1 s ticks)
+    GAP_BYTES = 256 << 20
+
+    def __init__(self, info: SessionInfo, layout: Layout, max_gap: int | None = None):
         self.info = info
         self.first_tick: int | None = None
         self.length = 0
         self.dirty_from = 0       # lowest index changed since a consumer last looked
         n, p, k = len(layout.node_names), len(layout.pi_names), len(layout.param_names)
+        tick_bytes = 4 * (n * p + k) + 2
+        # ticks a row may lie beyond the loaded range (see plausible)
+        self.max_gap = max_gap or max(86_400, self.GAP_BYTES // tick_bytes)
+        self.anchor: int | None = None   # where the first row must lie (the median tick)
+        self.skipped = 0          # rows too far from the others: not loaded
         self.pis = np.full((0, n, p), np.nan, np.float32)
         self.actions = np.full(0, -1, np.int16)
         self.after = np.full((0, k), np.nan, np.float32)   # values after the action at i
@@ -319,8 +401,24 @@ class SessionData:
             self.actions = _grow(self.actions, cap, -1)
             self.after = _grow(self.after, cap, np.nan)
 
-    def _ensure(self, tick: int) -> int:
-        """Grow the arrays (amortised doubling) so ``tick`` has a slot; return its index."""
+    def plausible(self, tick: int) -> bool:
+        """Whether ``tick`` lies within ``max_gap`` of the ticks loaded so far (of the
+        session's median tick before any): a row far away, such as tick 2^63-1 stored
+        by an older daemon, would make the arrays allocate for the whole gap."""
+        if self.first_tick is None:
+            return self.anchor is None or abs(tick - self.anchor) <= self.max_gap
+        return self.first_tick - self.max_gap <= tick < \
+            self.first_tick + self.length + self.max_gap
+
+    def _ensure(self, tick: int) -> int | None:
+        """Grow the arrays (amortised doubling) so ``tick`` has a slot; return its index,
+        or None (counted in ``skipped``) for a tick too far from the others."""
+        if not self.plausible(tick):
+            self.skipped += 1
+            if self.skipped == 1:
+                log.warning("replay DB session %d: tick %d lies far from the others; "
+                            "skipping such rows", self.info.id, tick)
+            return None
         if self.first_tick is None:
             self.first_tick = tick
         if tick < self.first_tick:       # rare: an older tick arrived late
@@ -372,11 +470,13 @@ class ReplayReader:
     # the cache itself (Python row objects cost about twice the float32 they carry)
     FETCH_ROWS = 20_000
 
-    def __init__(self, path: str | Path, layout: Layout | None = None):
+    def __init__(self, path: str | Path, layout: Layout | None = None,
+                 max_gap: int | None = None):
         self.path = Path(path)
         self.conn = connect(self.path, readonly=True)
         _check_schema(self.conn, self.path)
         self.layout = layout
+        self.max_gap = max_gap    # None: sized by memory (see SessionData.GAP_BYTES)
         self.sessions: dict[int, SessionData] = {}
         self._last_pis_rowid = 0
         self._last_action_rowid = 0
@@ -390,8 +490,22 @@ class ReplayReader:
                                  f" WHERE rowid > ? GROUP BY session", (last_rowid,))
         for sid, lo, hi, count in rows:
             data = self.sessions.get(sid)
-            if data is not None and count > 1024:
+            # only when the rows fill the span: a stray far tick must not size the arrays
+            if data is not None and count > 1024 and hi - lo < 2 * count and \
+                    data.plausible(lo) and data.plausible(hi):
                 data.reserve(lo, hi)
+
+    def _anchor(self, data: SessionData) -> None:
+        """Anchor a new session at its median PI tick (action tick if it has no PIs), so
+        that one stray first row cannot decide which rows are plausible."""
+        for table in ("pis", "actions"):
+            row = self.conn.execute(
+                f"SELECT tick FROM {table} WHERE session=? ORDER BY tick LIMIT 1 OFFSET "
+                f"(SELECT COUNT(*) / 2 FROM {table} WHERE session=?)",
+                (data.info.id, data.info.id)).fetchone()
+            if row is not None:
+                data.anchor = row[0]
+                return
 
     def refresh(self) -> int:
         """Load rows written since the last refresh; return how many."""
@@ -401,7 +515,8 @@ class ReplayReader:
                 self.layout = Layout.of(info)
             known = self.sessions.get(info.id)
             if known is None:
-                self.sessions[info.id] = SessionData(info, self.layout)
+                known = self.sessions[info.id] = SessionData(info, self.layout, self.max_gap)
+                self._anchor(known)
             elif (known.info.pi_names, known.info.node_names) != (info.pi_names,
                                                                   info.node_names):
                 known.info = info
@@ -414,7 +529,7 @@ class ReplayReader:
             for rowid, sid, tick, node, blob in rows:
                 data = self.sessions[sid]
                 i = data._ensure(tick)
-                if node >= len(data.node_map) or data.node_map[node] < 0:
+                if i is None or node >= len(data.node_map) or data.node_map[node] < 0:
                     continue
                 vec = decode_vec(blob)
                 dst = data.pis[i, data.node_map[node]]
@@ -432,6 +547,8 @@ class ReplayReader:
             for rowid, sid, tick, action, blob in rows:
                 data = self.sessions[sid]
                 i = data._ensure(tick)
+                if i is None:
+                    continue
                 vals = np.frombuffer(blob, "<f4")
                 data.actions[i] = action if self._action_maps(data) else -1
                 data.after[i] = [vals[j] if j >= 0 else np.nan for j in data.param_map]
@@ -442,6 +559,11 @@ class ReplayReader:
     def _action_maps(self, data: SessionData) -> bool:
         """Actions index parameters; they mean the same only if the order matches."""
         return data.param_map == list(range(len(data.param_map)))
+
+    @property
+    def skipped(self) -> int:
+        """Rows not loaded because their tick lay far from the others."""
+        return sum(d.skipped for d in self.sessions.values())
 
     def close(self) -> None:
         self.conn.close()

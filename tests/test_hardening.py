@@ -1,0 +1,564 @@
+"""Hardening of the interface daemon (issue 12), each on real processes and sockets
+where it can be: startup errors exit at once with one line; an applied action is always
+recorded; a full disk holds tuning, bounds the buffer and recovers by itself; hostile
+clients cannot grow the daemon's memory, store far ticks, rewrite history, speak for
+made-up nodes or record labels that do not match the change; secrets are never
+readable by others; SIGHUP reloads the allow-list."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from capes.common import curve
+from capes.common.control_client import ControlClient
+from capes.common.deployment import KeysConfig, load_deployment
+from capes.common.params import ParameterSpec
+from capes.common.protocol import Ack, Action, DeltaEncoder, decode, encode
+from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
+
+PIS = ["cpu", "mem", "disk.sda.read_bps"]
+TICK_S = 0.05                       # the harness's tick
+
+
+@pytest.fixture
+def deployment(tmp_path):
+    curve.generate(tmp_path / "keys", ["mon", "ctl"])
+    return tmp_path
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    try:
+        yield c
+    finally:
+        c.destroy(linger=0)
+
+
+def keys_for(tmp, name: str) -> KeysConfig:
+    return KeysConfig(dir=str(tmp / "keys"), client=name)
+
+
+def client(tmp, d: DaemonProcess) -> ControlClient:
+    return ControlClient(d.info["grpc"], curve.load_token(keys_for(tmp, "x")))
+
+
+def now_tick() -> int:
+    return int(time.time() / TICK_S)
+
+
+class ControlAgent:
+    def __init__(self, ctx, endpoint, keys, node, values):
+        self.sock = curve.client_socket(ctx, zmq.DEALER, keys)
+        self.sock.connect(endpoint)
+        self.node = node
+        self.sock.send(encode(Ack(node, 0, values)))
+
+    def recv(self, timeout_ms=3000) -> Action | None:
+        if not self.sock.poll(timeout_ms):
+            return None
+        return decode(self.sock.recv())
+
+    def ack(self, action: Action) -> None:
+        self.sock.send(encode(Ack(self.node, action.seq, action.values)))
+
+
+def recorded_actions(db) -> dict[int, tuple[int, list[float]]]:
+    with ReplayReader(db) as r:
+        out = {}
+        for data in r.sessions.values():
+            for i in range(data.length):
+                if data.actions[i] >= 0:
+                    out[data.first_tick + i] = (int(data.actions[i]), data.after[i].tolist())
+        return out
+
+
+def pi_rows(db) -> dict[tuple[str, int], list[float]]:
+    """{(node, tick): vector} by the DB's own layout."""
+    with ReplayReader(db) as r:
+        out = {}
+        for data in r.sessions.values():
+            for i in range(data.length):
+                for n, node in enumerate(r.layout.node_names):
+                    vec = data.pis[i, n]
+                    if not np.isnan(vec).all():
+                        out[(node, data.first_tick + i)] = vec.tolist()
+        return out
+
+
+# ----------------------------------------------------------------------- 1. startup
+
+def _break_key(tmp: Path) -> None:
+    (tmp / "keys" / "server.key_secret").write_text("garbage\n")
+
+
+def _no_key(tmp: Path) -> None:
+    (tmp / "keys" / "server.key_secret").unlink()
+
+
+def _db_is_a_directory(tmp: Path) -> list[str]:
+    (tmp / "dbdir").mkdir()
+    return ["--set", f'daemon.db="{tmp / "dbdir"}"']
+
+
+def _db_not_sqlite(tmp: Path) -> list[str]:
+    (tmp / "notes.db").write_text("not a database\n" * 100)
+    return ["--set", f'daemon.db="{tmp / "notes.db"}"']
+
+
+STARTUP_FAULTS = {
+    "missing server secret key": (_no_key, "no such key file"),
+    "corrupt server secret key": (_break_key, "not a CURVE key file"),
+    "absurd high-water mark": (lambda t: ["--set", "daemon.high_water_mark=2147483648"],
+                               "high_water_mark"),
+    "bad bind address": (lambda t: ["--set", 'daemon.ingest="tcp://999.1.1.1:5"'],
+                         "cannot bind"),
+    "unresolvable gRPC host": (lambda t: ["--set", 'daemon.grpc="no-such-host.invalid:1"'],
+                               "cannot listen for gRPC"),
+    "DB path is a directory": (_db_is_a_directory, "cannot open as a replay DB"),
+    "DB is not SQLite": (_db_not_sqlite, "cannot open as a replay DB"),
+    "DB directory cannot be created": (lambda t: ["--set", 'daemon.db="/proc/capes/x.db"'],
+                                       "/proc/capes/x.db"),
+    "zero clock skew": (lambda t: ["--set", "daemon.max_clock_skew_s=0"], "max_clock_skew_s"),
+}
+
+
+@pytest.mark.parametrize("fault", list(STARTUP_FAULTS))
+def test_every_startup_error_exits_within_seconds_with_one_line(deployment, fault):
+    make, expect = STARTUP_FAULTS[fault]
+    args = make(deployment) or []
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-m", "capes", "interface-daemon", "--config",
+                              str(write_config(deployment)), *args], cwd=ROOT,
+                             capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{fault}: the daemon hangs instead of exiting")
+    took = time.monotonic() - t0
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and took < 10
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert expect in lines[0], lines[0]
+
+
+# ----------------------------------------------------------------------- 2. record, then act
+
+def test_an_applied_action_is_always_recorded_even_after_kill_9(deployment, ctx):
+    # commits of indicator rows every 60 s: only the record-before-broadcast rule can
+    # have put the actions in the DB before the kill
+    d = DaemonProcess(write_config(deployment, commit_every_s=60), deployment / "ready.json")
+    try:
+        agent = ControlAgent(ctx, d.info["control"], keys_for(deployment, "ctl"), "n1",
+                             {"window": 10.0, "rate": 50.0})
+        c = client(deployment, d)
+        wait_for(lambda: len(c.nodes()) == 1)
+        applied = {}
+        for i, tick in enumerate(range(100, 105)):
+            r = c.submit_action(tick, 1, {"rate": 60.0 + 10 * i})     # rate+
+            assert r["accepted"], r
+            a = agent.recv()
+            assert a is not None and a.values["rate"] == 60.0 + 10 * i
+            agent.ack(a)
+            applied[tick] = a.values["rate"]
+        c.close()
+        d.stop(signal.SIGKILL)                    # right after the last action arrived
+    finally:
+        d.stop()
+    got = recorded_actions(deployment / "replay.db")
+    assert {t: got[t][1][0] for t in applied if t in got} == applied     # [rate, window]
+    assert all(got[t][0] == 1 for t in applied)
+
+
+# ----------------------------------------------------------------------- 3. disk full
+
+def _mount_tmpfs(path: Path, size: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+
+
+def _fill(disk: Path) -> Path:
+    """Fill the filesystem to the last byte; return the filler to delete later."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+def test_a_full_disk_holds_tuning_bounds_the_buffer_and_recovers(deployment, ctx):
+    disk = deployment / "disk"
+    _mount_tmpfs(disk, "4m")
+    d = None
+    try:
+        cfg = write_config(deployment, db=disk / "replay.db",
+                           extra="max_buffered_rows = 200")
+        d = DaemonProcess(cfg, deployment / "ready.json")
+        c = client(deployment, d)
+        mon = Agent(ctx, d.info["ingest"], keys_for(deployment, "mon"), None, "n1", PIS)
+        ctl = ControlAgent(ctx, d.info["control"], keys_for(deployment, "ctl"), "n1",
+                           {"window": 10.0, "rate": 50.0})
+        for t in range(50):
+            mon.send(t, [float(t), 1.0, 2.0])
+        wait_for(lambda: c.status()["rows_written"] == 50)
+        assert c.health() == "SERVING"
+
+        filler = _fill(disk)
+        tick = 50
+
+        def send_until(pred):
+            nonlocal tick
+            deadline = time.monotonic() + 15
+            while not pred():
+                assert time.monotonic() < deadline, c.status()
+                mon.send(tick, [float(tick), 1.0, 2.0])
+                tick += 1
+                time.sleep(0.005)
+
+        send_until(lambda: c.health() == "NOT_SERVING")
+        r = c.submit_action(now_tick(), 3, {"window": 11.0})
+        assert not r["accepted"] and "replay DB" in r["reason"]
+        assert ctl.recv(300) is None                     # no tuning without recording
+        last_before = tick
+        while tick < last_before + 400:                  # overflow the 200-row buffer
+            mon.send(tick, [float(tick), 1.0, 2.0])
+            tick += 1
+        wait_for(lambda: c.status()["messages"] == tick)
+        s = c.status()
+        assert s["drops"]["db_error"] >= 1 and s["drops"]["db_buffer_full"] >= 200
+        assert c.health() == "NOT_SERVING"
+
+        filler.unlink()                                  # space returns
+        wait_for(lambda: c.health() == "SERVING", timeout=10)
+        wait_for(lambda: c.status()["rows_written"] >= 250)
+        r = c.submit_action(now_tick(), 3, {"window": 11.0})
+        assert r["accepted"], r
+        dropped = c.status()["drops"]["db_buffer_full"]
+
+        filler = _fill(disk)                             # full again, then SIGTERM
+        send_until(lambda: c.health() == "NOT_SERVING")
+        c.close()
+        assert d.stop(signal.SIGTERM) == 0
+        log = d.log.read_text()
+        assert "Traceback" not in log and "lost" in log
+        filler.unlink()
+        rows = pi_rows(disk / "replay.db")
+        ticks = sorted(t for (node, t) in rows)
+        assert ticks[:50] == list(range(50))             # nothing committed was lost
+        kept = ticks[50:]
+        # the newest rows of the outage were kept: exactly the buffer's 200 + the rows
+        # that fitted before the disk filled; the dropped ones are counted, not silent
+        assert set(range(last_before + 400 - 200, last_before + 400)) <= set(kept)
+        assert len([t for t in range(50, last_before + 400) if t not in kept]) <= dropped
+    finally:
+        if d is not None:
+            d.stop()
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_a_failing_writer_keeps_the_daemon_up_and_recovery_is_automatic(deployment):
+    """The same story in-process with an injected failure (no root needed)."""
+    from interface_daemon.daemon import InterfaceDaemon
+    from capes.common.protocol import DeltaEncoder as Enc
+    cfg = load_deployment(write_config(deployment, extra="max_buffered_rows = 10"))
+    daemon = InterfaceDaemon(cfg)
+    daemon.start()
+    health = ControlClient(daemon.endpoints["grpc"])
+    try:
+        enc = Enc("n1", PIS)
+        real_commit = daemon.writer.commit
+
+        def full_disk(*a, **k):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        daemon._on_indicators(b"id", enc.frame(1, [1.0, 2.0, 3.0]), "mon")
+        assert daemon._commit() and health.health() == "SERVING"
+        daemon.writer.commit = full_disk
+        for t in range(2, 32):
+            daemon._on_indicators(b"id", enc.frame(t, [float(t), 2.0, 3.0]), "mon")
+        assert not daemon._commit()
+        assert health.health() == "NOT_SERVING" and not daemon.db_ok
+        assert daemon.writer.pending == 10 and daemon.counters.drops["db_buffer_full"] == 20
+        r = daemon.submit_action(now_tick(), 3, {"window": 11.0})
+        assert not r["accepted"] and daemon.counters.actions["refused_db"] == 1
+        daemon.writer.commit = real_commit
+        assert daemon._commit() and daemon.db_ok and health.health() == "SERVING"
+        assert daemon.counters.rows_written == 11
+    finally:
+        health.close()
+        daemon.close()
+    assert sorted(t for _, t in pi_rows(deployment / "replay.db")) == [1] + list(range(22, 32))
+
+
+# ----------------------------------------------------------------------- 5. memory
+
+def test_a_pi_name_flood_is_refused_and_the_daemon_memory_stays_flat(deployment, ctx):
+    d = DaemonProcess(write_config(deployment), deployment / "ready.json")
+    try:
+        proc = psutil.Process(d.proc.pid)
+        c = client(deployment, d)
+        honest = Agent(ctx, d.info["ingest"], keys_for(deployment, "mon"), None, "n1", PIS)
+        for t in range(200):
+            honest.send(t, [float(t), 1.0, 2.0])
+        wait_for(lambda: c.status()["rows_written"] == 200)
+        before = proc.memory_info().rss
+        sock = curve.client_socket(ctx, zmq.DEALER, keys_for(deployment, "mon"))
+        sock.connect(d.info["ingest"])
+        enc = DeltaEncoder("n2", [f"f0.{i}" for i in range(100)])
+        frames = 2000
+        for f in range(frames):                  # each frame announces 100 new names
+            enc.names = [f"pi.{f}.{i:03d}.{'x' * 40}" for i in range(100)]
+            enc.request_full()
+            sock.send(enc.frame(1000 + f, [float(i) for i in range(100)]))
+        enc.names = ["y" * 129]                  # a name longer than 128 bytes
+        enc.request_full()
+        sock.send(enc.frame(5000, [1.0]))
+        wait_for(lambda: c.status()["messages"] == 200 + frames + 1, timeout=60)
+        s = c.status()
+        after = proc.memory_info().rss
+        sock.close()
+        assert s["drops"]["too_many_pis"] >= frames - 4096 // 100
+        assert s["drops"]["pi_name_length"] == 1
+        assert s["pis"] <= len(PIS) + 4096
+        assert after - before < 8 << 20, f"RSS grew by {(after - before) >> 20} MB"
+        c.close()
+    finally:
+        d.stop()
+    assert (deployment / "replay.db").stat().st_size < 8 << 20
+
+
+# ----------------------------------------------------------------------- 6. ticks
+
+def test_actions_far_from_the_daemon_clock_are_refused_and_readers_survive(deployment, ctx):
+    d = DaemonProcess(write_config(deployment, max_clock_skew_s=60), deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        for tick in (2 ** 63 - 1, 5, now_tick() + int(3600 / TICK_S)):
+            r = c.submit_action(tick, 3, {"window": 11.0})
+            assert not r["accepted"] and "clock" in r["reason"], (tick, r)
+        tick = now_tick()
+        assert c.submit_action(tick, 3, {"window": 11.0})["accepted"]
+        assert c.status()["actions"]["refused_tick"] == 3
+        c.close()
+    finally:
+        assert d.stop() == 0
+    assert list(recorded_actions(deployment / "replay.db")) == [tick]
+
+
+def test_readers_skip_rows_stored_far_from_the_others(tmp_path):
+    """A DB written before the clock rule may hold tick 2^63-1; reading it must not
+    try to allocate for the gap, even when that row came first."""
+    specs = [ParameterSpec(min=1, max=100, step=1, default=10, name="w")]
+    with ReplayWriter(tmp_path / "r.db") as w:
+        w.begin_session(SessionInfo(pi_names=["a"], node_names=["n"], params=specs))
+        w.add_pis(2 ** 63 - 1, 0, np.array([9.0], np.float32))
+        w.commit()
+        for t in range(1000, 1100):
+            w.add_pis(t, 0, np.array([float(t)], np.float32))
+            w.add_action(t, 0, [10.0])
+        w.add_action(2 ** 63 - 1, 1, [11.0])
+        w.add_pis(-2 ** 62, 0, np.array([1.0], np.float32))
+    with ReplayReader(tmp_path / "r.db") as r:
+        data = next(iter(r.sessions.values()))
+        assert data.first_tick == 1000 and data.length == 100
+        assert data.pis[:100, 0, 0].tolist() == [float(t) for t in range(1000, 1100)]
+        assert r.skipped == 3 and (data.actions[:100] == 0).all()
+
+
+# ----------------------------------------------------------------------- 10. append-only
+
+def test_a_resent_tick_is_dropped_and_never_rewritten(deployment, ctx):
+    d = DaemonProcess(write_config(deployment), deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        first = Agent(ctx, d.info["ingest"], keys_for(deployment, "mon"), None, "n1", PIS)
+        for t in range(1, 6):
+            first.send(t, [float(t), 1.0, 1.0])
+        wait_for(lambda: c.status()["rows_written"] == 5)
+        first.close()
+        again = Agent(ctx, d.info["ingest"], keys_for(deployment, "mon"), None, "n1", PIS)
+        for t in range(3, 9):                     # same key reconnects, resends 3..5
+            again.send(t, [-1.0, -1.0, -1.0])
+        wait_for(lambda: c.status()["rows_written"] == 8)
+        assert c.status()["drops"]["replayed"] == 3
+        c.close()
+    finally:
+        d.stop()
+    rows = pi_rows(deployment / "replay.db")
+    assert [rows[("n1", t)][0] for t in range(1, 9)] == [1, 2, 3, 4, 5, -1, -1, -1]
+
+
+def test_the_writer_never_rewrites_a_stored_row(tmp_path):
+    specs = [ParameterSpec(min=1, max=100, step=1, default=10, name="w")]
+    with ReplayWriter(tmp_path / "r.db") as w:
+        w.begin_session(SessionInfo(pi_names=["a"], node_names=["n"], params=specs))
+        w.add_pis(1, 0, np.array([1.0], np.float32))
+        w.add_action(1, 1, [11.0])
+        w.commit()
+        w.add_pis(1, 0, np.array([2.0], np.float32))
+        w.add_action(1, 2, [10.0])
+        done = w.commit()
+        assert (done.rows, done.rows_ignored, done.actions, done.actions_ignored) == (0, 1, 0, 1)
+    with ReplayReader(tmp_path / "r.db") as r:
+        data = next(iter(r.sessions.values()))
+        assert data.pis[0, 0, 0] == 1.0 and data.actions[0] == 1
+
+
+# ----------------------------------------------------------------------- 11. nodes, labels
+
+def test_node_names_outside_the_allow_list_are_refused(deployment, ctx):
+    cfg = write_config(deployment, extra='nodes = ["n1", "n2"]')
+    d = DaemonProcess(cfg, deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        ghost = Agent(ctx, d.info["ingest"], keys_for(deployment, "mon"), None, "ghost", PIS)
+        ghost.send(1, [1.0, 1.0, 1.0])
+        ghost_ctl = ControlAgent(ctx, d.info["control"], keys_for(deployment, "ctl"),
+                                 "ghost", {"window": 99.0})
+        honest = Agent(ctx, d.info["ingest"], keys_for(deployment, "mon"), None, "n1", PIS)
+        honest.send(1, [1.0, 1.0, 1.0])
+        wait_for(lambda: c.status()["drops"].get("node_not_allowed") == 2
+                 and c.status()["rows_written"] == 1)
+        s = c.status()
+        assert s["rows_written"] == 1 and s["nodes"] == 1
+        assert s["parameters"] == {"rate": 50.0, "window": 10.0}    # ghost's hello ignored
+        assert ghost_ctl.recv(100) is None
+        c.close()
+    finally:
+        d.stop()
+
+
+def test_an_action_label_must_match_a_one_step_change(deployment, ctx):
+    d = DaemonProcess(write_config(deployment), deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        ctl = ControlAgent(ctx, d.info["control"], keys_for(deployment, "ctl"), "n1",
+                           {"window": 10.0, "rate": 50.0})
+        wait_for(lambda: len(c.nodes()) == 1)
+        # actions: 1 = rate+, 2 = rate-, 3 = window+, 4 = window-
+        bad = [(3, {"rate": 60.0}),                 # label names window, rate changed
+               (3, {"window": 100.0}),              # full-range jump
+               (0, {"window": 11.0}),               # NULL that changes something
+               (4, {"window": 11.0})]               # window- that raises it
+        for i, (action, values) in enumerate(bad):
+            r = c.submit_action(10 + i, action, values)
+            assert not r["accepted"] and r["values"] == {"rate": 50.0, "window": 10.0}, r
+        assert ctl.recv(300) is None
+        r = c.submit_action(20, 3, {"window": 11.0, "rate": 50.0})
+        assert r["accepted"] and ctl.recv().values == {"window": 11.0, "rate": 50.0}
+        assert c.status()["actions"]["refused_step"] == len(bad)
+        c.close()
+    finally:
+        d.stop()
+    got = recorded_actions(deployment / "replay.db")
+    assert {t: a for t, (a, _) in got.items()} == {10: 0, 11: 0, 12: 0, 13: 0, 20: 3}
+
+
+def test_the_step_rule_tolerates_float32_and_clamps_at_the_range():
+    from interface_daemon.action_checker import ActionChecker
+    specs = [ParameterSpec(min=0.1, max=1.0, step=0.1, default=0.3, name="f"),
+             ParameterSpec(min=1, max=100, step=1, default=100, name="w")]
+    checker = ActionChecker(specs)
+    current = {"f": 0.3, "w": 100.0}
+
+    def step(action, values):
+        return checker.check_step(action, checker.check(action, values, current), current)
+
+    v = step(1, {"f": float(np.float32(0.3 + 0.1))})      # f+ after a float32 round trip
+    assert v.ok and v.values == {"f": 0.3 + 0.1, "w": 100.0}          # snapped exactly
+    assert step(3, {"w": 100.0}).ok                    # w+ at the top: clamped, no change
+    assert step(4, {"w": 99.0}).ok and not step(4, {"w": 98.0}).ok
+    assert step(0, {}).ok and not step(2, {"f": 0.3}).ok
+
+
+# ----------------------------------------------------------------------- 9. secrets
+
+def test_secret_key_files_are_created_0600_with_no_chmod_window(tmp_path):
+    # umask 0 and a chmod that does nothing: only the mode given at creation counts
+    code = ("import os, sys; os.umask(0); os.chmod = lambda *a, **k: None; "
+            "from capes.cli import main; "
+            "sys.exit(main(['keys', 'generate', '--dir', sys.argv[1], '--client', 'mon']))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "k")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    k = tmp_path / "k"
+    modes = {str(p.relative_to(k)): p.stat().st_mode & 0o777
+             for p in [k / "server.key_secret", k / "secret" / "mon.key_secret",
+                       k / "control.token", k / "secret"]}
+    assert modes == {"server.key_secret": 0o600, "secret/mon.key_secret": 0o600,
+                     "control.token": 0o600, "secret": 0o700}
+    assert not list(k.rglob("*.tmp"))
+    zmq.auth.load_certificate(k / "secret" / "mon.key_secret")      # still ZeroMQ's format
+
+
+# ----------------------------------------------------------------------- 13. SIGHUP
+
+def test_sighup_reloads_the_allow_list(deployment, ctx):
+    d = DaemonProcess(write_config(deployment), deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        curve.generate(deployment / "keys", ["late"])      # a client added while running
+        early = Agent(ctx, d.info["ingest"], keys_for(deployment, "late"), None, "n1", PIS)
+        early.send(1, [1.0, 1.0, 1.0])
+        wait_for(lambda: c.status()["auth_denied"] >= 1)
+        early.close()
+        d.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "allow-list reloaded" in d.log.read_text())
+        late = Agent(ctx, d.info["ingest"], keys_for(deployment, "late"), None, "n1", PIS)
+        late.send(2, [2.0, 2.0, 2.0])
+        wait_for(lambda: c.status()["rows_written"] == 1)
+        assert c.nodes()[0]["key"] == "late"
+        c.close()
+    finally:
+        assert d.stop() == 0
+
+
+# ----------------------------------------------------------------------- 7. key bindings
+
+def test_a_key_bound_to_nodes_cannot_speak_for_another(tmp_path, ctx):
+    cli = [sys.executable, "-m", "capes", "keys", "generate", "--dir", str(tmp_path / "keys")]
+    out = subprocess.run(cli + ["--client", "mon1", "--client", "mon2", "--client", "ctl",
+                                "--bind", "mon1=n1", "--bind", "ctl=n1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "keys" / "clients" / "mon1.nodes").read_text() == "n1\n"
+    d = DaemonProcess(write_config(tmp_path), tmp_path / "ready.json")
+    try:
+        c = client(tmp_path, d)
+        liar = Agent(ctx, d.info["ingest"], keys_for(tmp_path, "mon1"), None, "n2", PIS)
+        liar.send(1, [1.0, 1.0, 1.0])
+        liar_ctl = ControlAgent(ctx, d.info["control"], keys_for(tmp_path, "ctl"), "n2",
+                                {"window": 99.0})
+        bound = Agent(ctx, d.info["ingest"], keys_for(tmp_path, "mon1"), None, "n1", PIS)
+        bound.send(1, [1.0, 1.0, 1.0])
+        free = Agent(ctx, d.info["ingest"], keys_for(tmp_path, "mon2"), None, "n3", PIS)
+        free.send(1, [1.0, 1.0, 1.0])                  # an unbound key is not restricted
+        wait_for(lambda: c.status()["drops"].get("key_not_bound") == 2
+                 and c.status()["rows_written"] == 2)
+        assert sorted(n["name"] for n in c.nodes()) == ["n1", "n3"]
+        assert c.status()["parameters"]["window"] == 10.0 and liar_ctl.recv(100) is None
+        c.close()
+    finally:
+        d.stop()
