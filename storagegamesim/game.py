@@ -13,9 +13,17 @@ shows up late. The measured throughput adds Gaussian noise whose standard deviat
 consecutive ticks; it is lost after ``time_limit_ticks``.
 
 Every constant comes from :class:`GameConfig`; its defaults are the paper's.
+
+Workload phases (optional, none by default): ``GameConfig.phases`` is a schedule of
+:class:`~storagegamesim.phases.GamePhase` entries; from a phase's ``at_tick`` on, its
+``peak_window`` / ``curve_width`` / ``peak_throughput`` / ``noise`` replace the game's
+(``game.active`` is the config in force, ``game.phase`` its index). With phases, every
+phase is judged on its own ideal and its own streak (``phase_won``); a win no longer ends
+the game, which plays to its time limit, and ``won`` means every phase was won.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from capes.common.params import ParameterSpec
+from storagegamesim.phases import GamePhase, phase_starts, validate_schedule
 
 PI_NAMES = ("throughput", "window", "rate_limit")
 
@@ -41,6 +50,7 @@ class GameConfig:
         min=1, max=100, step=1, default=10))
     rate_limit: ParameterSpec = field(default_factory=lambda: ParameterSpec(
         min=10, max=200, step=10, default=50))
+    phases: list[GamePhase] = field(default_factory=list)
 
     def validate(self) -> None:
         if not self.curve_width > 0:
@@ -60,6 +70,20 @@ class GameConfig:
         if not self.window.min <= self.peak_window <= self.window.max:
             raise ValueError(f"peak_window: must lie in the window's range "
                              f"[{self.window.min}, {self.window.max}]")
+        validate_schedule(self.phases, self.time_limit_ticks)
+        for i, ph in enumerate(self.phases):
+            ph.validate()
+            if ph.peak_window is not None and not (
+                    self.window.min <= ph.peak_window <= self.window.max):
+                raise ValueError(f"phases[{i}].peak_window: must lie in the window's range "
+                                 f"[{self.window.min}, {self.window.max}]")
+
+    def phase_configs(self) -> list["GameConfig"]:
+        """The config in force in each phase (phase 0: this one); phases accumulate."""
+        out = [self]
+        for ph in self.phases:
+            out.append(dataclasses.replace(out[-1], phases=[], **ph.overrides()))
+        return out
 
     def param_specs(self) -> dict[str, ParameterSpec]:
         self.window.name, self.rate_limit.name = "window", "rate_limit"
@@ -94,12 +118,24 @@ class StorageGameSim:
         self.ticks = 0
         self.streak = 0
         self.won = False
+        self.phase = 0
+        self.active = cfg
+        self._phase_cfgs = cfg.phase_configs() if cfg.phases else [cfg]
+        self.phase_starts = phase_starts(cfg.phases)
+        self.phase_won = [False] * len(self._phase_cfgs)
         self.true_throughput = self._noise_free()
         self.throughput = self.true_throughput
 
     @property
     def over(self) -> bool:
+        if self.config.phases:
+            return self.ticks >= self.config.time_limit_ticks
         return self.won or self.ticks >= self.config.time_limit_ticks
+
+    @property
+    def ideal_throughput(self) -> float:
+        """The ideal throughput of the phase in force."""
+        return self.active.ideal_throughput
 
     def set_params(self, window: float | None = None, rate_limit: float | None = None) -> None:
         """Apply new knob values (clamped to their ranges, as a real knob would be)."""
@@ -110,9 +146,14 @@ class StorageGameSim:
 
     def tick(self) -> float:
         """Advance one simulated second; return the measured (noisy) throughput."""
-        cfg = self.config
         self._windows.append(self.window)
         self.ticks += 1
+        nxt = self.phase + 1
+        if nxt < len(self.phase_starts) and self.ticks >= self.phase_starts[nxt]:
+            self.phase = nxt
+            self.active = self._phase_cfgs[self.phase]
+            self.streak = 0
+        cfg = self.active
         self.true_throughput = self._noise_free()
         noise = self.rng.normal(0.0, cfg.noise * self.true_throughput) if cfg.noise else 0.0
         self.throughput = max(0.0, self.true_throughput + noise)
@@ -122,7 +163,11 @@ class StorageGameSim:
         else:
             self.streak = 0
         if self.streak > cfg.win_hold_ticks:
-            self.won = True
+            if self.config.phases:
+                self.phase_won[self.phase] = True
+                self.won = all(self.phase_won)
+            else:
+                self.won = True
         return self.throughput
 
     def pis(self) -> dict[str, float]:
@@ -131,4 +176,4 @@ class StorageGameSim:
                 "rate_limit": self.rate_limit}
 
     def _noise_free(self) -> float:
-        return min(self.config.curve(self._windows[0]), self.rate_limit)
+        return min(self.active.curve(self._windows[0]), self.rate_limit)
