@@ -19,11 +19,13 @@ import pytest
 scipy = pytest.importorskip("scipy")
 
 from capes.common.deployment import load_deployment  # noqa: E402
+from capes.common.params import ParameterSpec  # noqa: E402
 from capes.experiments import evaluate as ev  # noqa: E402
 from capes.experiments import workload_driver as wd  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_FIO = shutil.which("fio") is not None
+HAVE_CATEGORICAL = "values" in ParameterSpec.__dataclass_fields__
 
 
 def ar1(n, phi, mean=100.0, sd=10.0, rng=None):
@@ -203,6 +205,15 @@ def test_analyse_reports_warmup_ci_and_comparison():
     assert base["more_reps"] >= 0 and base["reps_needed"] >= 4
 
 
+def test_a_fixed_warmup_overrides_mser():
+    rng = np.random.default_rng(12)
+    burst = [np.concatenate([[900.0, 800.0], 100 + rng.normal(0, 2, 20)]) for _ in range(3)]
+    auto = ev.analyse_config(burst)
+    kept = ev.analyse_config(burst, warmup=0)
+    assert auto["warmup_s"] >= 2 and auto["mean"] == pytest.approx(100, abs=3)
+    assert kept["warmup_s"] == 0 and kept["mean"] > 150
+
+
 def test_config_set_parsing():
     assert ev.ConfigSet.parse("original").values is None
     cs = ev.ConfigSet.parse("read_ahead_kb=4096, nr_requests=64")
@@ -319,6 +330,34 @@ def test_evaluate_restores_after_a_stop_and_after_an_error(tmp_path):
     assert knob.read_text().strip() == "256"
 
 
+@pytest.mark.skipif(not HAVE_CATEGORICAL, reason="categorical parameters not available")
+def test_evaluate_sets_and_restores_a_categorical_knob(tmp_path):
+    knob = tmp_path / "scheduler"
+    knob.write_text("[mq-deadline] none kyber bfq\n")
+    toml = tmp_path / "cat.toml"
+    toml.write_text(f"""[control.appliers.scheduler]
+name = "file"
+options = {{ path = "{knob}" }}
+[parameters.scheduler]
+values = ["none", "mq-deadline", "kyber", "bfq"]
+default = "mq-deadline"
+""")
+    cfg = load_deployment(toml)
+    seen = []
+
+    def work(stop=None):
+        seen.append(knob.read_text().split()[0])
+        return ar1(10, 0.3, rng=np.random.default_rng(len(seen)))
+    report = ev.evaluate(ev.Knobs(cfg, ["scheduler"]),
+                         [ev.ConfigSet.parse("original"), ev.ConfigSet.parse("scheduler=bfq")],
+                         work, 2, seed=0)
+    assert report["original"] == {"scheduler": "mq-deadline"}
+    assert sorted(seen) == ["bfq", "bfq", "mq-deadline", "mq-deadline"]
+    assert knob.read_text().split()[0] == "mq-deadline" and report["restored"]
+    with pytest.raises(ValueError, match="one of"):
+        ev.Knobs(cfg, ["scheduler"]).check(ev.ConfigSet.parse("scheduler=cfq"))
+
+
 def test_plot_is_written(tmp_path):
     knob = tmp_path / "k"
     knob.write_text("128\n")
@@ -392,6 +431,34 @@ def test_fio_is_stopped_by_pid(tmp_path):
         stop.set()
         res = wd.run_fio("seqread", env, stop=stop)
     assert res.stopped
+
+
+class CountingCollector:
+    """A stand-in for a [monitor] collector: its PI is the number of calls so far."""
+    name = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def names(self):
+        return ["fake.calls"]
+
+    def collect(self):
+        self.calls.append(time.monotonic())
+        return {"fake.calls": float(len(self.calls))}
+
+
+@pytest.mark.skipif(not HAVE_FIO, reason="fio is not installed")
+def test_fio_meter_samples_a_collector_pi_every_second(tmp_path):
+    col = CountingCollector()
+    meter = ev.FioMeter("seqread", 3, str(tmp_path / "d"), size="8m", pi="fake.calls",
+                        collectors=[col])
+    x = meter()
+    assert 2 <= x.size <= 4 and list(x) == list(range(2, x.size + 2))   # primed once
+    gaps = np.diff(col.calls[1:])
+    assert np.all(np.abs(gaps - 1.0) < 0.3)
+    with pytest.raises(ValueError, match="no collector"):
+        ev.FioMeter("seqread", 3, str(tmp_path / "d"), pi="nope", collectors=[col])
 
 
 @pytest.mark.skipif(not HAVE_FIO, reason="fio is not installed")

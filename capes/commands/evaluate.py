@@ -44,6 +44,10 @@ def add_arguments(p) -> None:
     p.add_argument("--cgroup", help="run fio in this cgroup directory (e.g. a throttled one)")
     p.add_argument("--settle", type=float, default=0.0,
                    help="seconds to wait after setting a configuration (default: 0)")
+    p.add_argument("--warmup", default="auto",
+                   help="seconds dropped from the start of every repetition: 'auto' "
+                   "(MSER, see docs/evaluate.md) or a number, e.g. 0 to keep a buffered "
+                   "write's page-cache burst (default: auto)")
     p.add_argument("--seed", type=int, default=None, help="seed of the run order")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--precision", type=float, default=0.05,
@@ -72,6 +76,14 @@ def run(args) -> int:
         return 2
     if len(configs) < 2:
         print("capes evaluate: give two or more --config-set", file=sys.stderr)
+        return 2
+    try:
+        warmup = None if args.warmup == "auto" else int(args.warmup)
+    except ValueError:
+        warmup = -1
+    if warmup is not None and warmup < 0:
+        print("capes evaluate: --warmup is 'auto' or a number of seconds >= 0",
+              file=sys.stderr)
         return 2
     if args.repetitions < 1 or args.duration < 2:
         print("capes evaluate: --repetitions >= 1 and --duration >= 2", file=sys.stderr)
@@ -105,7 +117,8 @@ def run(args) -> int:
                                  prepare=ev.drop_caches if args.drop_caches else None,
                                  settle_s=args.settle, confidence=args.confidence,
                                  precision=args.precision,
-                                 acf_threshold=args.acf_threshold, on_rep=on_rep)
+                                 acf_threshold=args.acf_threshold, warmup=warmup,
+                                 on_rep=on_rep)
         except (ValueError, RuntimeError) as exc:
             print(f"capes evaluate: {exc}", file=sys.stderr)
             return 1

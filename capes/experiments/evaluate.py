@@ -349,14 +349,16 @@ def interleaved_order(n_configs: int, repetitions: int, rng: np.random.Generator
 
 
 def analyse_config(reps, confidence: float = 0.95, precision: float = 0.05,
-                   acf_threshold: float = 0.1, min_batches: int = 5) -> dict:
-    """One configuration's repetitions (per-second samples each) -> its statistics."""
+                   acf_threshold: float = 0.1, min_batches: int = 5,
+                   warmup: int | None = None) -> dict:
+    """One configuration's repetitions (per-second samples each) -> its statistics.
+    ``warmup``: seconds dropped from the start of each repetition; None: MSER's."""
     reps = [np.asarray(r, dtype=float) for r in reps if np.size(r) > 0]
     if not reps:
         return {"n_reps": 0, "n": 0, "mean": NAN, "ci_low": NAN, "ci_high": NAN}
     length = min(r.size for r in reps)
     profile = np.mean([r[:length] for r in reps], axis=0)
-    warm = detect_warmup(profile)
+    warm = detect_warmup(profile) if warmup is None else min(int(warmup), length - 1)
     kept = [r[warm:] for r in reps]
     s = independent_samples(kept, acf_threshold, min_batches)
     ci = mean_ci(s.values, confidence)
@@ -376,9 +378,9 @@ def analyse_config(reps, confidence: float = 0.95, precision: float = 0.05,
 
 def analyse(names: list[str], reps_by_config: list[list], confidence: float = 0.95,
             precision: float = 0.05, acf_threshold: float = 0.1,
-            min_batches: int = 5) -> dict:
+            min_batches: int = 5, warmup: int | None = None) -> dict:
     """Every configuration's statistics, and each against the first (the baseline)."""
-    per = [analyse_config(r, confidence, precision, acf_threshold, min_batches)
+    per = [analyse_config(r, confidence, precision, acf_threshold, min_batches, warmup)
            for r in reps_by_config]
     comps = []
     base = per[0]
@@ -653,7 +655,7 @@ def evaluate(knobs: Knobs, configs: list[ConfigSet], measure: Callable,
              prepare: Callable[[], None] | None = None, settle_s: float = 0.0,
              confidence: float = 0.95, precision: float = 0.05,
              acf_threshold: float = 0.1, min_batches: int = 5,
-             on_rep=None) -> dict:
+             warmup: int | None = None, on_rep=None) -> dict:
     """Remember the original values, run the repetitions, restore the original values
     (always: also on an error or a stop), and analyse. Returns the report."""
     if len(configs) < 2:
@@ -677,7 +679,8 @@ def evaluate(knobs: Knobs, configs: list[ConfigSet], measure: Callable,
             log.error("could not restore: %s", "; ".join(errors))
         after = knobs.read()
     by_config = [[r.samples for r in reps if r.config == i] for i in range(len(configs))]
-    report = analyse(labels, by_config, confidence, precision, acf_threshold, min_batches)
+    report = analyse(labels, by_config, confidence, precision, acf_threshold, min_batches,
+                     warmup)
     for c, cs in zip(report["configs"], configs):
         c["values"] = knobs.values_for(cs)
     report.update({
