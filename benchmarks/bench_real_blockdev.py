@@ -271,8 +271,8 @@ def main() -> int:
     if not all(r["restored"] for r in reports):
         print("WARNING: some original values were not restored", file=sys.stderr)
     if args.json:
-        write_json(args.json, {"hardware": hardware(), "command": sys.argv,
-                               "reports": reports})
+        write_json(args.json, ev.jsonable({"hardware": hardware(), "command": sys.argv,
+                                           "reports": reports}))
     return 130 if stop.signum else 0
 
 

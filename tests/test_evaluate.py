@@ -281,7 +281,8 @@ def test_evaluate_compares_interleaves_and_restores(tmp_path):
     assert report["configs"][0]["warmup_s"] >= 2
     text = ev.format_report(report)
     assert "original (read_ahead_kb=2560)" in text and "restored" in text
-    json.dumps(report, default=float)          # serialisable
+    doc = json.loads(json.dumps(ev.jsonable(report), allow_nan=False))   # strict JSON
+    assert doc["comparisons"][0]["significant"] is True
 
 
 def test_evaluate_refuses_out_of_range_values_before_changing_anything(tmp_path):

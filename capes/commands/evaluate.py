@@ -54,7 +54,8 @@ def add_arguments(p) -> None:
                    help="wanted relative CI half-width, for 'more reps' (default: 0.05)")
     p.add_argument("--acf-threshold", type=float, default=0.1,
                    help="|lag-1 autocorrelation| deemed negligible (Pilot: 0.1)")
-    p.add_argument("--json", metavar="PATH", help="write the report as JSON ('-': stdout)")
+    p.add_argument("--json", metavar="PATH",
+                   help="write the report as JSON ('-': stdout, the table then on stderr)")
     p.add_argument("--plot", metavar="PNG", help="plot samples and CIs")
 
 
@@ -131,13 +132,15 @@ def run(args) -> int:
         "title": (f"{meter.jobfile.stem} on {target}: {args.repetitions} x "
                   f"{args.duration:g} s per configuration, {meter.describe()}"),
     })
-    print(ev.format_report(report))
+    # with --json - stdout is the JSON document alone; the table goes to stderr
+    print(ev.format_report(report), file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:
+        doc = ev.jsonable(report)
         if args.json == "-":
-            json.dump(report, sys.stdout, indent=1, default=float)
+            json.dump(doc, sys.stdout, indent=1)
             print()
         else:
-            write_json(args.json, report)
+            write_json(args.json, doc)
     if args.plot:
         ev.plot_report(report, args.plot)
     if report["interrupted"]:

@@ -701,6 +701,22 @@ def evaluate(knobs: Knobs, configs: list[ConfigSet], measure: Callable,
 # Output
 # ---------------------------------------------------------------------------------------
 
+def jsonable(obj):
+    """The report as strict JSON values: NaN and ±inf (no CI, an unbounded one) become
+    None; numpy scalars become Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    return obj
+
+
 def _scale(unit: str) -> tuple[float, str]:
     return (1e6, "MB/s") if unit == "bytes/s" else (1.0, unit or "")
 
