@@ -344,6 +344,11 @@ class ClusterSim:
         return self._states[self.phase]
 
     @property
+    def phase_names(self) -> list[str]:
+        """A name per phase (the schedule's, or "phase k")."""
+        return [st.name or f"phase {st.index}" for st in self._states]
+
+    @property
     def over(self) -> bool:
         if self.config.phases:
             return self.ticks >= self.config.time_limit_ticks

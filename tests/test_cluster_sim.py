@@ -354,6 +354,7 @@ def test_scorer_on_a_cluster_run_that_holds_each_phase_optimum():
         trace.append(sim.true_objective)
     scores = score_phases(trace, sim.phase_starts, [o.objective for o in optima], first_tick=1)
     assert all(s.won for s in scores) and sim.won
+    assert sim.phase_names == ["phase 0", "analysis", "mixed"]
     # the knobs act delay_ticks late, so each change costs that many ticks out of band
     # (phase 0 counts from tick 0; its first tick is 1)
     assert [s.recover_ticks for s in scores] == [cfg.delay_ticks + 1] + [cfg.delay_ticks] * 2
