@@ -38,6 +38,18 @@ class DQNConfig:
     normalise_inputs: bool = False
     scale_rewards: bool = False
     grad_clip: float = 0.0             # max gradient norm; 0: no clipping
+    # The guide (drl_engine/guide.py): probes to target settings instead of uniform
+    # random actions, and a trust region around the best-known setting.
+    guided: bool = False
+    settle_ticks: int = 3              # credit p_t to the setting in effect this long before
+    kernel_steps: float = 1.5          # smoothing of the per-setting means, in steps
+    lcb_kappa: float = 1.0             # best = highest mean − κ standard errors
+    best_min_samples: int = 5          # (kernel-weighted) samples before a setting counts
+    best_refresh_ticks: int = 10       # recompute the best-known setting this often
+    probe_local_steps: float = 3.0     # spread of local probe targets around the best, steps
+    probe_dwell: int = 3               # ticks a probe holds its target
+    global_fraction: float = 0.25      # global probes during this share of exploration
+    guard_steps: int = 3               # trust region around the best-known setting, steps
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
@@ -51,6 +63,16 @@ class DQNConfig:
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
+        for name in ("settle_ticks", "probe_dwell", "guard_steps", "best_min_samples"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        if not 0 <= self.global_fraction <= 1:
+            raise ValueError(f"global_fraction: must lie in [0, 1] (got {self.global_fraction})")
+        for name in ("kernel_steps", "best_refresh_ticks", "probe_local_steps"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if not self.lcb_kappa >= 0:
+            raise ValueError(f"lcb_kappa: must be >= 0 (got {self.lcb_kappa})")
         for name in ("hidden_width", "workload_ticks", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
@@ -60,7 +82,7 @@ class DQNConfig:
 PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
-                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5},
+                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True},
 }
 
 

@@ -23,6 +23,7 @@ from capes.common.replay_db import ReplayReader
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
+from drl_engine.guide import Guide
 
 CHECKPOINT_VERSION = 1
 
@@ -70,6 +71,7 @@ class Engine:
         self.bumped_at: int | None = None
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
+        self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
         self._pending_state: dict | None = None
         self.update()
 
@@ -89,9 +91,20 @@ class Engine:
     def epsilon(self) -> float:
         return epsilon(self.action_ticks, self.cfg, self.bumped_at, self.pretrained)
 
+    @property
+    def global_share(self) -> float:
+        """The guide's share of global probes: from 1 down to 0 over the first
+        ``global_fraction`` of the exploration period (and again after a workload
+        change); local probes only after that."""
+        start = self.bumped_at or 0
+        span = max(1.0, self.cfg.global_fraction * self.cfg.exploration_ticks)
+        return max(0.0, 1.0 - (self.action_ticks - start) / span)
+
     def workload_changed(self) -> None:
         """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
         self.bumped_at = self.action_ticks
+        if self.guide is not None:
+            self.guide.forget()
 
     # -- act ----------------------------------------------------------------------------
     def act(self, session: int, after_tick: int | None = None,
@@ -105,18 +118,43 @@ class Engine:
             return None
         tick, obs = latest
         eps = self.epsilon
-        explored = bool(self.rng.random() < eps)
-        if explored:
-            action, q_max = int(self.rng.integers(self.dqn.n_actions)), None
-        else:
-            q = self.dqn.q_values(obs[None])[0]
-            action, q_max = int(q.argmax()), float(q.max())
         specs = self.experience.param_specs()
         if current is None:
             current = self.experience.reader.sessions[session].current_values()
+        if self.cfg.guided:
+            action, explored, q_max = self._guided_action(session, obs, current, specs, eps)
+        else:
+            explored = bool(self.rng.random() < eps)
+            if explored:
+                action, q_max = int(self.rng.integers(self.dqn.n_actions)), None
+            else:
+                q = self.dqn.q_values(obs[None])[0]
+                action, q_max = int(q.argmax()), float(q.max())
         values = apply_action(action, current, specs)
         self.action_ticks += 1
         return Decision(tick, action, values, eps, explored, q_max)
+
+    def _guided_action(self, session: int, obs, current, specs, eps: float):
+        """The default preset's choice (drl_engine/guide.py): continue a probe, start one
+        with probability ε, else the greedy action inside the trust region."""
+        guide = self.guide
+        if guide is None:
+            lo = np.array([s.min for s in specs], np.float64)
+            step = np.array([s.step for s in specs], np.float64)
+            n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
+            guide = self.guide = Guide(lo, step, n, self.cfg, self.rng)
+        d = self.experience.derived[session]
+        guide.credit(d.p, d.values, d.n)
+        guide.best_setting(self.action_ticks)
+        cur = guide.grid(current)
+        action = guide.probe_action(cur)
+        if action is None and self.rng.random() < eps:
+            guide.start_probe(self.global_share)
+            action = guide.probe_action(cur) or 0
+        if action is not None:
+            return action, True, None
+        q = self.dqn.q_values(obs[None])[0]
+        return guide.guard(int(q.argmax()), cur), False, float(q.max())
 
     # -- train --------------------------------------------------------------------------
     def train(self, steps: int | None = None) -> float | None:

@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="OUT", help="write every run and cell summary as JSON")
     p.add_argument("--plot", metavar="OUT.png", help="write a PNG of the runs")
     p.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+    p.add_argument("--play-on", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep playing after the win to the time limit, so that holding the "
+                        "optimum is measured (default: on; --no-play-on stops at the win, "
+                        "as the paper's test)")
+    p.add_argument("--tuner", default="capes", metavar="NAME",
+                   help="capes (the DRL engine) or a baseline in the same harness: "
+                        "random, hill, bo, cma (default: capes)")
 
 
 def run(args) -> int:
@@ -73,7 +80,8 @@ def run(args) -> int:
           file=sys.stderr)
     report = run_grid(cfg, noises, rewards, args.seeds, args.first_seed, args.jobs,
                       args.init_model, keep_traces=1 if args.plot else 0,
-                      progress=None if args.quiet else sys.stderr, device=device)
+                      progress=None if args.quiet else sys.stderr, device=device,
+                      play_on=args.play_on, tuner=args.tuner)
     print(format_table(report))
     if args.json:
         write_json(report, args.json)

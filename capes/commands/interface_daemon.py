@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from capes.cli import common_config_args
@@ -15,19 +14,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-file", metavar="PATH",
                    help="write the bound endpoints as JSON here once serving "
                         "(ports given as 0 are resolved)")
-    p.add_argument("--log-level", default="INFO",
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
 def run(args) -> int:
     from capes.common.curve import KeysMissing
-    from capes.common.deployment import load_deployment
+    from capes.settings import load_settings
     from capes.common.replay_db import ReplayDBError
     from interface_daemon.daemon import serve
 
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s interface-daemon %(levelname)s %(message)s")
-    cfg = load_deployment(args.config, args.overrides)
+    cfg = load_settings(args.config, args.overrides)
 
     def ready(endpoints: dict) -> None:
         line = json.dumps({"event": "ready", **endpoints})

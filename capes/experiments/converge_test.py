@@ -58,13 +58,37 @@ class RunResult:
     noise: float
     reward: str
     preset: str
-    won: bool
-    ticks: int                  # simulated seconds played (the converge time when won)
+    won: bool                   # the paper's win rule met within the time limit
+    ticks: int                  # simulated seconds played (the time limit with play-on)
     wall_s: float
     train_steps: int
     final_window: float
     final_rate_limit: float
+    tuner: str = "capes"
+    first_win_s: int | None = None   # converge time: simulated s to the first win
+    # What a win does not show (README, "Converge test"), from the noise-free
+    # throughput tp_t and the ideal throughput tp*:
+    in_band_late: float | None = None      # share of ticks with |tp − tp*| <= band·tp*,
+                                           # second half of the time limit (1,800–3,600 s)
+    tp_frac_hour: float | None = None      # mean tp / tp* over the whole run (exploration
+                                           # included: the price of tuning)
+    tp_frac_late: float | None = None      # mean tp / tp* over the second half
+    min_tp_frac_after_300: float | None = None   # lowest tp / tp* after tick 300
     trace: dict | None = None   # per-tick series, kept only when asked for
+
+
+def tuning_metrics(true_tp: np.ndarray, ideal: np.ndarray, band: float,
+                   time_limit: int) -> dict:
+    """The honest metrics of one run from its per-tick noise-free and ideal throughput.
+    "Late" is the second half of the time limit; a run stopped at the win has none."""
+    frac = true_tp / ideal
+    in_band = np.abs(true_tp - ideal) <= band * ideal
+    late = slice(time_limit // 2, time_limit)
+    has_late = len(frac) >= time_limit
+    return {"in_band_late": float(in_band[late].mean()) if has_late else None,
+            "tp_frac_hour": float(frac.mean()) if len(frac) else None,
+            "tp_frac_late": float(frac[late].mean()) if has_late else None,
+            "min_tp_frac_after_300": float(frac[300:].min()) if len(frac) > 300 else None}
 
 
 class GameSource:
@@ -73,15 +97,25 @@ class GameSource:
     advances one simulated second (at the start of the next tick)."""
 
     def __init__(self, game: StorageGameSim, writer: ReplayWriter, session: int,
-                 names: list[str]):
+                 names: list[str], play_on: bool = True):
         self.game, self.writer, self.session, self.names = game, writer, session, names
+        self.play_on = play_on          # keep playing after the win, to the time limit
         self.started = False
+        self.true_tp: list[float] = []  # per tick, for the metrics
+        self.ideal: list[float] = []
+        self.first_win: int | None = None
 
     def observe(self) -> TickState | None:
+        game = self.game
         if self.started:
-            self.game.tick()
+            game.tick()
+            self.true_tp.append(game.true_throughput)
+            self.ideal.append(getattr(game, "ideal_throughput", game.config.ideal_throughput))
+            if game.won and self.first_win is None:
+                self.first_win = game.ticks
         self.started = True
-        if self.game.over:
+        done = game.ticks >= game.config.time_limit_ticks if self.play_on else game.over
+        if done:
             return None
         pis = self.game.pis()
         self.writer.add_pis(self.game.ticks, 0, [pis[n] for n in PI_NAMES])
@@ -97,10 +131,20 @@ class GameSource:
 TRACE_KEYS = ("throughput", "true_throughput", "window", "rate_limit", "epsilon", "loss")
 
 
+def make_player(tuner: str, cfg: ConvergeConfig, reader: ReplayReader, device: str,
+                seed: int, specs):
+    """The engine (``capes``) or a baseline tuner, both driven by the same tick loop."""
+    if tuner == "capes":
+        return Engine(cfg.engine, cfg.reward, reader, device=device, seed=seed)
+    from capes.experiments.baselines import make_tuner
+    return make_tuner(tuner, specs, reader, cfg.reward, seed)
+
+
 def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
             init_model: str | None = None, device: str = "cpu",
-            keep_trace: bool = False) -> RunResult:
-    """Play one game to the win or the time limit; deterministic for a given seed."""
+            keep_trace: bool = False, play_on: bool = True, tuner: str = "capes") -> RunResult:
+    """Play one game to the time limit (or, without ``play_on``, to the win); the same
+    seed gives the same result."""
     game_seed, engine_seed = np.random.SeedSequence(seed).generate_state(2)
     game = StorageGameSim(cfg.game, seed=int(game_seed))
     specs = list(cfg.game.param_specs().values())
@@ -111,7 +155,7 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
             pi_names=list(PI_NAMES), node_names=["sim0"], params=specs,
             label=f"converge seed={seed} noise={cfg.game.noise} reward={cfg.reward.type}"))
         reader = ReplayReader(path)
-        engine = Engine(cfg.engine, cfg.reward, reader, device=device, seed=int(engine_seed))
+        engine = make_player(tuner, cfg, reader, device, int(engine_seed), specs)
         if init_model:
             engine.load(init_model, weights_only=True)
         trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
@@ -123,25 +167,30 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
                          ("epsilon", engine.epsilon), ("loss", rec.loss)):
                 trace[k].append(v)
 
+        source = GameSource(game, writer, session.id, [s.name for s in specs], play_on)
         start = time.perf_counter()
-        run_ticks(engine, GameSource(game, writer, session.id, [s.name for s in specs]),
-                  observers=[record] if trace is not None else [])
+        run_ticks(engine, source, observers=[record] if trace is not None else [])
         wall = time.perf_counter() - start
         writer.close()
         reader.close()
+    metrics = tuning_metrics(np.array(source.true_tp), np.array(source.ideal),
+                             cfg.game.win_band, cfg.game.time_limit_ticks)
     return RunResult(seed=seed, noise=cfg.game.noise, reward=cfg.reward.type,
-                     preset=cfg.engine.preset, won=game.won, ticks=game.ticks, wall_s=wall,
+                     preset=cfg.engine.preset if tuner == "capes" else "-", tuner=tuner,
+                     won=source.first_win is not None, ticks=game.ticks, wall_s=wall,
                      train_steps=engine.train_steps, final_window=game.window,
-                     final_rate_limit=game.rate_limit, trace=trace)
+                     final_rate_limit=game.rate_limit, first_win_s=source.first_win,
+                     trace=trace, **metrics)
 
 
 # -- grids of runs ------------------------------------------------------------------------
 
 def _run_job(job):
-    cfg, seed, init_model, keep_trace, device = job
+    cfg, seed, init_model, keep_trace, device, play_on, tuner = job
     import torch
     torch.set_num_threads(1)
-    return run_one(cfg, seed, init_model=init_model, device=device, keep_trace=keep_trace)
+    return run_one(cfg, seed, init_model=init_model, device=device, keep_trace=keep_trace,
+                   play_on=play_on, tuner=tuner)
 
 
 def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConfig:
@@ -153,9 +202,14 @@ def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConf
                                                           options=options))
 
 
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.median(values)) if values else None
+
+
 def summarise(runs: list[RunResult]) -> dict:
     wins = [r for r in runs if r.won]
-    times = [r.ticks for r in wins]
+    times = [r.first_win_s for r in wins]
     med = median_ci(times)
     lo, hi = wilson_ci(len(wins), len(runs))
     return {"runs": len(runs), "wins": len(wins),
@@ -164,6 +218,13 @@ def summarise(runs: list[RunResult]) -> dict:
             "converge_times": times,
             "median_converge_s": med[0] if med else None,
             "median_ci95": [med[1], med[2]] if med else None,
+            "median_in_band_late": _median(r.in_band_late for r in runs),
+            "mean_in_band_late": (float(np.mean([r.in_band_late for r in runs]))
+                                  if runs and all(r.in_band_late is not None for r in runs)
+                                  else None),
+            "median_tp_frac_hour": _median(r.tp_frac_hour for r in runs),
+            "median_tp_frac_late": _median(r.tp_frac_late for r in runs),
+            "median_min_tp_frac_after_300": _median(r.min_tp_frac_after_300 for r in runs),
             "wall_s": sum(r.wall_s for r in runs),
             "wall_s_per_sim_hour": (sum(r.wall_s for r in runs) /
                                     max(1, sum(r.ticks for r in runs)) * 3600)}
@@ -171,18 +232,21 @@ def summarise(runs: list[RunResult]) -> dict:
 
 def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int = 0,
              jobs: int = 1, init_model: str | None = None, keep_traces: int = 0,
-             progress=sys.stderr, device: str = "cpu") -> dict:
+             progress=sys.stderr, device: str = "cpu", play_on: bool = True,
+             tuner: str = "capes") -> dict:
     """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report."""
     plan = [(noise, reward, first_seed + s) for noise in noises for reward in rewards
             for s in range(seeds)]
     jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces,
-                device) for n, r, seed in plan]
+                device, play_on, tuner) for n, r, seed in plan]
     results: list[RunResult] = []
     t0 = time.perf_counter()
 
     def report(i, res):
         if progress is not None:
-            status = f"won at {res.ticks} s" if res.won else f"lost ({res.ticks} s)"
+            status = (f"won at {res.first_win_s} s" if res.won else f"lost ({res.ticks} s)")
+            if res.in_band_late is not None:
+                status += f", in band {res.in_band_late:.2f} late"
             print(f"[{i + 1}/{len(plan)}] noise={res.noise:g} reward={res.reward} "
                   f"seed={res.seed}: {status}, {res.wall_s:.1f} s wall "
                   f"(elapsed {time.perf_counter() - t0:.0f} s)", file=progress, flush=True)
@@ -201,27 +265,45 @@ def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int 
         for reward in rewards:
             runs = [r for r in results if r.noise == noise and r.reward == reward]
             cells.append({"noise": noise, "reward": reward, **summarise(runs)})
-    return {"preset": base.engine.preset, "seeds_per_cell": seeds, "first_seed": first_seed,
-            "device": device,
+    return {"preset": base.engine.preset, "tuner": tuner, "play_on": play_on,
+            "seeds_per_cell": seeds, "first_seed": first_seed, "device": device,
             "train_steps_per_tick": base.engine.train_steps_per_tick,
             "config": cfgmod.to_table(base), "cells": cells,
             "runs": [dataclasses.asdict(r) for r in results],
             "wall_s": time.perf_counter() - t0}
 
 
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def format_table(report: dict) -> str:
-    lines = [f"preset={report['preset']}  seeds/cell={report['seeds_per_cell']}  "
-             f"train steps/tick={report['train_steps_per_tick']}",
+    """One line per cell: the paper's success rate and converge time, then what a win
+    does not show: in-band share and throughput (fraction of ideal) late and overall,
+    and the lowest throughput after tick 300."""
+    lines = [f"tuner={report.get('tuner', 'capes')}  preset={report['preset']}  "
+             f"seeds/cell={report['seeds_per_cell']}  "
+             f"train steps/tick={report['train_steps_per_tick']}  "
+             f"play-on={'yes' if report.get('play_on', True) else 'no'}",
              f"{'noise':>6} {'reward':>10} {'wins':>7} {'success':>8} "
-             f"{'median s':>9} {'95% CI':>13} {'wall s':>7} {'s/sim-h':>8}"]
+             f"{'1st win s':>9} {'95% CI':>12} {'in-band':>7} {'tp hour':>7} "
+             f"{'tp late':>7} {'min tp':>6} {'wall s':>7} {'s/sim-h':>7}",
+             f"{'':>6} {'':>10} {'':>7} {'':>8} {'(median)':>9} {'':>12} "
+             f"{'late':>7} {'':>7} {'':>7} {'>300s':>6} {'':>7} {'':>7}"]
     for c in report["cells"]:
         ci = c["median_ci95"]
-        med = f"{c['median_converge_s']:.0f}" if c["median_converge_s"] is not None else "-"
         cis = f"[{ci[0]:.0f}, {ci[1]:.0f}]" if ci else "-"
         lines.append(f"{c['noise'] * 100:>5.0f}% {c['reward']:>10} "
                      f"{c['wins']:>3}/{c['runs']:<3} {c['success_rate'] * 100:>7.0f}% "
-                     f"{med:>9} {cis:>13} {c['wall_s']:>7.1f} "
-                     f"{c['wall_s_per_sim_hour']:>8.2f}")
+                     f"{_fmt(c['median_converge_s'], '.0f'):>9} {cis:>12} "
+                     f"{_fmt(c['median_in_band_late'], '.2f'):>7} "
+                     f"{_fmt(c['median_tp_frac_hour'], '.2f'):>7} "
+                     f"{_fmt(c['median_tp_frac_late'], '.2f'):>7} "
+                     f"{_fmt(c['median_min_tp_frac_after_300'], '.2f'):>6} "
+                     f"{c['wall_s']:>7.1f} {c['wall_s_per_sim_hour']:>7.2f}")
+    lines.append("in-band late: median share of ticks 1,800–3,600 s with noise-free "
+                 "throughput within the win band; tp: median mean noise-free throughput / "
+                 "ideal (hour, late); min tp: median lowest after tick 300")
     return "\n".join(lines)
 
 

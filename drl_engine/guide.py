@@ -1,0 +1,181 @@
+"""The guide: where to explore and what not to lose (the ``default`` preset).
+
+Uniform ε-greedy over ±step actions is a random walk: it needs ~d² ticks to travel d
+steps, drops production wherever it wanders, and a greedy policy on a noisy Q-network
+dithers around the optimum. The guide keeps the RL action space (one ±step action or
+NULL per tick, so every transition is a normal Algorithm-2 transition in the replay DB)
+and changes *which* actions are taken:
+
+* **Best-known setting.** Every tick's objective p_t is credited to the setting that was
+  in effect ``settle_ticks`` earlier (the system's reaction delay). Per setting (values
+  on the step grid) the guide keeps the sum and count; a setting's score is the
+  kernel-smoothed mean over its neighbours (Gaussian, ``kernel_steps`` steps wide) minus
+  ``lcb_kappa`` standard errors — a lower confidence bound, so one lucky noisy sample
+  does not become "the best".
+* **Probes.** An exploration decision starts a probe: a target setting, walked to one
+  step per tick (temporally extended exploration, after Dabney et al.'s εz-greedy),
+  then held for ``probe_dwell`` ticks so its delayed effect is measured. With
+  probability ε the target is uniform over the whole range (global), otherwise drawn
+  around the best-known setting (``probe_local_steps`` steps, local).
+* **Trust region.** A greedy action that would take a parameter more than
+  ``guard_steps`` steps away from the best-known setting is replaced by a step back
+  towards it; inside the region the Q-network decides. A workload change forgets the
+  statistics (the optimum may have moved).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Probe:
+    target: np.ndarray        # grid indices
+    dwell_left: int
+
+
+class Guide:
+    DENSE_CELLS = 1_000_000       # grids up to this many settings are kept as arrays
+
+    def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
+                 rng: np.random.Generator):
+        self.lo, self.step, self.n_steps = lo, step, n_steps   # per parameter
+        self.cfg, self.rng = cfg, rng
+        self.shape = tuple(int(n) + 1 for n in n_steps)
+        self.dense = int(np.prod(self.shape)) <= self.DENSE_CELLS
+        # per grid cell: sum, sum of squares and count of the credited objective values;
+        # dense arrays for small grids (smoothed by separable convolution), else a dict
+        self.sums: dict[tuple, list[float]] = {}
+        self.grid_stats = np.zeros((3,) + self.shape) if self.dense else None
+        self.seen_until = 0                          # ticks of the session credited so far
+        self.probe: Probe | None = None
+        self.best: np.ndarray | None = None
+        self._best_at = -1
+        self.resets = 0
+
+    # -- statistics ---------------------------------------------------------------------
+    def grid(self, values) -> np.ndarray:
+        idx = np.rint((np.asarray(values, np.float64) - self.lo) / self.step)
+        return np.clip(idx, 0, self.n_steps).astype(np.int64)
+
+    def values(self, idx: np.ndarray) -> list[float]:
+        return [float(v) for v in self.lo + idx * self.step]
+
+    def credit(self, p: np.ndarray, values: np.ndarray, n: int) -> None:
+        """Credit objective values p[t] to the setting in effect at t − settle, for the
+        ticks of the session not yet credited (``n``: ticks derived so far)."""
+        lag = self.cfg.settle_ticks
+        start = max(self.seen_until, lag)
+        for t in range(start, n):
+            if not np.isfinite(p[t]) or not np.isfinite(values[t - lag]).all():
+                continue
+            key = tuple(self.grid(values[t - lag]))
+            if self.dense:
+                self.grid_stats[(slice(None),) + key] += (p[t], p[t] * p[t], 1.0)
+            else:
+                s = self.sums.setdefault(key, [0.0, 0.0, 0])
+                s[0] += p[t]
+                s[1] += p[t] * p[t]
+                s[2] += 1
+        self.seen_until = max(self.seen_until, n)
+
+    def best_setting(self, now: int) -> np.ndarray | None:
+        """Grid indices of the best-known setting by its lower confidence bound,
+        recomputed every ``refresh`` ticks (None before any setting was seen)."""
+        if self.best is not None and now - self._best_at < self.cfg.best_refresh_ticks:
+            return self.best
+        if self.dense:
+            if not self.grid_stats[2].any():
+                return None
+            s, sq, n = self._smooth_dense()
+            visited = self.grid_stats[2] > 0
+            keys = np.argwhere(visited)
+            s, sq, n = s[visited], sq[visited], n[visited]
+        else:
+            if not self.sums:
+                return None
+            keys = np.array(list(self.sums), np.float64)                  # (V, P)
+            stats = np.array(list(self.sums.values()), np.float64)        # (V, 3)
+            d2 = (((keys[:, None, :] - keys[None, :, :]) / self.cfg.kernel_steps) ** 2).sum(-1)
+            w = np.exp(-0.5 * d2)                                        # (V, V)
+            s, sq, n = w @ stats[:, 0], w @ stats[:, 1], w @ stats[:, 2]
+        mean = s / n
+        var = np.maximum(sq / n - mean ** 2, 0.0)
+        lcb = mean - self.cfg.lcb_kappa * np.sqrt(var / np.maximum(n, 1.0))
+        lcb[n < self.cfg.best_min_samples] = -np.inf
+        if not np.isfinite(lcb).any():
+            lcb = mean
+        self.best = np.asarray(keys[int(np.argmax(lcb))]).astype(np.int64)
+        self._best_at = now
+        return self.best
+
+    def _smooth_dense(self):
+        """The Gaussian-kernel sums of every cell, one axis at a time."""
+        out = self.grid_stats
+        for axis, size in enumerate(self.shape):
+            i = np.arange(size)
+            k = np.exp(-0.5 * ((i[:, None] - i[None, :]) / self.cfg.kernel_steps) ** 2)
+            out = np.moveaxis(np.tensordot(out, k, axes=([axis + 1], [0])), -1, axis + 1)
+        return out[0], out[1], out[2]
+
+    def forget(self) -> None:
+        """A new workload: the optimum may have moved."""
+        self.sums.clear()
+        if self.dense:
+            self.grid_stats[:] = 0.0
+        self.best, self.probe, self._best_at = None, None, -1
+        self.resets += 1
+
+    # -- actions ------------------------------------------------------------------------
+    def start_probe(self, global_share: float) -> None:
+        """A new probe: global (uniform over the range) with probability
+        ``global_share``, else local (around the best, inside the guard band)."""
+        best = self.best
+        if best is None or self.rng.random() < global_share:
+            target = self.rng.integers(0, self.n_steps + 1)
+        else:
+            g = self.cfg.guard_steps
+            jitter = np.clip(np.rint(self.rng.normal(0.0, self.cfg.probe_local_steps,
+                                                     size=len(best))), -g, g)
+            target = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
+        self.probe = Probe(target, self.cfg.probe_dwell)
+
+    def probe_action(self, current: np.ndarray) -> int | None:
+        """The next action of the running probe (NULL while it dwells at its target);
+        None when it has finished."""
+        probe = self.probe
+        if probe is None:
+            return None
+        action = step_towards(current, probe.target, self.n_steps)
+        if action == 0:
+            probe.dwell_left -= 1
+            if probe.dwell_left < 0:
+                self.probe = None
+                return None
+        return action
+
+    def guard(self, action: int, current: np.ndarray) -> int:
+        """``action`` if it keeps every parameter within ``guard_steps`` of the
+        best-known setting (or moves towards it), else a step back towards it."""
+        best = self.best
+        if best is None or action == 0:
+            return action
+        k, sign = divmod(action - 1, 2)
+        after = current.copy()
+        after[k] += 1 if sign == 0 else -1
+        if np.abs(after - best).max() <= self.cfg.guard_steps:
+            return action
+        if np.abs(after - best).max() < np.abs(current - best).max():
+            return action
+        return step_towards(current, best, self.n_steps)
+
+
+def step_towards(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray) -> int:
+    """The ±step action that most reduces the largest relative distance to ``target``
+    (0, NULL, when there)."""
+    diff = target - current
+    if not diff.any():
+        return 0
+    k = int(np.argmax(np.abs(diff) / np.maximum(n_steps, 1)))
+    return 1 + 2 * k + (0 if diff[k] > 0 else 1)
