@@ -50,6 +50,7 @@ class DQNConfig:
     probe_dwell: int = 3               # ticks a probe holds its target
     global_fraction: float = 0.25      # global probes during this share of exploration
     guard_steps: int = 3               # trust region around the best-known setting, steps
+    detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",

@@ -72,6 +72,8 @@ class Engine:
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
+        self.local_bump = False              # ε raised by the guide's change detector
+        self.change_alarms = 0
         self._pending_state: dict | None = None
         self.update()
 
@@ -96,13 +98,23 @@ class Engine:
         """The guide's share of global probes: from 1 down to 0 over the first
         ``global_fraction`` of the exploration period (and again after a workload
         change); local probes only after that."""
+        if self.local_bump:
+            return 0.0
         start = self.bumped_at or 0
         span = max(1.0, self.cfg.global_fraction * self.cfg.exploration_ticks)
         return max(0.0, 1.0 - (self.action_ticks - start) / span)
 
+    def change_detected(self) -> None:
+        """The guide's detector saw the objective leave the levels its settings had: ε is
+        raised as for a new workload, but probes stay local (no global search)."""
+        self.bumped_at = self.action_ticks
+        self.local_bump = True
+        self.change_alarms += 1
+
     def workload_changed(self) -> None:
         """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
         self.bumped_at = self.action_ticks
+        self.local_bump = False
         if self.guide is not None:
             self.guide.forget()
 
@@ -144,7 +156,8 @@ class Engine:
             n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
             guide = self.guide = Guide(lo, step, n, self.cfg, self.rng)
         d = self.experience.derived[session]
-        guide.credit(d.p, d.values, d.n)
+        if guide.credit(d.p, d.values, d.n):
+            self.change_detected()
         guide.best_setting(self.action_ticks)
         cur = guide.grid(current)
         action = guide.probe_action(cur)

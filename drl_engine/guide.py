@@ -21,12 +21,19 @@ and changes *which* actions are taken:
   ``guard_steps`` steps away from the best-known setting is replaced by a step back
   towards it; inside the region the Q-network decides. A workload change forgets the
   statistics (the optimum may have moved).
+* **Change detection.** Each credited p_t also feeds a CUSUM on its residual against the
+  expected level of the setting that produced it (``drl_engine.change_detection``), so
+  the agent's own moves are not mistaken for a new workload. An alarm forgets the
+  statistics, keeps the current setting as the anchor of the trust region and lets the
+  engine raise ε — exploration restarts locally, not uniformly.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
 
 @dataclass
@@ -53,6 +60,9 @@ class Guide:
         self.best: np.ndarray | None = None
         self._best_at = -1
         self.resets = 0
+        self.detector = (SettingResidualDetector(ChangeDetectorConfig())
+                         if cfg.detect_changes else None)
+        self.alarms: list[int] = []                  # ticks (session indices) of alarms
 
     # -- statistics ---------------------------------------------------------------------
     def grid(self, values) -> np.ndarray:
@@ -62,15 +72,22 @@ class Guide:
     def values(self, idx: np.ndarray) -> list[float]:
         return [float(v) for v in self.lo + idx * self.step]
 
-    def credit(self, p: np.ndarray, values: np.ndarray, n: int) -> None:
+    def credit(self, p: np.ndarray, values: np.ndarray, n: int) -> bool:
         """Credit objective values p[t] to the setting in effect at t − settle, for the
-        ticks of the session not yet credited (``n``: ticks derived so far)."""
+        ticks of the session not yet credited (``n``: ticks derived so far). True when
+        the change detector raised an alarm (the statistics are then forgotten)."""
         lag = self.cfg.settle_ticks
         start = max(self.seen_until, lag)
+        alarm = False
         for t in range(start, n):
             if not np.isfinite(p[t]) or not np.isfinite(values[t - lag]).all():
                 continue
             key = tuple(self.grid(values[t - lag]))
+            if self.detector is not None and self.detector.update(p[t], key):
+                alarm = True
+                self.alarms.append(t)
+                self.forget(anchor=np.array(key))
+                continue
             if self.dense:
                 self.grid_stats[(slice(None),) + key] += (p[t], p[t] * p[t], 1.0)
             else:
@@ -79,22 +96,23 @@ class Guide:
                 s[1] += p[t] * p[t]
                 s[2] += 1
         self.seen_until = max(self.seen_until, n)
+        return alarm
 
     def best_setting(self, now: int) -> np.ndarray | None:
         """Grid indices of the best-known setting by its lower confidence bound,
         recomputed every ``refresh`` ticks (None before any setting was seen)."""
-        if self.best is not None and now - self._best_at < self.cfg.best_refresh_ticks:
+        if self.best is not None and 0 <= now - self._best_at < self.cfg.best_refresh_ticks:
             return self.best
         if self.dense:
             if not self.grid_stats[2].any():
-                return None
+                return self.best
             s, sq, n = self._smooth_dense()
             visited = self.grid_stats[2] > 0
             keys = np.argwhere(visited)
             s, sq, n = s[visited], sq[visited], n[visited]
         else:
             if not self.sums:
-                return None
+                return self.best
             keys = np.array(list(self.sums), np.float64)                  # (V, P)
             stats = np.array(list(self.sums.values()), np.float64)        # (V, 3)
             d2 = (((keys[:, None, :] - keys[None, :, :]) / self.cfg.kernel_steps) ** 2).sum(-1)
@@ -119,12 +137,14 @@ class Guide:
             out = np.moveaxis(np.tensordot(out, k, axes=([axis + 1], [0])), -1, axis + 1)
         return out[0], out[1], out[2]
 
-    def forget(self) -> None:
-        """A new workload: the optimum may have moved."""
+    def forget(self, anchor: np.ndarray | None = None) -> None:
+        """A new workload: the optimum may have moved. ``anchor``: the setting the
+        trust region stays around until new statistics name a best (None: none, so
+        the next probes are global)."""
         self.sums.clear()
         if self.dense:
             self.grid_stats[:] = 0.0
-        self.best, self.probe, self._best_at = None, None, -1
+        self.best, self.probe, self._best_at = anchor, None, -1
         self.resets += 1
 
     # -- actions ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from drl_engine.engine import Decision, Engine
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from drl_engine.config import RewardConfig
 from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
+from storagegamesim.phases import phase_starts, score_phases
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
 
@@ -74,6 +75,9 @@ class RunResult:
                                            # included: the price of tuning)
     tp_frac_late: float | None = None      # mean tp / tp* over the second half
     min_tp_frac_after_300: float | None = None   # lowest tp / tp* after tick 300
+    change_alarms: int = 0      # workload changes the engine detected by itself ...
+    change_alarm_ticks: list[int] | None = None   # ... at these ticks
+    phases: list[dict] | None = None   # per workload phase (game.phases): recovery etc.
     trace: dict | None = None   # per-tick series, kept only when asked for
 
 
@@ -175,6 +179,14 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
         reader.close()
     metrics = tuning_metrics(np.array(source.true_tp), np.array(source.ideal),
                              cfg.game.win_band, cfg.game.time_limit_ticks)
+    if cfg.game.phases:
+        metrics["phases"] = [s.to_dict() for s in score_phases(
+            source.true_tp, phase_starts(cfg.game.phases),
+            [c.ideal_throughput for c in cfg.game.phase_configs()], band=cfg.game.win_band,
+            hold=cfg.game.win_hold_ticks + 1, first_tick=1)]
+    guide = getattr(engine, "guide", None)
+    metrics["change_alarms"] = getattr(engine, "change_alarms", 0)
+    metrics["change_alarm_ticks"] = list(guide.alarms) if guide is not None else []
     return RunResult(seed=seed, noise=cfg.game.noise, reward=cfg.reward.type,
                      preset=cfg.engine.preset if tuner == "capes" else "-", tuner=tuner,
                      won=source.first_win is not None, ticks=game.ticks, wall_s=wall,
