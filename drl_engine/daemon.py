@@ -7,18 +7,32 @@ the control agents. It follows the daemon's switches: tuning off means no action
 training off means no training steps; a change of the workload epoch bumps ε.
 Checkpoints (model, target, optimiser, counters, ε) are written atomically every
 ``checkpoint_every_s`` and at exit; a restart resumes from the latest one.
+
+What it does is visible while it runs: Prometheus metrics (``--metrics``, loopback by
+default; ``docs/metrics.md``), TensorBoard scalars (``--tensorboard DIR``, optional
+``tensorboard`` package), a JSON status file (``--status-file``) and a progress line in
+the log every ``log_every_s``. All of them are observers of the shared tick loop
+(``drl_engine/loop.py``), fed by one :class:`EngineView` per tick.
 """
 from __future__ import annotations
 
 import logging
+import math
+import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from capes.common.atomic import write_json
 from capes.common.control_client import ControlClient, ControlError
 from capes.common.deployment import DeploymentConfig
+from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, MetricSpec,
+                                  fmt, iso, registry_for, serve_metrics,
+                                  tensorboard_available, tensorboard_writer, tick_text)
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
 from drl_engine.config import DQNConfig
@@ -32,13 +46,15 @@ log = logging.getLogger("capes.drl_engine")
 @dataclass
 class EngineDaemonOptions:
     device: str = "auto"
-    checkpoint_dir: str = "capes-checkpoints"
+    checkpoint_dir: str | None = None  # None: capes-checkpoints/ beside the replay DB
     checkpoint_every_s: float = 60.0
     init_model: str | None = None
     seed: int = 0
     log_every_s: float = 5.0
     max_ticks: int = 0                 # stop after this many ticks; 0: run forever
     status_file: str | None = None     # JSON of tick, ε, loss, ... rewritten every tick
+    metrics: str = DEFAULT_ENGINE_METRICS   # Prometheus /metrics, host:port; "" off
+    tensorboard: str | None = None     # TensorBoard log dir (needs the tensorboard package)
 
 
 def _wait_for_db(client: ControlClient, stop: StopSignal) -> Path | None:
@@ -98,82 +114,333 @@ class LiveSource:
 
 
 def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
-                  ckpt: Path, out) -> Engine | None:
+                  ckpt: Path) -> Engine | None:
     """The engine on the live DB, resumed from the latest checkpoint or started from
-    ``--init-model``; None (after one line on ``out``) when the DB cannot be read."""
+    ``--init-model``; None (after one line in the log) when the DB cannot be read."""
     try:
         reader = ReplayReader(db)
     except ReplayDBError as exc:
-        print(f"capes drl-engine: {exc}", file=out)
+        log.error("%s", exc)
         return None
     engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
     if ckpt.exists():
         engine.load(ckpt)
-        print(f"resumed from {ckpt} (action tick {engine.action_ticks}, "
-              f"{engine.train_steps} training steps)", file=out, flush=True)
+        log.info("resumed from %s (action tick %d, %d training steps)", ckpt,
+                 engine.action_ticks, engine.train_steps)
     elif opts.init_model:
         engine.load(opts.init_model, weights_only=True)
-        print(f"started from the model in {opts.init_model}", file=out, flush=True)
+        log.info("started from the model in %s", opts.init_model)
     return engine
 
 
-def _observers(engine: Engine, source: LiveSource, opts: EngineDaemonOptions, ckpt: Path,
-               out) -> list:
-    """Per-tick observers: the progress line, the status file, periodic checkpoints,
-    and a line when the workload changes."""
+def _m(name: str, kind: str, help: str, *labels: str) -> MetricSpec:
+    return MetricSpec(name, kind, help, labels)
+
+
+ENGINE_METRICS = [
+    _m("capes_engine_up", "gauge", "1 while the engine runs its tick loop"),
+    _m("capes_engine_info", "gauge", "always 1; the labels say how the engine runs",
+       "device", "preset", "reward_type"),
+    _m("capes_engine_ticks_total", "counter", "ticks of the engine's loop since it started"),
+    _m("capes_engine_action_ticks_total", "counter",
+       "decisions taken, over the whole model's life (resumed from checkpoints)"),
+    _m("capes_engine_train_steps_total", "counter",
+       "minibatch updates, over the whole model's life (resumed from checkpoints)"),
+    _m("capes_engine_epsilon", "gauge", "exploration rate ε of the next decision"),
+    _m("capes_engine_loss", "gauge", "mean loss of the last tick's minibatches"),
+    _m("capes_engine_q_max", "gauge", "largest Q-value of the newest observation"),
+    _m("capes_engine_q_spread", "gauge",
+       "max - min of the Q-values of the newest observation (how much the network "
+       "tells the actions apart)"),
+    _m("capes_engine_reward", "gauge", "newest reward (of the configured reward type)"),
+    _m("capes_engine_objective", "gauge",
+       "newest value of the objective (e.g. total throughput) the reward is made of"),
+    _m("capes_engine_last_tick", "gauge", "tick of the newest decision"),
+    _m("capes_engine_last_tick_timestamp_seconds", "gauge",
+       "that tick as unix time (tick x tick_seconds)"),
+    _m("capes_engine_decisions_total", "counter",
+       "decisions since start, by action (null, <parameter>+, <parameter>-) and kind "
+       "(explore, greedy)", "action", "kind"),
+    _m("capes_engine_parameter_value", "gauge",
+       "value in effect of each parameter, as the daemon accepted it", "parameter"),
+    _m("capes_engine_best_value", "gauge",
+       "best-known setting of each parameter (the guide's, default preset)", "parameter"),
+    _m("capes_engine_workload_epoch", "gauge", "the daemon's workload epoch"),
+    _m("capes_engine_tuning", "gauge", "1 while the daemon has tuning on"),
+    _m("capes_engine_training", "gauge", "1 while the daemon has training on"),
+    _m("capes_engine_checkpoint_timestamp_seconds", "gauge",
+       "unix time of the last checkpoint written (or resumed from)"),
+    _m("capes_engine_checkpoint_age_seconds", "gauge", "seconds since that checkpoint"),
+    _m("capes_engine_tick_duration_seconds", "gauge",
+       "wall seconds the last tick's work took (observe, act, train)"),
+]
+
+
+class EngineView:
+    """What the engine is doing, refreshed once per tick (an observer) and read by the
+    other observers and by the metrics thread (which only ever sees whole snapshots)."""
+
+    def __init__(self, engine: Engine, source: "LiveSource", dqn: DQNConfig,
+                 reward: RewardConfig, tick_seconds: float, ckpt: Path):
+        self.engine, self.source, self.tick_seconds, self.ckpt = engine, source, tick_seconds, ckpt
+        self.labels = {"device": str(engine.device), "preset": dqn.preset,
+                       "reward_type": f"{reward.type} of {reward.objective}"}
+        self.ticks = 0
+        self.last_decision: Decision | None = None
+        self.decisions: dict[tuple[str, str], int] = {}
+        self.checkpoint_at: float | None = ckpt.stat().st_mtime if ckpt.exists() else None
+        self.q_max = self.q_spread = self.reward = self.objective = None
+        self.state = None
+        self.tick_started = time.monotonic()
+        self.tick_duration: float | None = None
+        self.current: dict = {}
+        self._lock = threading.Lock()
+
+    def observe(self, rec: TickRecord) -> None:
+        engine = self.engine
+        now = time.monotonic()
+        self.tick_duration = now - self.tick_started
+        self.ticks += 1
+        self.state = rec.state
+        d = rec.decision
+        if d is not None:
+            self.last_decision = d
+            key = (action_name(d.action, self.source.names()),
+                   "explore" if d.explored else "greedy")
+            self.decisions[key] = self.decisions.get(key, 0) + 1
+            self.q_max, self.q_spread = self._q(rec.state.session)
+        if rec.state.session is not None:
+            self.reward, self.objective = self._reward(rec.state.session)
+        snapshot = self._snapshot()
+        with self._lock:
+            self.current = snapshot
+
+    def _q(self, session: int) -> tuple[float | None, float | None]:
+        """Q-values of the newest observation: their max and spread (max - min)."""
+        engine = self.engine
+        if engine.dqn is None:
+            return None, None
+        latest = engine.experience.latest(session)
+        if latest is None:
+            return None, None
+        q = engine.dqn.q_values(latest[1][None])[0]
+        return float(q.max()), float(q.max() - q.min())
+
+    def _reward(self, session: int) -> tuple[float | None, float | None]:
+        d = self.engine.experience.derived.get(session)
+        if d is None or d.n == 0:
+            return None, None
+        objective = float(d.p[d.n - 1])
+        recent = d.r[max(0, d.n - 5):d.n]
+        finite = recent[np.isfinite(recent)]
+        return (float(finite[-1]) if len(finite) else None,
+                objective if math.isfinite(objective) else None)
+
+    def checkpoint_written(self) -> None:
+        self.checkpoint_at = time.time()
+
+    def best(self) -> dict[str, float] | None:
+        guide = self.engine.guide
+        if guide is None or guide.best is None:
+            return None
+        return dict(zip(self.source.names(), (float(v) for v in guide.values(guide.best))))
+
+    def _snapshot(self) -> dict:
+        e, d, st = self.engine, self.last_decision, self.state
+        tick = d.tick if d else None
+        return {
+            "time": iso(time.time()), "pid": os.getpid(), "tick": tick,
+            "tick_time": iso(tick * self.tick_seconds) if tick is not None else None,
+            "tick_seconds": self.tick_seconds, "epsilon": e.epsilon, "loss": e.last_loss,
+            "train_steps": e.train_steps, "action_ticks": e.action_ticks,
+            "ticks": self.ticks,
+            "last_action": action_name(d.action, self.source.names()) if d else None,
+            "explored": d.explored if d else None,
+            "q_max": self.q_max, "q_spread": self.q_spread, "reward": self.reward,
+            "objective": self.objective,
+            "values": dict(zip(self.source.names(), self.source.current or [])),
+            "best": self.best(), "workload_epoch": st.workload_epoch if st else None,
+            "tuning": st.tuning if st else None, "training": st.training if st else None,
+            "checkpoint": str(self.ckpt), "checkpoint_time": iso(self.checkpoint_at),
+            "checkpoint_at": self.checkpoint_at, **self.labels,
+            "decisions": {f"{a}/{k}": n for (a, k), n in sorted(self.decisions.items())},
+            "tick_duration_s": self.tick_duration,
+        }
+
+    def status(self) -> dict:
+        with self._lock:
+            out = dict(self.current)
+        if out.get("checkpoint_at") is not None:
+            out["checkpoint_age_s"] = time.time() - out["checkpoint_at"]
+        return out
+
+    def tick_begins(self) -> None:
+        self.tick_started = time.monotonic()
+
+    def metrics(self) -> dict | None:
+        s = self.status()
+        if not s:
+            return None
+        tick = s["tick"]
+        return {
+            "capes_engine_up": 1, "capes_engine_info": {
+                (s["device"], s["preset"], s["reward_type"]): 1},
+            "capes_engine_ticks_total": s["ticks"],
+            "capes_engine_action_ticks_total": s["action_ticks"],
+            "capes_engine_train_steps_total": s["train_steps"],
+            "capes_engine_epsilon": s["epsilon"], "capes_engine_loss": s["loss"],
+            "capes_engine_q_max": s["q_max"], "capes_engine_q_spread": s["q_spread"],
+            "capes_engine_reward": s["reward"], "capes_engine_objective": s["objective"],
+            "capes_engine_last_tick": tick,
+            "capes_engine_last_tick_timestamp_seconds":
+                tick * self.tick_seconds if tick is not None else None,
+            "capes_engine_decisions_total": {tuple(k.split("/")): n
+                                             for k, n in s["decisions"].items()},
+            "capes_engine_parameter_value": s["values"],
+            "capes_engine_best_value": s["best"],
+            "capes_engine_workload_epoch": s["workload_epoch"],
+            "capes_engine_tuning": None if s["tuning"] is None else int(s["tuning"]),
+            "capes_engine_training": None if s["training"] is None else int(s["training"]),
+            "capes_engine_checkpoint_timestamp_seconds": s["checkpoint_at"],
+            "capes_engine_checkpoint_age_seconds": s.get("checkpoint_age_s"),
+            "capes_engine_tick_duration_seconds": s["tick_duration_s"],
+        }
+
+
+class TensorBoardObserver:
+    """Engine scalars per decision: loss, ε, reward, objective (throughput), each
+    parameter, Q-value max and spread, best-known setting; x axis = action ticks."""
+
+    def __init__(self, view: EngineView, logdir: str):
+        self.view = view
+        self.writer = tensorboard_writer(logdir)
+        self.logdir = logdir
+
+    def __call__(self, rec: TickRecord) -> None:
+        if rec.decision is None and rec.loss is None:
+            return
+        s = self.view.status()
+        step = s["action_ticks"]
+        w = self.writer
+        for tag, key in (("engine/loss", "loss"), ("engine/epsilon", "epsilon"),
+                         ("engine/reward", "reward"), ("engine/objective", "objective"),
+                         ("engine/q_max", "q_max"), ("engine/q_spread", "q_spread"),
+                         ("engine/train_steps", "train_steps")):
+            if s.get(key) is not None:
+                w.add_scalar(tag, s[key], step)
+        for name, value in s["values"].items():
+            w.add_scalar(f"parameters/{name}", value, step)
+        for name, value in (s["best"] or {}).items():
+            w.add_scalar(f"best/{name}", value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _observers(engine: Engine, source: LiveSource, view: EngineView,
+               opts: EngineDaemonOptions, ckpt: Path) -> list:
+    """Per-tick observers: the view (first: the others read it), the progress line, the
+    status file, periodic checkpoints, and a line when the workload changes."""
     clock = {"log": time.monotonic(), "ckpt": time.monotonic()}
-    last = {"tick": None, "epoch": None}
+    last = {"epoch": None}
 
     def progress(rec: TickRecord) -> None:
-        if rec.decision is not None:
-            last["tick"] = rec.decision.tick
         if last["epoch"] is not None and rec.state.workload_epoch != last["epoch"]:
-            print(f"workload changed: ε raised to {engine.epsilon:.2f}", file=out, flush=True)
+            log.info("workload changed (epoch %d): ε raised to %.2f",
+                     rec.state.workload_epoch, engine.epsilon)
         last["epoch"] = rec.state.workload_epoch
         now = time.monotonic()
         if now - clock["log"] >= opts.log_every_s:
             clock["log"] = now
-            act = action_name(rec.decision.action, source.names()) if rec.decision else "-"
-            loss = f"{rec.loss:.4g}" if rec.loss is not None else "-"
-            print(f"tick {last['tick']} ε={engine.epsilon:.3f} loss={loss} "
-                  f"steps={engine.train_steps} action={act} values={source.current}",
-                  file=out, flush=True)
+            s = view.status()
+            if s["tick"] is None:
+                log.info("no decision yet (waiting for %d ticks of data; tuning %s); "
+                         "training steps %d", engine.cfg.stack,
+                         "on" if rec.state.tuning else "off", engine.train_steps)
+                return
+            values = ", ".join(f"{k}={v:g}" for k, v in s["values"].items()) or "-"
+            log.info("tick %s ε=%.3f loss=%s steps=%d action=%s values %s reward=%s "
+                     "Q spread=%s", tick_text(s["tick"], view.tick_seconds), s["epsilon"],
+                     fmt(s["loss"]), s["train_steps"], s["last_action"], values,
+                     fmt(s["reward"]), fmt(s["q_spread"]))
 
     def status_file(rec: TickRecord) -> None:
-        write_json(opts.status_file, {
-            "tick": last["tick"], "epsilon": engine.epsilon, "loss": engine.last_loss,
-            "train_steps": engine.train_steps, "action_ticks": engine.action_ticks,
-            "values": dict(zip(source.names(), source.current or [])),
-            "device": str(engine.device)}, indent=None)
+        try:
+            write_json(opts.status_file, view.status(), indent=None)
+            last["file_error"] = None
+        except OSError as exc:            # a full disk must not stop the tuning
+            if last.get("file_error") is None:
+                log.warning("status file %s not written: %s", opts.status_file, exc)
+            last["file_error"] = exc
 
     def checkpoint(rec: TickRecord) -> None:
         now = time.monotonic()
         if now - clock["ckpt"] >= opts.checkpoint_every_s:
             engine.save(ckpt)
+            view.checkpoint_written()
             clock["ckpt"] = now
 
-    return [progress, checkpoint] + ([status_file] if opts.status_file else [])
+    return [view.observe, progress, checkpoint] + ([status_file] if opts.status_file else [])
+
+
+class _TimedClock:
+    """The wall clock, telling the view when a tick's work begins."""
+
+    def __init__(self, clock: WallClock, view: EngineView):
+        self.clock, self.view = clock, view
+
+    def stopped(self) -> bool:
+        return self.clock.stopped()
+
+    def wait(self) -> None:
+        self.clock.wait()
+        self.view.tick_begins()
+
+
+def checkpoint_dir(opts: EngineDaemonOptions, db: Path) -> Path:
+    """``--checkpoint-dir``, or ``capes-checkpoints/`` beside the replay DB."""
+    return Path(opts.checkpoint_dir) if opts.checkpoint_dir else db.parent / "capes-checkpoints"
 
 
 def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
         opts: EngineDaemonOptions, out=sys.stderr) -> int:
-    ckpt = Path(opts.checkpoint_dir) / "engine-latest.pt"
+    tb = None
+    if opts.tensorboard and not tensorboard_available():   # say so before anything starts
+        print(f"capes drl-engine: {TENSORBOARD_MISSING}", file=out)
+        return 2
     with StopSignal() as stop, ControlClient.from_config(deploy) as client:
         db = _wait_for_db(client, stop)
         if db is None:
             return 0
-        engine = _start_engine(db, dqn, reward, opts, ckpt, out)
+        ckpt = checkpoint_dir(opts, db) / "engine-latest.pt"
+        engine = _start_engine(db, dqn, reward, opts, ckpt)
         if engine is None:
             return 1
-        print(f"drl-engine: device {engine.device}, preset {dqn.preset}, db {db}, "
-              f"tick {deploy.tick_seconds:g} s", file=out, flush=True)
         source = LiveSource(client, engine)
+        view = EngineView(engine, source, dqn, reward, deploy.tick_seconds, ckpt)
+        server = serve_metrics(registry_for(ENGINE_METRICS, view.metrics), opts.metrics,
+                               "drl-engine")
+        observers = _observers(engine, source, view, opts, ckpt)
+        if opts.tensorboard:
+            tb = TensorBoardObserver(view, opts.tensorboard)
+            observers.append(tb)
+        log.info("device %s, preset %s, db %s, tick %g s, checkpoints %s, metrics %s%s",
+                 engine.device, dqn.preset, db, deploy.tick_seconds, ckpt,
+                 server.url if server else "off",
+                 f", TensorBoard {opts.tensorboard}" if tb else "")
         try:
-            run_ticks(engine, source, WallClock(deploy.tick_seconds, stop),
-                      _observers(engine, source, opts, ckpt, out), max_ticks=opts.max_ticks)
+            run_ticks(engine, source, _TimedClock(WallClock(deploy.tick_seconds, stop), view),
+                      observers, max_ticks=opts.max_ticks)
         finally:
             if engine.dqn is not None:
                 engine.save(ckpt)
-                print(f"checkpoint written to {ckpt}", file=out, flush=True)
+                view.checkpoint_written()
+                log.info("checkpoint written to %s", ckpt)
+                if opts.status_file:
+                    write_json(opts.status_file, view.status(), indent=None)
+            if tb is not None:
+                tb.close()
+            if server is not None:
+                server.close()
             engine.experience.reader.close()
     return 0

@@ -12,6 +12,11 @@ any control agent sees it, and while the DB cannot be written (disk full, read-o
 daemon keeps running on a bounded row buffer, reports NOT_SERVING on the gRPC health
 service, refuses actions (no tuning without recording), and resumes by itself once a
 commit succeeds again. SIGHUP re-reads the CURVE allow-list.
+
+Prometheus metrics (``daemon.metrics``, loopback by default; ``docs/metrics.md``) are
+served from a thread of their own; each scrape takes one snapshot on the loop thread.
+A clean stop commits, checkpoints the WAL into the DB file (no ``-wal`` left when no
+reader holds the DB open) and removes the lock file.
 """
 from __future__ import annotations
 
@@ -32,12 +37,13 @@ import zmq
 
 from capes.common import curve
 from capes.common.deployment import DeploymentConfig
+from capes.common.metrics import registry_for, serve_metrics
 from capes.common.protocol import FullRequest, encode
 from capes.common.replay_db import Committed, ReplayDBError, ReplayWriter, SessionInfo
 from interface_daemon.action_checker import ActionChecker, Verdict
 from interface_daemon import control_service
 from interface_daemon.action_plane import ActionPlane
-from interface_daemon.counters import Counters
+from interface_daemon.counters import DAEMON_METRICS, Counters
 from interface_daemon.node_streams import Ingest, tick_in_range
 
 log = logging.getLogger("capes.interface_daemon")
@@ -55,25 +61,60 @@ class StartupError(OSError):
 
 def _lock_db(db: str):
     """Hold an exclusive lock next to the DB for the daemon's lifetime: one writer only.
-    The kernel drops it when the process dies, SIGKILL included."""
+    The kernel drops it when the process dies, SIGKILL included; a clean stop removes
+    the file (:func:`_unlock_db`), so a lock taken on a file that was removed meanwhile
+    is taken again on the new one."""
     path = Path(str(db) + ".lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fh = open(path, "a+")
-    except OSError as exc:
-        raise OSError(f"{db}: cannot create its lock file {path} ({exc.strerror})") from None
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        other = fh.read().strip() or "?"
-        fh.close()
-        raise OSError(f"{db}: another interface daemon (pid {other}) writes this replay DB")
+    for _ in range(10):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(path, "a+")
+        except OSError as exc:
+            raise OSError(f"{db}: cannot create its lock file {path} ({exc.strerror})") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            other = fh.read().strip() or "?"
+            fh.close()
+            raise OSError(f"{db}: another interface daemon (pid {other}) writes this replay DB")
+        try:
+            same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()                      # its holder removed it as we opened it: again
     fh.seek(0)
     fh.truncate()
     fh.write(f"{os.getpid()}\n")
     fh.flush()
     return fh
+
+
+def _unlock_db(fh, db: str) -> None:
+    """Remove the lock file while still holding the lock, then release it."""
+    try:
+        os.unlink(str(db) + ".lock")
+    except OSError:
+        pass
+    fh.close()
+
+
+def checkpoint_wal(db: str | Path) -> bool:
+    """Copy the WAL into the DB file and truncate it; when no other connection is open
+    (no reader), closing this one removes ``-wal`` and ``-shm``. True when the WAL was
+    fully checkpointed."""
+    try:
+        conn = sqlite3.connect(str(db), timeout=2.0)
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        log.warning("replay DB %s: WAL not checkpointed at exit: %s", db, exc)
+        return False
+    return not busy
 
 
 def _bind(sock: zmq.Socket, endpoint: str) -> str:
@@ -124,22 +165,26 @@ class InterfaceDaemon:
         self.ctx: zmq.Context | None = None
         self.auth = None
         self.health = None
+        self.metrics_server = None
         self.endpoints: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> dict:
-        """Open the DB, bind the sockets, start the authenticator and the gRPC server.
-        Return the endpoints actually bound (ports 0 resolved). On any error, whatever
-        was opened is closed again (no socket may block the context's termination)."""
+        """Open the DB, bind the sockets, start the authenticator, the gRPC server and
+        the metrics endpoint. Return the endpoints actually bound (ports 0 resolved). On
+        any error, whatever was opened is closed again (no socket may block the context's
+        termination)."""
+        d = self.cfg.daemon
         try:
             self._open_db()
             ingest, control = self._open_sockets()
             port = self._start_control_plane()
+            self.metrics_server = serve_metrics(
+                registry_for(DAEMON_METRICS, self._scrape), d.metrics, "interface daemon")
         except BaseException:
             self._release()
             raise
-        d = self.cfg.daemon
         host = d.grpc.rsplit(":", 1)[0]
         if host not in ("127.0.0.1", "localhost", "[::1]"):
             log.warning("the gRPC control plane listens on %s without TLS: its token "
@@ -147,7 +192,8 @@ class InterfaceDaemon:
         if not self.ingest.allowed_nodes:
             log.info("no daemon.nodes allow-list: an admitted key may speak for any node")
         self.endpoints = {"ingest": ingest, "control": control, "grpc": f"{host}:{port}",
-                          "db": str(Path(d.db).resolve()), "pid": os.getpid()}
+                          "db": str(Path(d.db).resolve()), "pid": os.getpid(),
+                          "metrics": self.metrics_server.url if self.metrics_server else ""}
         log.info("listening: %s", self.endpoints)
         return self.endpoints
 
@@ -176,15 +222,25 @@ class InterfaceDaemon:
             self, self.cfg.daemon.grpc, token)
         return port
 
-    def _release(self) -> None:
-        """Close what a failed start() opened (safe to call on anything half-open)."""
+    def _release(self, clean: bool = False) -> None:
+        """Close what a failed start() opened (safe to call on anything half-open).
+        ``clean`` (a normal stop): checkpoint the WAL and remove the lock file too."""
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         self._close_sockets()
+        wrote = self.writer is not None
         if self.writer is not None:
             self.writer.close(commit=False)
             self.writer = None
         lock = getattr(self, "_lock", None)
         if lock is not None:
-            lock.close()
+            if clean and wrote:
+                checkpoint_wal(self.cfg.daemon.db)
+            if clean:
+                _unlock_db(lock, self.cfg.daemon.db)
+            else:
+                lock.close()
             self._lock = None
 
     def stop(self) -> None:
@@ -211,10 +267,11 @@ class InterfaceDaemon:
             control_service.stop_server(self.grpc_server, self.health)
             self.grpc_server = None
         self._run_calls()        # answer anyone still waiting
-        if self.writer is not None and not self._commit():
+        committed = self.writer is None or self._commit()
+        if not committed:
             log.error("stopping with %d rows the replay DB could not take: they are lost",
                       self.writer.pending)
-        self._release()
+        self._release(clean=committed)
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
@@ -361,7 +418,11 @@ class InterfaceDaemon:
             return True
         try:
             while True:
-                self._account(self.writer.commit(COMMIT_CHUNK))
+                t0 = time.perf_counter()
+                done = self.writer.commit(COMMIT_CHUNK)
+                if not done.empty:
+                    self.counters.commit_seconds.observe(time.perf_counter() - t0)
+                self._account(done)
                 if not self.writer.pending:
                     break
         except DB_ERRORS as exc:
@@ -464,6 +525,71 @@ class InterfaceDaemon:
             "auth_denied": self.auth.denied if self.auth else 0,
         }
 
+    def _scrape(self) -> dict | None:
+        """The metrics snapshot, taken on the loop thread (None while stopping)."""
+        if self._stop:
+            return None
+        return self.call(self.metrics_snapshot, timeout=5.0)
+
+    def metrics_snapshot(self) -> dict:
+        """What ``/metrics`` shows (``DAEMON_METRICS``), as plain values."""
+        snap = self.counters.snapshot()
+        acts = snap["actions"]
+        now = time.monotonic()
+        tick_s = self.cfg.tick_seconds
+        streams, peers = self.ingest.streams, self.actions.peers
+        idle = {n: now - st.last_seen for n, st in streams.items()}
+        for n, peer in peers.items():
+            idle[n] = min(idle.get(n, float("inf")), now - peer.last_seen)
+        latest = self.ingest.latest_tick
+        size = 0
+        for suffix in ("", "-wal"):
+            try:
+                size += os.stat(str(self.cfg.daemon.db) + suffix).st_size
+            except OSError:
+                pass
+        return {
+            "capes_daemon_up": 1, "capes_daemon_uptime_seconds": snap["uptime_s"],
+            "capes_daemon_tick_seconds": tick_s,
+            "capes_daemon_messages_total": snap["messages"],
+            "capes_daemon_received_bytes_total": snap["bytes"],
+            "capes_daemon_frames_applied_total": snap["frames_applied"],
+            "capes_daemon_dropped_total": snap["drops"],
+            "capes_daemon_full_requests_total": snap["full_requests"],
+            "capes_daemon_auth_denied_total": self.auth.denied if self.auth else 0,
+            "capes_daemon_db_healthy": int(self.db_ok),
+            "capes_daemon_db_rows_written_total": snap["rows_written"],
+            "capes_daemon_db_ticks_written_total": snap["ticks_written"],
+            "capes_daemon_db_commits_total": snap["commits"],
+            "capes_daemon_db_commit_seconds": self.counters.commit_seconds.copy(),
+            "capes_daemon_db_buffered_rows": self.writer.pending if self.writer else 0,
+            "capes_daemon_db_size_bytes": size,
+            "capes_daemon_session_id": self.session.id if self.session else 0,
+            "capes_daemon_actions_total": {k: v for k, v in acts.items()
+                                           if not k.startswith("refused_")},
+            "capes_daemon_actions_refused_total": {k[8:]: v for k, v in acts.items()
+                                                   if k.startswith("refused_")},
+            "capes_daemon_tuning": int(self.tuning),
+            "capes_daemon_training": int(self.training),
+            "capes_daemon_workload_epoch": self.workload_epoch,
+            "capes_daemon_nodes": len(set(streams) | set(peers)),
+            "capes_daemon_pis": len(self.ingest.pi_names),
+            "capes_daemon_latest_tick": latest if latest >= 0 else None,
+            "capes_daemon_latest_tick_timestamp_seconds":
+                latest * tick_s if latest >= 0 else None,
+            "capes_daemon_parameter_value": dict(self.actions.current),
+            "capes_daemon_node_last_tick": {n: st.last_tick for n, st in streams.items()
+                                            if st.last_tick >= 0},
+            "capes_daemon_node_last_tick_timestamp_seconds": {
+                n: st.last_tick * tick_s for n, st in streams.items() if st.last_tick >= 0},
+            "capes_daemon_node_idle_seconds": idle,
+            "capes_daemon_node_messages_total": {
+                n: (streams[n].messages if n in streams else 0)
+                + (peers[n].messages if n in peers else 0) for n in idle},
+            "capes_daemon_node_applied_value": {
+                (n, p): v for n, peer in peers.items() for p, v in peer.applied.items()},
+        }
+
     def set_flag(self, name: str, on: bool) -> None:
         if getattr(self, name) != bool(on):
             log.info("%s %s", name, "on" if on else "off")
@@ -527,7 +653,9 @@ class InterfaceDaemon:
             return "db", "the replay DB cannot be written: tuning is held until it can"
         self.writer.add_action(tick, label, [verdict.values[s.name] for s in self.specs])
         try:
+            t0 = time.perf_counter()
             done = self.writer.commit(max_rows=0, durable=True)    # it is about to act
+            self.counters.commit_seconds.observe(time.perf_counter() - t0)
         except DB_ERRORS as exc:
             self.writer.discard_actions()
             self._db_failed(exc)

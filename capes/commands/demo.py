@@ -16,8 +16,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep tuning this long after the win")
     p.add_argument("--plot", default="capes-demo.png", metavar="OUT.png")
     p.add_argument("--json", default=None, metavar="OUT.json")
-    p.add_argument("--workdir", default=None, help="run here instead of a temp dir (kept)")
+    p.add_argument("--workdir", default=None,
+                   help="run here instead of a temp dir, and keep it: logs/, the replay DB, "
+                        "checkpoints/, keys/, engine.json and capes-demo.json (what "
+                        "`capes status --workdir DIR` reads while the demo runs)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (logs, DB, keys)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="the engine writes TensorBoard scalars here (needs: pip install "
+                        "'capes[tensorboard]')")
 
 
 def run(args) -> int:
@@ -25,7 +31,8 @@ def run(args) -> int:
     from capes.experiments.demo import run as run_demo
     opts = DemoOptions(config=Path(args.config), overrides=list(args.overrides),
                        seed=args.seed, timeout_s=args.timeout, workdir=args.workdir,
-                       keep=args.keep, plot=args.plot, json_out=args.json, hold_s=args.hold)
+                       keep=args.keep, plot=args.plot, json_out=args.json, hold_s=args.hold,
+                       tensorboard=args.tensorboard)
     try:
         result = run_demo(opts)
     except RuntimeError as exc:

@@ -1,4 +1,4 @@
-"""``capes replay info|merge|export``: replay DBs of past sessions as an asset."""
+"""``capes replay info|merge|export|plot``: replay DBs of past sessions as an asset."""
 from __future__ import annotations
 
 import argparse
@@ -34,12 +34,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     export.add_argument("--format", choices=["csv", "npz"], required=True)
     export.add_argument("-o", "--out", required=True, metavar="OUT")
 
+    plot = sub.add_parser("plot", help="PIs, parameters, reward and actions of a session "
+                          "over time, as a PNG",
+                          description="One session of a replay DB over time: the "
+                          "objective, chosen PIs (summed over nodes), the parameters' values "
+                          "in effect, the reward and the actions taken.")
+    plot.add_argument("db", metavar="DB")
+    plot.add_argument("-o", "--out", default="replay.png", metavar="OUT.png",
+                      help="default: %(default)s")
+    plot.add_argument("--session", type=int, metavar="ID", help="default: the newest")
+    plot.add_argument("--pis", metavar="A,B,...",
+                      help="PIs to plot, one panel each, up to 4 (default: the objective's "
+                           "PIs when it has several)")
+    plot.add_argument("--config", metavar="TOML",
+                      help="take the objective and reward from this config's [reward]")
+    plot.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="override one config value (repeatable)")
+    for sp in sub.choices.values():        # --log-level after the action works too
+        _logging_args(sp)
+
+
+def _logging_args(p: argparse.ArgumentParser) -> None:
+    """``capes replay ACTION ... --log-level X``: the same options as on ``capes replay``
+    (whose values win only when given here)."""
+    p.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="as for capes replay")
+    p.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"],
+                   help="as for capes replay")
+
 
 def run(args) -> int:
     from capes.common.replay_db import ReplayDBError
     try:
-        return {"info": _info, "merge": _merge, "export": _export}[args.replay_command](args)
-    except ReplayDBError as exc:
+        return {"info": _info, "merge": _merge, "export": _export,
+                "plot": _plot}[args.replay_command](args)
+    except (ReplayDBError, ValueError) as exc:
         print(f"capes replay {args.replay_command}: {exc}", file=sys.stderr)
         return 1
 
@@ -77,6 +106,21 @@ def _export(args) -> int:
     else:
         names = export_npz(args.db, args.out, progress=say)
         print(f"wrote {args.out}: {len(names)} arrays")
+    return 0
+
+
+def _plot(args) -> int:
+    from capes.experiments.replay_plot import plot_session
+    reward = None
+    if args.config or args.overrides:
+        from capes.settings import load_settings
+        reward = load_settings(args.config, args.overrides).reward
+    pis = [p.strip() for p in args.pis.split(",") if p.strip()] if args.pis else None
+    report = plot_session(args.db, args.out, args.session, pis, reward)
+    print(f"wrote {report.out}: session {report.session}, {report.ticks} ticks, "
+          f"{report.actions} actions"
+          + (f", PIs {', '.join(report.pis)}" if report.pis else "")
+          + (f" ({report.note})" if report.note else ""))
     return 0
 
 

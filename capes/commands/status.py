@@ -1,13 +1,21 @@
 """The control-plane clients: ``capes status``, ``capes tuning on|off``,
 ``capes training on|off``, ``capes workload-changed`` and ``capes nodes``.
-One module, since they share everything but the call they make."""
+One module, since they share everything but the call they make.
+
+``capes status`` shows the interface daemon (over its gRPC control plane) and the DRL
+engine (its status file, else its Prometheus metrics). ``--workdir DIR`` talks to a
+running ``capes demo`` there: its addresses and token are in ``DIR/capes-demo.json``.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from capes.cli import common_config_args
+
+DEMO_FILE = "capes-demo.json"
 
 
 def add_status_arguments(p: argparse.ArgumentParser) -> None:
@@ -16,8 +24,19 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc", metavar="ADDR",
                    help="the daemon's control plane, host:port (default: the config's "
                         "daemon.grpc)")
+    p.add_argument("--workdir", metavar="DIR",
+                   help=f"a running `capes demo`'s work dir: its addresses and token are "
+                        f"read from DIR/{DEMO_FILE}")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
     p.add_argument("--json", action="store_true", help="print JSON")
+    if p.prog.split()[-1] == "status":
+        from capes.common.metrics import DEFAULT_ENGINE_METRICS
+        p.add_argument("--engine-metrics", default=DEFAULT_ENGINE_METRICS,
+                       metavar="HOST:PORT", help="the engine's metrics endpoint (`capes "
+                       "drl-engine --metrics`; default: %(default)s; \"\": don't ask)")
+        p.add_argument("--engine-status", metavar="PATH",
+                       help="the engine's status file (`capes drl-engine --status-file`); "
+                            "read instead of its metrics")
 
 
 def add_switch_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,11 +51,49 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--note", default="", help="logged by the daemon")
 
 
-def run(args) -> int:
-    from capes.common.control_client import ControlClient, ControlError
+def read_demo_file(workdir: str | Path) -> dict:
+    """A demo's ``capes-demo.json`` (ValueError with one line when there is none)."""
+    path = Path(workdir) / DEMO_FILE
+    try:
+        info = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: not found; is a `capes demo --workdir {workdir}` "
+                         "running?") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(info, dict) or "grpc" not in info:
+        raise ValueError(f"{path}: not a capes demo file")
+    return info
+
+
+def _client(args):
+    """The control-plane client and, for --workdir, the demo's file."""
+    from capes.common.control_client import ControlClient
+    if args.workdir:
+        demo = read_demo_file(args.workdir)
+        token = None
+        if demo.get("token_file"):
+            try:
+                token = Path(demo["token_file"]).read_text().strip() or None
+            except OSError as exc:
+                raise ValueError(f"{demo['token_file']}: {exc.strerror}") from None
+        return ControlClient(args.grpc or demo["grpc"], token, args.timeout), demo
     from capes.settings import load_settings
     cfg = load_settings(args.config, args.overrides)
-    client = ControlClient.from_config(cfg, args.grpc, args.timeout)
+    return ControlClient.from_config(cfg, args.grpc, args.timeout), None
+
+
+def run(args) -> int:
+    from capes.common.config import ConfigError
+    from capes.common.control_client import ControlError
+    try:
+        client, demo = _client(args)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        print(f"capes {args.command}: {exc}", file=sys.stderr)
+        return 1
+    error = None
     try:
         if args.command == "nodes":
             result = client.nodes()
@@ -49,20 +106,122 @@ def run(args) -> int:
         else:
             result = client.status()
     except ControlError as exc:
-        print(f"capes {args.command}: {exc}", file=sys.stderr)
-        return 1
+        error, result = str(exc), None
     finally:
         client.close()
+    if args.command != "status":
+        if error:
+            print(f"capes {args.command}: {error}", file=sys.stderr)
+            return 1
+        print(json.dumps(result, indent=2, sort_keys=True) if args.json else
+              format_nodes(result) if args.command == "nodes" else format_status(result))
+        return 0
+    engine = engine_status(args, demo)
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
-    elif args.command == "nodes":
-        print(format_nodes(result))
+        out = dict(result or {"error": error})
+        out["engine"] = engine
+        print(json.dumps(out, indent=2, sort_keys=True))
     else:
-        print(format_status(result))
+        print(f"daemon {client.address}")
+        print(_indent(format_status(result)) if result else f"  not reachable: {error}")
+        print(f"engine {engine.get('source', '')}".rstrip())
+        print(_indent(format_engine(engine)))
+    if error:
+        print(f"capes status: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+# ---------------------------------------------------------------------------- engine
+
+def engine_status(args, demo: dict | None) -> dict:
+    """The engine's state from its status file (``--engine-status`` or the demo's), else
+    from its metrics; ``{"error": ...}`` when neither can be read."""
+    path = getattr(args, "engine_status", None) or (demo or {}).get("engine_status")
+    metrics = (demo or {}).get("engine_metrics") if demo else getattr(args, "engine_metrics", "")
+    errors = []
+    if path:
+        try:
+            out = json.loads(Path(path).read_text())
+            out["source"] = f"(status file {path})"
+            if out.get("checkpoint_at") is not None:
+                import time
+                out["checkpoint_age_s"] = time.time() - out["checkpoint_at"]
+            return out
+        except FileNotFoundError:
+            errors.append(f"{path}: no status file yet")
+        except (OSError, ValueError) as exc:
+            errors.append(f"{path}: {exc}")
+    if metrics:
+        try:
+            return engine_from_metrics(metrics, args.timeout)
+        except OSError as exc:
+            errors.append(f"metrics {metrics}: {getattr(exc, 'reason', None) or exc}")
+    return {"error": "; ".join(errors) or "no engine status file or metrics address given"}
+
+
+def engine_from_metrics(address: str, timeout: float = 2.0) -> dict:
+    """The engine's state, read from its ``/metrics`` (the status file's keys)."""
+    from capes.common.metrics import by_label, iso, one, scrape
+    s = scrape(address, timeout)
+    if one(s, "capes_engine_up") is None:
+        raise OSError(f"no capes_engine_* metrics at {address}")
+    info = dict(next(iter(s.get("capes_engine_info", {})), ()))
+    tick = one(s, "capes_engine_last_tick")
+    ts = one(s, "capes_engine_last_tick_timestamp_seconds")
+    flag = lambda n: None if one(s, n) is None else bool(one(s, n))   # noqa: E731
+    ints = {k: (None if one(s, n) is None else int(one(s, n))) for k, n in (
+        ("train_steps", "capes_engine_train_steps_total"),
+        ("action_ticks", "capes_engine_action_ticks_total"),
+        ("ticks", "capes_engine_ticks_total"),
+        ("workload_epoch", "capes_engine_workload_epoch"))}
+    return {
+        "source": f"(metrics http://{address}/metrics)", **info, **ints,
+        "tick": None if tick is None else int(tick), "tick_time": iso(ts),
+        "epsilon": one(s, "capes_engine_epsilon"), "loss": one(s, "capes_engine_loss"),
+        "q_max": one(s, "capes_engine_q_max"), "q_spread": one(s, "capes_engine_q_spread"),
+        "reward": one(s, "capes_engine_reward"),
+        "objective": one(s, "capes_engine_objective"),
+        "values": by_label(s, "capes_engine_parameter_value", "parameter"),
+        "best": by_label(s, "capes_engine_best_value", "parameter") or None,
+        "tuning": flag("capes_engine_tuning"), "training": flag("capes_engine_training"),
+        "checkpoint_age_s": one(s, "capes_engine_checkpoint_age_seconds"),
+        "checkpoint_time": iso(one(s, "capes_engine_checkpoint_timestamp_seconds")),
+    }
+
+
+def format_engine(e: dict) -> str:
+    from capes.common.metrics import fmt
+    if e.get("error"):
+        return f"not reachable: {e['error']}"
+    vals = lambda d: ", ".join(f"{k}={v:g}" for k, v in sorted((d or {}).items())) or "-"  # noqa: E731
+    tick = (f"tick {e['tick']} ({e.get('tick_time')})" if e.get("tick") is not None
+            else "no decision yet")
+    age = e.get("checkpoint_age_s")
+    ckpt = (f"checkpoint {age:.0f} s ago" if age is not None else "no checkpoint yet") + (
+        f" ({e['checkpoint']})" if e.get("checkpoint") else "")
+    lines = [
+        f"{tick}, ε {fmt(e.get('epsilon'), '.3f')}, training steps {e.get('train_steps')}, "
+        f"loss {fmt(e.get('loss'))}, decisions {e.get('action_ticks')}",
+        f"Q max {fmt(e.get('q_max'))}, Q spread {fmt(e.get('q_spread'))}, reward "
+        f"{fmt(e.get('reward'))}, objective {fmt(e.get('objective'))}"
+        + (f", last action {e['last_action']}"
+           + (" (exploring)" if e.get("explored") else "") if e.get("last_action") else ""),
+        f"values: {vals(e.get('values'))}; best known: {vals(e.get('best'))}",
+        f"{ckpt}; device {e.get('device', '-')}, preset {e.get('preset', '-')}, "
+        f"reward {e.get('reward_type', '-')}, workload epoch {e.get('workload_epoch')}",
+    ]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- daemon
+
 def format_status(s: dict) -> str:
+    from capes.common.metrics import tick_text
     drops = ", ".join(f"{k} {v}" for k, v in sorted(s["drops"].items())) or "none"
     acts = ", ".join(f"{k} {v}" for k, v in sorted(s["actions"].items())) or "none"
     params = ", ".join(f"{k}={v:g}" for k, v in sorted(s["parameters"].items())) or "none"
@@ -70,7 +229,8 @@ def format_status(s: dict) -> str:
         f"tuning {'on' if s['tuning'] else 'off'}, training {'on' if s['training'] else 'off'}, "
         f"workload epoch {s['workload_epoch']}, up {s['uptime_s']:.0f} s",
         f"session {s['session_id']} ({s['session_uuid'] or 'not started'}) in {s['db_path']}",
-        f"nodes {s['nodes']}, PIs {s['pis']}, latest tick {s['latest_tick']}",
+        f"nodes {s['nodes']}, PIs {s['pis']}, latest tick "
+        f"{tick_text(s['latest_tick'], s.get('tick_seconds') or 1.0)}",
         f"messages {s['messages']} ({s['bytes']} B), rows written {s['rows_written']}, "
         f"ticks written {s['ticks_written']}, commits {s['commits']}",
         f"drops: {drops}; full requests {s['full_requests']}; CURVE refused {s['auth_denied']}",

@@ -29,6 +29,7 @@ class DaemonConfig:
     ingest: str = "tcp://127.0.0.1:5560"     # monitoring agents connect here
     control: str = "tcp://127.0.0.1:5561"    # control agents connect here
     grpc: str = "127.0.0.1:50051"            # control plane (capes status, the engine)
+    metrics: str = "127.0.0.1:9464"          # Prometheus /metrics (docs/metrics.md); "" off
     db: str = "capes-replay.db"
     commit_every_s: float = 1.0              # batch of the replay DB's WAL transactions
     ack_timeout_s: float = 2.0               # resend an unacknowledged action after this
@@ -64,6 +65,11 @@ class DaemonConfig:
                 raise ValueError(f"{key}: must lie in [1, {most}] (got {getattr(self, key)})")
         if any(not n or len(n.encode()) > 255 for n in self.nodes):
             raise ValueError("nodes: every node name must have 1 to 255 bytes")
+        from capes.common.metrics import parse_address
+        try:
+            parse_address(self.metrics)
+        except ValueError as exc:
+            raise ValueError(f"metrics: {exc}") from None
 
 
 @dataclass

@@ -4,12 +4,20 @@ Starts, as separate processes on loopback with fresh CURVE keys in a temporary
 directory: the simulator node, the interface daemon, a monitoring agent and a control
 agent for it, and the DRL engine. Shows live progress, stops at the win or a limit,
 prints a summary, writes a PNG of throughput and parameters over time, and stops every
-process it started — on the win, on an error and on Ctrl-C alike.
+process it started — on the win, on an error and on Ctrl-C alike, and (on Linux) when
+the demo itself is killed, even with SIGKILL (``process_group.die_with_parent``).
+
+The work dir holds ``capes-demo.json`` (the daemon's gRPC address, the token file, the
+metrics addresses, the engine's status file), so ``capes status --workdir DIR`` finds
+a running demo. The live line shows the values the control agent acknowledged as
+applied (from the daemon), never a knob file caught mid-write.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import shutil
 import socket
 import sys
@@ -34,6 +42,11 @@ class DemoOptions:
     plot: str | None = "capes-demo.png"
     json_out: str | None = None
     hold_s: float = 0.0              # keep tuning this long after the win (shows the hold)
+    tensorboard: str | None = None   # the engine's TensorBoard log dir
+
+
+DEMO_FILE = "capes-demo.json"        # what `capes status --workdir DIR` reads
+ENGINE_STATUS = "engine.json"
 
 
 def free_port() -> int:
@@ -43,6 +56,8 @@ def free_port() -> int:
 
 
 def read_number(path: Path) -> float | None:
+    """A number from a file the simulator node replaces atomically (None when absent
+    or not a number)."""
     try:
         text = path.read_text().strip()
         return float(text) if text else None
@@ -51,67 +66,108 @@ def read_number(path: Path) -> float | None:
 
 
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
-    from capes.common.curve import generate
+    from capes.common.atomic import write_json
+    from capes.common.control_client import ControlClient
+    from capes.common.curve import TOKEN_FILE, generate, load_token
+    from capes.common.metrics import iso
     from capes.settings import load_settings
 
     deploy = load_settings(opts.config, opts.overrides)      # the whole file, before any process
+    if opts.tensorboard:
+        from capes.common.metrics import TENSORBOARD_MISSING, tensorboard_available
+        if not tensorboard_available():
+            raise RuntimeError(TENSORBOARD_MISSING)
+        opts.tensorboard = str(Path(opts.tensorboard).resolve())
     tick_s = deploy.tick_seconds
-    workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="capes-demo-"))
+    workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="capes-demo-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    ports = {k: free_port() for k in ("ingest", "control", "grpc")}
+    ports = {k: free_port() for k in ("ingest", "control", "grpc", "daemon_metrics",
+                                      "engine_metrics")}
+    keys_dir = workdir / deploy.keys.dir          # absolute paths: the same whatever the
+    db = workdir / deploy.daemon.db               # processes resolve relative ones against
     sets = [f"daemon.ingest=tcp://127.0.0.1:{ports['ingest']}",
             f"daemon.control=tcp://127.0.0.1:{ports['control']}",
             f"daemon.grpc=127.0.0.1:{ports['grpc']}",
+            f"daemon.metrics=127.0.0.1:{ports['daemon_metrics']}",
             f"monitor.daemon=tcp://127.0.0.1:{ports['ingest']}",
-            f"control.daemon=tcp://127.0.0.1:{ports['control']}", *opts.overrides]
-    cfg_args = ["--config", str(Path(opts.config).resolve())]
+            f"control.daemon=tcp://127.0.0.1:{ports['control']}", *opts.overrides,
+            f'keys.dir="{keys_dir}"', f'daemon.db="{db}"']
+    config = str(Path(opts.config).resolve())
+    cfg_args = ["--config", config]
     for s in sets:
         cfg_args += ["--set", s]
     game_sets = [a for s in opts.overrides if s.startswith("game.") for a in ("--set", s)]
-    keys_dir = workdir / deploy.keys.dir
     if deploy.keys.enabled:
         generate(keys_dir, ["monitor", "control", "engine"])
     sim_dir = workdir / "sim"
+    engine_status = workdir / ENGINE_STATUS
     stack = ProcessGroup(workdir)
     series = {k: [] for k in ("tick", "throughput", "true_throughput", "window",
                               "rate_limit", "epsilon")}
     result = {"won": False, "workdir": str(workdir)}
     t0 = time.monotonic()
+    info = {
+        "pid": os.getpid(), "started": iso(time.time()), "config": config, "overrides": sets,
+        "grpc": f"127.0.0.1:{ports['grpc']}",
+        "token_file": str(keys_dir / TOKEN_FILE) if deploy.keys.enabled else None,
+        "keys_dir": str(keys_dir), "db": str(db),
+        "daemon_metrics": f"127.0.0.1:{ports['daemon_metrics']}",
+        "engine_metrics": f"127.0.0.1:{ports['engine_metrics']}",
+        "engine_status": str(engine_status), "logs": str(stack.logs),
+        "tensorboard": opts.tensorboard, "tick_seconds": tick_s,
+    }
+    client = None
     try:
         print(f"capes demo: work dir {workdir}, {1 / tick_s:g} ticks per second, "
               f"CURVE {'on' if deploy.keys.enabled else 'off'}", file=out, flush=True)
         stack.start("sim-node", "sim-node", "--dir", "sim", "--tick-seconds", str(tick_s),
-                    "--seed", str(opts.seed), "--keep-running",
-                    "--config", str(Path(opts.config).resolve()), *game_sets)
+                    "--seed", str(opts.seed), "--keep-running", "--config", config,
+                    *game_sets)
         stack.start("interface-daemon", "interface-daemon", *cfg_args,
                     "--ready-file", "daemon.ready")
         stack.start("monitor-agent", "monitor-agent", *cfg_args, "--set", "keys.client=monitor")
         stack.start("control-agent", "control-agent", *cfg_args, "--set", "keys.client=control")
         stack.start("drl-engine", "drl-engine", *cfg_args, "--seed", str(opts.seed),
-                    "--checkpoint-dir", "checkpoints", "--status-file", "engine.json",
-                    "--log-every", "2")
+                    "--checkpoint-dir", str(workdir / "checkpoints"),
+                    "--status-file", str(engine_status), "--log-every", "2",
+                    "--metrics", info["engine_metrics"],
+                    *(["--tensorboard", opts.tensorboard] if opts.tensorboard else []))
+        write_json(workdir / DEMO_FILE, {**info, "children": stack.pids()})
+        print(f"  capes status --workdir {workdir}      (daemon and engine)\n"
+              f"  curl -s http://{info['daemon_metrics']}/metrics   "
+              f"curl -s http://{info['engine_metrics']}/metrics", file=out, flush=True)
+        client = ControlClient(info["grpc"], load_token(
+            dataclasses.replace(deploy.keys, dir=str(keys_dir))), timeout=1.0)
+        node = deploy.control.node
         won_at = None
         last_print = 0.0
+        applied: dict[str, float] = {}
         while True:
             time.sleep(0.1)
             stack.check_alive()
             sim = {k: read_number(sim_dir / k) for k in ("ticks", "throughput",
-                   "true_throughput", "window", "rate_limit", "won")}
-            engine = _read_json(workdir / "engine.json")
+                   "true_throughput", "won")}
+            engine = _read_json(engine_status)
+            values = engine.get("values") or {}
             if sim["ticks"] is not None and (not series["tick"] or
                                              sim["ticks"] > series["tick"][-1]):
                 series["tick"].append(sim["ticks"])
-                for k in ("throughput", "true_throughput", "window", "rate_limit"):
+                for k in ("throughput", "true_throughput"):
                     series[k].append(sim[k])
+                for k in ("window", "rate_limit"):
+                    series[k].append(applied.get(k, values.get(k)))
                 series["epsilon"].append(engine.get("epsilon"))
             now = time.monotonic()
             if now - last_print >= 1.0 and sim["ticks"] is not None:
                 last_print = now
+                applied = _applied(client, node) or applied
+                shown = applied or values
+                params = "  ".join(f"{k.replace('_', ' ')} {shown[k]:g}"
+                                   for k in sorted(shown)) or "(no value applied yet)"
                 eps = engine.get("epsilon")
                 print(f"[{now - t0:5.1f} s] tick {sim['ticks']:.0f}  "
-                      f"throughput {sim['throughput'] or 0:6.1f} (ideal 100)  "
-                      f"window {sim['window'] or 0:3.0f}  rate limit {sim['rate_limit'] or 0:3.0f}"
-                      f"  ε {eps if eps is not None else float('nan'):.2f}  "
+                      f"throughput {sim['throughput'] or 0:6.1f} (ideal 100)  {params}  "
+                      f"ε {eps if eps is not None else float('nan'):.2f}  "
                       f"training steps {engine.get('train_steps', 0)}", file=out, flush=True)
             if sim["won"] and won_at is None:
                 won_at = now
@@ -124,11 +180,20 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
             if now - t0 > opts.timeout_s:
                 print(f"limit: not won within {opts.timeout_s:g} s of wall time", file=out)
                 break
-        result["daemon"] = _daemon_status(deploy, keys_dir, ports["grpc"])
+        result["daemon"] = _daemon_status(client)
+        result["applied"] = _applied(client, node)
     finally:
-        codes = stack.stop()
+        if client is not None:
+            client.close()
+        # the engine first: then the daemon is the DB's last user and folds the WAL in
+        codes = stack.stop(first=("drl-engine",))
         result["exit_codes"] = codes
         result["wall_s"] = time.monotonic() - t0
+        _tidy_db(db)
+        if (workdir / DEMO_FILE).exists():
+            write_json(workdir / DEMO_FILE, {**info, "children": stack.pids(),
+                                             "stopped": iso(time.time())})
+    result["engine"] = _read_json(engine_status)
     result["final"] = {k: (series[k][-1] if series[k] else None)
                        for k in ("tick", "true_throughput", "window", "rate_limit")}
     _summary(result, out)
@@ -139,25 +204,44 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         Path(opts.json_out).write_text(json.dumps({**result, "series": series}, indent=1))
     if not opts.keep and not opts.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
-    elif opts.keep:
-        print(f"kept {workdir} (logs/, replay.db, checkpoints/, keys/)", file=out)
+    else:
+        print(f"kept {workdir} (logs/, {db.name}, checkpoints/, keys/, {ENGINE_STATUS}, "
+              f"{DEMO_FILE})", file=out)
     return result
 
 
+def _applied(client, node: str) -> dict[str, float]:
+    """The values the control agent of ``node`` acknowledged as applied ({} when the
+    daemon cannot tell)."""
+    from capes.common.control_client import ControlError
+    try:
+        for n in client.nodes():
+            if n["name"] == node:
+                return dict(n.get("applied") or {})
+    except ControlError:
+        pass
+    return {}
+
+
+def _tidy_db(db: Path) -> None:
+    """After every process stopped: fold a WAL a reader kept alive into the DB."""
+    from interface_daemon.daemon import checkpoint_wal
+    if Path(str(db) + "-wal").exists() and db.exists():
+        checkpoint_wal(db)
+
+
 def _read_json(path: Path) -> dict:
+    """A JSON file written atomically by another process ({} when absent)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _daemon_status(deploy, keys_dir: Path, grpc_port: int) -> dict | None:
-    from capes.common.control_client import ControlClient, ControlError
-    from capes.common.curve import load_token
-    keys = dataclasses.replace(deploy.keys, dir=str(keys_dir))
+def _daemon_status(client) -> dict | None:
+    from capes.common.control_client import ControlError
     try:
-        with ControlClient(f"127.0.0.1:{grpc_port}", load_token(keys)) as client:
-            return client.status()
+        return client.status()
     except ControlError:
         return None
 
@@ -168,10 +252,16 @@ def _summary(result: dict, out) -> None:
     print(f"won: {result['won']}" + (f" at simulated second {result['won_tick']:.0f} "
                                       f"({result['won_wall_s']:.1f} s wall)"
                                       if result["won"] else ""), file=out)
+    num = lambda v, spec: "-" if v is None else format(v, spec)     # noqa: E731
     if final["tick"] is not None:
         print(f"final: tick {final['tick']:.0f}, noise-free throughput "
-              f"{final['true_throughput']:.1f}, window {final['window']:.0f}, "
-              f"rate limit {final['rate_limit']:.0f}", file=out)
+              f"{num(final['true_throughput'], '.1f')}, window {num(final['window'], '.0f')}, "
+              f"rate limit {num(final['rate_limit'], '.0f')} (applied)", file=out)
+    e = result.get("engine")
+    if e:
+        print(f"engine: {e.get('action_ticks')} decisions, {e.get('train_steps')} training "
+              f"steps, ε {num(e.get('epsilon'), '.3f')}, loss {num(e.get('loss'), '.4g')}, "
+              f"checkpoint {e.get('checkpoint')}", file=out)
     d = result.get("daemon")
     if d:
         print(f"daemon: {d['messages']} messages, {d['bytes']} bytes "
@@ -194,8 +284,9 @@ def plot_demo(series: dict, path: str, result: dict) -> None:
     ax1.axhspan(90, 110, color="green", alpha=0.1, label="win band (±10 % of ideal)")
     ax1.set_ylabel("throughput")
     ax1.legend(fontsize=8)
-    ax2.plot(t, series["window"], label="window m")
-    ax2.plot(t, series["rate_limit"], label="rate limit τ")
+    nan = lambda xs: [math.nan if x is None else x for x in xs]    # noqa: E731
+    ax2.plot(t, nan(series["window"]), label="window m (applied)")
+    ax2.plot(t, nan(series["rate_limit"]), label="rate limit τ (applied)")
     ax2.axhline(50, color="grey", ls=":", lw=0.8)
     ax2.set_ylabel("parameter value")
     ax2.legend(fontsize=8)

@@ -2,15 +2,53 @@
 
 Used by ``capes demo`` and by the benchmarks that run the stack as real processes.
 Each child logs to ``<workdir>/logs/<name>.log`` and runs in its own session, so a
-Ctrl-C reaches only the parent, which then stops the children in order.
+Ctrl-C reaches only the parent, which then stops the children in order. On Linux every
+child also asks the kernel for SIGTERM when its parent dies (``PR_SET_PDEATHSIG``), so
+even a ``kill -9`` of the parent stops the children (each one cleanly: the control agent
+restores the defaults, the daemon commits, the engine checkpoints).
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+
+
+def _prctl():
+    """libc's prctl, looked up in the parent (a forked child must not dlopen)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                   ctypes.c_ulong]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_PRCTL = _prctl()
+
+
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn``: the child gets ``sig`` when the process that started it dies;
+    None where the platform has no parent-death signal."""
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        _PRCTL(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:      # the parent died before prctl took effect
+            os.kill(os.getpid(), sig)
+    return preexec
 
 
 class ProcessGroup:
@@ -25,7 +63,11 @@ class ProcessGroup:
         with open(self.logs / f"{name}.log", "wb") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "capes", *args], cwd=self.workdir, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=die_with_parent())
+
+    def pids(self) -> dict[str, int]:
+        return {n: p.pid for n, p in self.procs.items()}
 
     def dead(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is not None]
@@ -43,17 +85,24 @@ class ProcessGroup:
             raise RuntimeError(f"{name} exited with status {self.procs[name].returncode}:\n"
                                f"{self.log_tail(name)}")
 
-    def stop(self, timeout: float = 8.0) -> dict[str, int | None]:
-        """SIGTERM in reverse start order (agents restore defaults, the daemon commits),
-        then SIGKILL whatever is left after ``timeout``; return the exit codes."""
-        for p in reversed(list(self.procs.values())):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+    def stop(self, timeout: float = 8.0, first: tuple[str, ...] = ()) -> dict[str, int | None]:
+        """Stop every child with SIGTERM (agents restore defaults, the daemon commits)
+        and SIGKILL whatever is left after ``timeout``; return the exit codes. The
+        children named in ``first`` are stopped, and waited for, before the others
+        (e.g. the engine, which reads the replay DB, before the daemon that writes it,
+        so that the daemon is its last user and can fold the WAL into the DB file)."""
         deadline = time.monotonic() + timeout
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        early = [n for n in first if n in self.procs]
+        for group in (early, [n for n in reversed(list(self.procs)) if n not in early]):
+            for name in group:
+                if self.procs[name].poll() is None:
+                    self.procs[name].send_signal(signal.SIGTERM)
+            for name in group:
+                p = self.procs[name]
+                try:
+                    p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            deadline = max(deadline, time.monotonic() + timeout / 2)
         return {n: p.returncode for n, p in self.procs.items()}
