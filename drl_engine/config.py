@@ -77,6 +77,18 @@ class DQNConfig:
         for name in ("hidden_width", "workload_ticks", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        for name, most in self.MOST.items():      # beyond these a value is a typo
+            if getattr(self, name) > most:
+                raise ValueError(f"{name}: must be at most {most:g} (got {getattr(self, name)})")
+
+    # upper bounds (the lower ones are above): a network or a history this large would
+    # exhaust memory at start instead of failing here with the key's name
+    MOST = {"stack": 10_000, "hidden_layers": 64, "hidden_width": 1 << 20,
+            "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
+            "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
+            "settle_ticks": 10**6, "probe_dwell": 10**6, "guard_steps": 10**6,
+            "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
+            "probe_local_steps": 1e6, "lcb_kappa": 1e6, "grad_clip": 1e12}
 
 
 # What each preset changes from the dataclass defaults (which are the paper's values).
@@ -92,6 +104,9 @@ def with_preset(table: Any, source: str = "<config>", key: str = "engine") -> An
     if not isinstance(table, dict):
         return table                      # build() reports the type error
     preset = table.get("preset", DQNConfig.preset)
+    if not isinstance(preset, str):
+        raise ConfigError(source, f"{key}.preset", f"expected a preset name (one of "
+                          f"{', '.join(PRESETS)}), got {type(preset).__name__}")
     if preset not in PRESETS:
         raise ConfigError(source, f"{key}.preset", f"unknown preset {preset!r} "
                           f"(known: {', '.join(PRESETS)})")

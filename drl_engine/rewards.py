@@ -103,8 +103,8 @@ class MovingAverageOptions:
     window: int = 5                      # m
 
     def validate(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"window: must be >= 1 (got {self.window})")
+        if not 1 <= self.window <= 100_000:
+            raise ValueError(f"window: must lie in [1, 100000] (got {self.window})")
 
 
 @reward_type("diff_avg")
@@ -131,8 +131,10 @@ class EWMAOptions:
     weight: float = 0.2                  # a: weight of the newest value
 
     def validate(self) -> None:
-        if not 0 < self.weight <= 1:
-            raise ValueError(f"weight: must lie in (0, 1] (got {self.weight})")
+        # below 0.001 the EWMA's exact lookback passes 20,000 ticks (and at 1e-17,
+        # 1 − weight == 1 and the lookback is infinite)
+        if not 0.001 <= self.weight <= 1:
+            raise ValueError(f"weight: must lie in [0.001, 1] (got {self.weight})")
 
 
 @reward_type("diff_ewma")

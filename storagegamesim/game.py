@@ -65,8 +65,11 @@ class GameConfig:
             raise ValueError(f"win_band: must lie in (0, 1) (got {self.win_band})")
         if self.win_hold_ticks < 0:
             raise ValueError(f"win_hold_ticks: must be >= 0 (got {self.win_hold_ticks})")
-        if self.time_limit_ticks < 1:
-            raise ValueError(f"time_limit_ticks: must be >= 1 (got {self.time_limit_ticks})")
+        if not 1 <= self.time_limit_ticks <= 10**9:
+            raise ValueError(f"time_limit_ticks: must lie in [1, 1e9] (got "
+                             f"{self.time_limit_ticks})")
+        if self.delay_ticks > 10**6:        # the game keeps that many past windows
+            raise ValueError(f"delay_ticks: must be at most 1e6 (got {self.delay_ticks})")
         if not self.window.min <= self.peak_window <= self.window.max:
             raise ValueError(f"peak_window: must lie in the window's range "
                              f"[{self.window.min}, {self.window.max}]")

@@ -24,7 +24,7 @@ static setting, and a win flag. See its docstring for the exact rules.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -65,7 +65,7 @@ class Workload:
     1), fixed by the cluster's ``layout_seed``: nodes of one class are not identical."""
     name: str = "bulk"
     share: float = 1.0
-    demand: float = math.inf
+    demand: float = field(default=math.inf, metadata={"allow_inf": True})   # config: inf allowed
     write_fraction: float = 0.5
     demand_spread: float = 0.0
 

@@ -7,10 +7,15 @@ becomes one ``ConfigError`` that names the file, the dotted key and what is wron
 
 ``--set dotted.key=value`` overrides are parsed as TOML values (falling back to a bare
 string) and merged into the raw table before it is built, so they get the same checks.
+
+Every number is checked for sanity before any ``validate()`` sees it: a float must be
+finite (NaN never; ±inf only where the field says ``metadata={"allow_inf": True}``), an
+integer must fit in 64 bits (TOML's range), and a string may not hold a NUL character.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -18,6 +23,9 @@ from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 T = TypeVar("T")
+
+INT_LIMIT = 1 << 63          # TOML integers are 64-bit; Python's tomllib does not check
+ALLOW_INF = "allow_inf"      # dataclass field metadata: this float may be ±inf
 
 
 class ConfigError(ValueError):
@@ -71,6 +79,16 @@ def read_toml(path: str | Path) -> dict:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(str(path), "", "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(str(path), "", "is a directory, not a TOML file") from None
+    except PermissionError:
+        raise ConfigError(str(path), "", "permission denied") from None
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), "", f"not valid TOML: not UTF-8 text (byte "
+                                         f"{exc.object[exc.start]:#04x} at offset "
+                                         f"{exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
 
@@ -92,7 +110,8 @@ def build(cls: type[T], table: dict, source: str = "<config>", prefix: str = "")
             default = f.default_factory()
             if dataclasses.is_dataclass(default):   # a partial table keeps the other defaults
                 value = {**to_table(default), **value}
-        kwargs[name] = _coerce(hints[name], value, source, _join(prefix, name))
+        kwargs[name] = _coerce(hints[name], value, source, _join(prefix, name),
+                               allow_inf=bool(f.metadata.get(ALLOW_INF)))
     missing = [n for n, f in fields.items() if n not in kwargs
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -145,7 +164,7 @@ def _typename(value: Any) -> str:
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
+def _coerce(hint: Any, value: Any, source: str, key: str, allow_inf: bool = False) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -156,7 +175,7 @@ def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(arg, value, source, key)
+                return _coerce(arg, value, source, key, allow_inf)
             except ConfigError as exc:
                 errors.append(exc.problem)
         raise ConfigError(source, key, " or ".join(errors))
@@ -171,14 +190,16 @@ def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(source, key, f"expected a list, got {_typename(value)}")
         item = args[0] if args else Any
-        items = [_coerce(item, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(item, v, source, f"{key}[{i}]", allow_inf)
+                 for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(source, key, f"expected a table, got {_typename(value)}")
         vt = args[1] if len(args) == 2 else Any
-        return {k: _coerce(vt, v, source, _join(key, k)) for k, v in value.items()}
-    if hint is Any:
+        return {k: _coerce(vt, v, source, _join(key, k), allow_inf) for k, v in value.items()}
+    if hint is Any:             # a plug-in's raw option table: checked again when built
+        _check_raw(value, source, key)
         return value
     if hint is bool:
         if not isinstance(value, bool):
@@ -187,16 +208,43 @@ def _coerce(hint: Any, value: Any, source: str, key: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(source, key, f"expected a number, got {_typename(value)}")
-        return float(value)
+        if isinstance(value, int) and abs(value) >= INT_LIMIT:
+            raise ConfigError(source, key, f"number out of range (got {value})")
+        value = float(value)
+        if math.isnan(value) or (math.isinf(value) and not allow_inf):
+            raise ConfigError(source, key, f"expected a finite number, got {value}")
+        return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(source, key, f"expected an integer, got {_typename(value)}")
+        if abs(value) >= INT_LIMIT:
+            raise ConfigError(source, key, f"integer out of range (got {value})")
         return value
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(source, key, f"expected a string, got {_typename(value)}")
+        if "\0" in value:
+            raise ConfigError(source, key, "must not contain a NUL character")
         return value
     raise ConfigError(source, key, f"unsupported type {hint!r}")
+
+
+def _check_raw(value: Any, source: str, key: str) -> None:
+    """The number rules for an untyped value (and everything inside it)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(source, key, f"expected a finite number, got {value}")
+    if isinstance(value, int) and abs(value) >= INT_LIMIT:
+        raise ConfigError(source, key, f"integer out of range (got {value})")
+    if isinstance(value, str) and "\0" in value:
+        raise ConfigError(source, key, "must not contain a NUL character")
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_raw(v, source, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_raw(v, source, _join(key, k))
 
 
 def load_table(path: str | Path | None, overrides: Iterable[str] = ()) -> tuple[dict, str]:

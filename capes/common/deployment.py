@@ -17,6 +17,18 @@ from capes.common import config as cfgmod
 from capes.common.params import ParameterSpec
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a node or a parameter (None: it can): it is sent on the
+    wire, stored in the replay DB and printed in logs."""
+    if not name:
+        return "must not be empty"
+    if len(name.encode()) > 255:
+        return "must have at most 255 bytes"
+    if not name.isprintable() or any(c.isspace() for c in name):
+        return "must be printable, without spaces"
+    return None
+
+
 @dataclass
 class KeysConfig:
     dir: str = "keys"            # CURVE keys made by `capes keys generate`
@@ -53,18 +65,35 @@ class DaemonConfig:
               "max_nodes": 1 << 20, "max_buffered_rows": 10_000_000, "max_pis_per_node": 4096,
               "max_pi_name_bytes": 255, "max_session_pis": 65_535}
 
+    # longest sensible durations, seconds: beyond them a value is a typo (and a timer of
+    # 1e300 s overflows the poll loop)
+    SECONDS = {"commit_every_s": 3600.0, "ack_timeout_s": 3600.0,
+               "full_request_every_s": 3600.0, "max_clock_skew_s": 1e11}
+
     def validate(self) -> None:
         import math
-        for key in ("commit_every_s", "ack_timeout_s", "full_request_every_s",
-                    "max_clock_skew_s"):          # 0 skew would be "any tick": refuse it
+        # 0 skew would be "any tick": refuse it
+        for key, most in self.SECONDS.items():
             value = getattr(self, key)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{key}: must be a finite number > 0 (got {value})")
+            if value > most:
+                raise ValueError(f"{key}: must be at most {most:g} s (got {value:g})")
         for key, most in self.LIMITS.items():
             if not 1 <= getattr(self, key) <= most:
                 raise ValueError(f"{key}: must lie in [1, {most}] (got {getattr(self, key)})")
-        if any(not n or len(n.encode()) > 255 for n in self.nodes):
-            raise ValueError("nodes: every node name must have 1 to 255 bytes")
+        for i, n in enumerate(self.nodes):
+            if problem := name_problem(n):
+                raise ValueError(f"nodes[{i}]: node name {problem}")
+        if not self.db.strip():
+            raise ValueError("db: must name the replay DB file (got an empty path)")
+        if Path(self.db).expanduser().is_dir():
+            raise ValueError(f"db: cannot open as a replay DB: {self.db!r} is a directory; "
+                             f"name the DB file (e.g. "
+                             f"{str(Path(self.db) / 'capes-replay.db')!r})")
+        for key in ("ingest", "control", "grpc"):
+            if not getattr(self, key).strip():
+                raise ValueError(f"{key}: must be an address (got an empty string)")
         from capes.common.metrics import parse_address
         try:
             parse_address(self.metrics)
@@ -94,10 +123,13 @@ class MonitorConfig:
         default_factory=lambda: [CollectorConfig("host"), CollectorConfig("timeofday")])
 
     def validate(self) -> None:
+        if problem := name_problem(self.node):
+            raise ValueError(f"node: {problem}")
         if not 1 <= self.mantissa_bits <= 23:
             raise ValueError(f"mantissa_bits: must lie in [1, 23] (got {self.mantissa_bits})")
-        if self.full_frame_every < 1:
-            raise ValueError(f"full_frame_every: must be >= 1 (got {self.full_frame_every})")
+        if not 1 <= self.full_frame_every <= 1_000_000:
+            raise ValueError(f"full_frame_every: must lie in [1, 1000000] "
+                             f"(got {self.full_frame_every})")
 
 
 @dataclass
@@ -113,7 +145,15 @@ class ControlConfig:
     # them in memory only (a killed agent then forgets them)
     state_file: str = "auto"
 
+    MAX_RESTORE_AFTER_S = 7 * 86400.0
+
     def validate(self) -> None:
+        if problem := name_problem(self.node):
+            raise ValueError(f"node: {problem}")
+        # NaN and inf never get here (config._coerce refuses them); direct construction may
+        if not 0 <= self.restore_after_s <= self.MAX_RESTORE_AFTER_S:
+            raise ValueError(f"restore_after_s: must lie in [0, {self.MAX_RESTORE_AFTER_S:g}] "
+                             f"seconds, 0 meaning never (got {self.restore_after_s})")
         if self.state_file.endswith(("/", "\\")):
             raise ValueError(f"state_file: must name a file, not a directory "
                              f"(got {self.state_file!r})")
@@ -131,11 +171,22 @@ class DeploymentConfig:
     reward: dict[str, Any] = field(default_factory=dict)
     game: dict[str, Any] = field(default_factory=dict)      # read by `capes sim-node`
 
+    TICK_SECONDS = (0.001, 3600.0)
+
     def validate(self) -> None:
-        if not self.tick_seconds > 0:
-            raise ValueError(f"tick_seconds: must be > 0 (got {self.tick_seconds})")
+        lo, hi = self.TICK_SECONDS
+        if not lo <= self.tick_seconds <= hi:
+            raise ValueError(f"tick_seconds: must lie in [{lo:g}, {hi:g}] (got "
+                             f"{self.tick_seconds})")
         for name, spec in self.parameters.items():
+            if problem := name_problem(name):
+                raise ValueError(f"parameters: parameter name {name!r} {problem}")
             spec.name = name
+        for name in self.daemon.forbidden:
+            if name not in self.parameters:
+                known = ", ".join(sorted(self.parameters)) or "none"
+                raise ValueError(f"daemon.forbidden.{name}: unknown parameter {name!r} "
+                                 f"(parameters: {known})")
 
     def param_specs(self) -> list[ParameterSpec]:
         """Parameters in action order (sorted by name)."""

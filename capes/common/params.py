@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 NAN = math.nan
 TOLERANCE = 1e-6            # of a step: how close counts as "on the grid" / "forbidden"
+MAX_MAGNITUDE = float(2 ** 53)   # |min|, |max|: beyond it floats skip integers
+MAX_GRID_POINTS = 1e9            # (max − min) / step: finer grids defeat the tolerance
 
 
 def _given(x) -> bool:
@@ -66,12 +68,23 @@ class ParameterSpec:
                                      f"values = [...])")
             if any(isinstance(f, str) for f in self.forbidden):
                 raise ValueError("forbidden: names need values = [...]; give numbers")
-        if not (math.isfinite(self.min) and math.isfinite(self.max)):
-            raise ValueError("min: min and max must be finite")
+        for key in ("min", "max"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and abs(value) <= MAX_MAGNITUDE):
+                raise ValueError(f"{key}: must be a finite number within ±2**53 (got {value})")
         if self.min > self.max:
             raise ValueError(f"min: must be <= max ({self.min} > {self.max})")
         if not (self.step > 0 and math.isfinite(self.step)):
             raise ValueError(f"step: must be > 0 (got {self.step})")
+        if (self.max - self.min) / self.step > MAX_GRID_POINTS:
+            raise ValueError(f"step: {self.step:g} is too fine for [{self.min:g}, "
+                             f"{self.max:g}]: at most {MAX_GRID_POINTS:g} steps in the range")
+        for i, f in enumerate(self.forbidden):
+            if not (isinstance(f, (int, float)) and math.isfinite(f)):
+                raise ValueError(f"forbidden[{i}]: must be a finite number (got {f!r})")
+        for i, n in enumerate(self.nodes):
+            if not n or len(n.encode()) > 255:
+                raise ValueError(f"nodes[{i}]: a node name has 1 to 255 bytes (got {n!r})")
         if not (isinstance(self.default, (int, float)) and math.isfinite(self.default)):
             raise ValueError(f"default: must be a finite number (got {self.default!r})")
         if not self.min <= self.default <= self.max:
@@ -120,6 +133,8 @@ class ParameterSpec:
     def on_grid(self, value: float) -> bool:
         """``value`` is min + k·step (or max, where the engine clamps), within tolerance."""
         k = (value - self.min) / self.step
+        if not math.isfinite(k):
+            return False
         return (abs(k - round(k)) <= TOLERANCE
                 or abs(value - self.max) <= TOLERANCE * self.step)
 
