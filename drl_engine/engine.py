@@ -11,14 +11,14 @@ newest observation), ``train(steps)`` (Algorithm 2 minibatches).
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from capes.common.atomic import atomic_write, remove_stale_temps
 from capes.common.replay_db import ReplayReader
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
@@ -26,6 +26,14 @@ from drl_engine.experience import Experience
 from drl_engine.guide import Guide
 
 CHECKPOINT_VERSION = 1
+# temp names of a killed save: atomic_write's, and those of the code before it
+CHECKPOINT_TEMPS = (".{name}.*.tmp", "{name}*.tmp")
+
+
+def remove_stale_checkpoint_temps(path: str | Path) -> list[Path]:
+    """Delete the temp files that saves of ``path`` killed mid-write left beside it."""
+    path = Path(path)
+    return remove_stale_temps(path.parent, path.name, CHECKPOINT_TEMPS)
 
 
 @dataclass
@@ -66,6 +74,7 @@ class Engine:
         self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
                                      dqn.normalise_inputs, dqn.n_step, dqn.gamma)
         self.dqn: DQN | None = None
+        self._cleaned: set[Path] = set()      # checkpoint paths whose stale temps are gone
         self.action_ticks = 0
         self.train_steps = 0
         self.bumped_at: int | None = None
@@ -205,25 +214,31 @@ class Engine:
                 "rng": self.rng.bit_generator.state}
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint atomically (temp file + rename): a crash never leaves a
-        half-written checkpoint behind."""
+        """Write a checkpoint atomically and durably (``capes.common.atomic``): a temp
+        file beside it, fsynced, renamed into place, the directory fsynced. A crash or a
+        power cut leaves the old checkpoint or the new one, never half of one; the temp
+        file of a save killed mid-write is removed by the next ``load`` or ``save``."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(self.state_dict(), tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        if path not in self._cleaned:
+            remove_stale_checkpoint_temps(path)
+            self._cleaned.add(path)
+        with atomic_write(path, "wb") as fh:
+            torch.save(self.state_dict(), fh)
         return path
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint: model, target, optimiser, counters and ε.
         ``weights_only`` takes just the networks (to start a new run from a model,
-        exploring from ``pretrained_epsilon_start``)."""
-        state = torch.load(path, map_location=self.device, weights_only=True)
+        exploring from ``pretrained_epsilon_start``). Resuming (not ``weights_only``)
+        first removes the temp files of saves killed mid-write beside ``path``."""
+        path = Path(path)
+        if not weights_only and path not in self._cleaned:
+            remove_stale_checkpoint_temps(path)
+            self._cleaned.add(path)
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=True)
+        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+            raise ValueError(f"{path}: not a readable checkpoint ({exc})") from None
         if state.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
                              f"expected {CHECKPOINT_VERSION}")

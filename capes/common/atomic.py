@@ -3,6 +3,7 @@ only on success, then the directory fsynced. A crash leaves the old file or the 
 never half of either, and no temp file behind."""
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
@@ -46,10 +47,20 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 1) -> None:
         json.dump(obj, fh, indent=indent, default=float)
 
 
-def remove_stale_temps(directory: str | Path, name: str) -> list[Path]:
-    """Delete temp files a killed ``atomic_write(directory/name)`` left behind."""
+def remove_stale_temps(directory: str | Path, name: str,
+                       patterns: tuple[str, ...] = (".{name}.*.tmp",)) -> list[Path]:
+    """Delete temp files a killed ``atomic_write(directory/name)`` left behind (call it
+    at start, before this process writes ``name``). ``patterns`` are globs in which
+    ``{name}`` stands for ``name`` (escaped), for temp names older code made. A file
+    that cannot be removed is left, and not listed."""
     removed = []
-    for p in Path(directory).glob(f".{name}.*.tmp"):
-        p.unlink(missing_ok=True)
-        removed.append(p)
+    directory = Path(directory)
+    for pattern in patterns:
+        for p in directory.glob(pattern.replace("{name}", glob.escape(name))):
+            try:
+                if p.is_file() and not p.is_symlink():
+                    p.unlink()
+                    removed.append(p)
+            except OSError:
+                pass
     return removed
