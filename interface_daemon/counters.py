@@ -59,8 +59,8 @@ DAEMON_METRICS = [
     _m("capes_daemon_received_bytes_total", "counter", "bytes of those messages"),
     _m("capes_daemon_frames_applied_total", "counter", "indicator frames that produced a row"),
     _m("capes_daemon_dropped_total", "counter",
-       "messages, rows and actions dropped, by reason (malformed, unknown_node, "
-       "clock, replayed, db_error, db_buffer_full, ...)", "reason"),
+       "messages and rows dropped, by reason (malformed, type, tick_range, auth, "
+       "too_many_pis, replayed, db_error, db_buffer_full, ...)", "reason"),
     _m("capes_daemon_full_requests_total", "counter",
        "FullRequests sent to monitoring agents (resynchronisation)"),
     _m("capes_daemon_auth_denied_total", "counter", "connections refused by CURVE"),
@@ -79,7 +79,7 @@ DAEMON_METRICS = [
        "tuning_off, sent, resent, acked (applied by a control agent), send_failed, ...",
        "event"),
     _m("capes_daemon_actions_refused_total", "counter",
-       "actions refused by the daemon, by reason (range, forbidden, tick, db, ...)",
+       "actions refused by the daemon, by reason (step, range, forbidden, tick, db, ...)",
        "reason"),
     _m("capes_daemon_tuning", "gauge", "1 while tuning is on (capes tuning on|off)"),
     _m("capes_daemon_training", "gauge", "1 while training is on (capes training on|off)"),

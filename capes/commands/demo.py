@@ -38,4 +38,6 @@ def run(args) -> int:
     except RuntimeError as exc:
         print(f"capes demo: {exc}")
         return 1
+    if result.get("interrupted"):
+        return 130
     return 0 if result["won"] else 1

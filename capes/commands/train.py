@@ -1,14 +1,22 @@
-"""``capes train``: train a model offline on a (merged) replay DB, no target system."""
+"""``capes train``: train a model offline on a (merged) replay DB, no target system.
+
+The engine's hyperparameters and reward come from the deployment config, by default
+``configs/simulator.toml`` (the deployment ``capes demo`` runs, whose replay DBs are the
+usual first training data): pass the config your live engine runs with, so that the
+model fits it. The first line says which config was used.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from capes.cli import common_config_args
 
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "simulator.toml"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from capes.experiments.offline_training import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
     p.add_argument("--replay", required=True, metavar="DB", help="the replay DB to learn from")
     p.add_argument("--steps", type=int, required=True, metavar="N", help="minibatch updates")
@@ -23,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", metavar="LOSS.png", help="write the loss curve as a PNG")
     p.add_argument("--json", metavar="OUT", help="write the training report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="write the loss curve as TensorBoard scalars here (needs: pip "
+                        "install 'capes[tensorboard]')")
 
 
 def run(args) -> int:
@@ -33,11 +44,26 @@ def run(args) -> int:
         print("capes train: --steps and --chunk must be >= 1", file=sys.stderr)
         return 2
     cfg = load_training_config(args.config, args.overrides, args.preset)
+    default = args.config and Path(args.config).resolve() == DEFAULT_CONFIG
+    print(f"config: {Path(args.config).resolve() if args.config else '(built-in defaults)'}"
+          + (" (the default; --config for your deployment's)" if default else ""),
+          file=sys.stderr)
+    writer = None
+    if args.tensorboard:
+        from capes.common.metrics import tensorboard_writer
+        try:
+            writer = tensorboard_writer(args.tensorboard)
+        except RuntimeError as exc:
+            print(f"capes train: {exc}", file=sys.stderr)
+            return 2
     every = max(1, args.steps // args.chunk // 20)     # about 20 progress lines
     state = {"n": 0}
 
     def progress(point):
         state["n"] += 1
+        if writer is not None:
+            writer.add_scalar("train/loss", point["loss"], point["step"])
+            writer.add_scalar("train/steps_per_s", point["steps_per_s"], point["step"])
         if not args.quiet and (state["n"] % every == 0 or point["step"] == args.steps):
             print(format_progress(point, args.steps), file=sys.stderr, flush=True)
 
@@ -51,6 +77,9 @@ def run(args) -> int:
     except (ReplayDBError, NotEnoughExperience, FloatingPointError, ValueError) as exc:
         print(f"capes train: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if writer is not None:
+            writer.close()
     print(f"wrote {report.checkpoint}: {report.steps} steps on {report.sessions} session(s) "
           f"({report.candidate_transitions:,} transitions) in {report.wall_s:.1f} s, "
           f"{report.steps_per_s:.0f} steps/s on {report.device}; loss "
@@ -58,6 +87,9 @@ def run(args) -> int:
     if args.plot:
         plot_loss(report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if writer is not None:
+        print(f"TensorBoard scalars in {args.tensorboard} (tensorboard --logdir "
+              f"{args.tensorboard})", file=sys.stderr)
     if args.json:
         from capes.experiments.converge_test import write_json
         write_json(report.to_json(), args.json)

@@ -139,47 +139,11 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         client = ControlClient(info["grpc"], load_token(
             dataclasses.replace(deploy.keys, dir=str(keys_dir))), timeout=1.0)
         node = deploy.control.node
-        won_at = None
-        last_print = 0.0
-        applied: dict[str, float] = {}
-        while True:
-            time.sleep(0.1)
-            stack.check_alive()
-            sim = {k: read_number(sim_dir / k) for k in ("ticks", "throughput",
-                   "true_throughput", "won")}
-            engine = _read_json(engine_status)
-            values = engine.get("values") or {}
-            if sim["ticks"] is not None and (not series["tick"] or
-                                             sim["ticks"] > series["tick"][-1]):
-                series["tick"].append(sim["ticks"])
-                for k in ("throughput", "true_throughput"):
-                    series[k].append(sim[k])
-                for k in ("window", "rate_limit"):
-                    series[k].append(applied.get(k, values.get(k)))
-                series["epsilon"].append(engine.get("epsilon"))
-            now = time.monotonic()
-            if now - last_print >= 1.0 and sim["ticks"] is not None:
-                last_print = now
-                applied = _applied(client, node) or applied
-                shown = applied or values
-                params = "  ".join(f"{k.replace('_', ' ')} {shown[k]:g}"
-                                   for k in sorted(shown)) or "(no value applied yet)"
-                eps = engine.get("epsilon")
-                print(f"[{now - t0:5.1f} s] tick {sim['ticks']:.0f}  "
-                      f"throughput {sim['throughput'] or 0:6.1f} (ideal 100)  {params}  "
-                      f"ε {eps if eps is not None else float('nan'):.2f}  "
-                      f"training steps {engine.get('train_steps', 0)}", file=out, flush=True)
-            if sim["won"] and won_at is None:
-                won_at = now
-                result.update(won=True, won_tick=sim["ticks"], won_wall_s=now - t0)
-                print(f"won: throughput held within ±10 % of ideal for more than 20 s "
-                      f"(simulated second {sim['ticks']:.0f}, {now - t0:.1f} s wall)",
-                      file=out, flush=True)
-            if won_at is not None and now - won_at >= opts.hold_s:
-                break
-            if now - t0 > opts.timeout_s:
-                print(f"limit: not won within {opts.timeout_s:g} s of wall time", file=out)
-                break
+        try:
+            _watch(opts, stack, client, node, sim_dir, engine_status, series, result, t0, out)
+        except KeyboardInterrupt:
+            result["interrupted"] = True
+            print("interrupted: stopping every process", file=out, flush=True)
         result["daemon"] = _daemon_status(client)
         result["applied"] = _applied(client, node)
     finally:
@@ -208,6 +172,53 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         print(f"kept {workdir} (logs/, {db.name}, checkpoints/, keys/, {ENGINE_STATUS}, "
               f"{DEMO_FILE})", file=out)
     return result
+
+
+def _watch(opts: DemoOptions, stack: ProcessGroup, client, node: str, sim_dir: Path,
+           engine_status: Path, series: dict, result: dict, t0: float, out) -> None:
+    """Follow the game until the win (plus the hold) or the time limit; keep the series
+    and print a live line every second."""
+    won_at = None
+    last_print = 0.0
+    applied: dict[str, float] = {}
+    while True:
+        time.sleep(0.1)
+        stack.check_alive()
+        sim = {k: read_number(sim_dir / k) for k in ("ticks", "throughput",
+               "true_throughput", "won")}
+        engine = _read_json(engine_status)
+        values = engine.get("values") or {}
+        if sim["ticks"] is not None and (not series["tick"] or
+                                         sim["ticks"] > series["tick"][-1]):
+            series["tick"].append(sim["ticks"])
+            for k in ("throughput", "true_throughput"):
+                series[k].append(sim[k])
+            for k in ("window", "rate_limit"):
+                series[k].append(applied.get(k, values.get(k)))
+            series["epsilon"].append(engine.get("epsilon"))
+        now = time.monotonic()
+        if now - last_print >= 1.0 and sim["ticks"] is not None:
+            last_print = now
+            applied = _applied(client, node) or applied
+            shown = applied or values
+            params = "  ".join(f"{k.replace('_', ' ')} {shown[k]:g}"
+                               for k in sorted(shown)) or "(no value applied yet)"
+            eps = engine.get("epsilon")
+            print(f"[{now - t0:5.1f} s] tick {sim['ticks']:.0f}  "
+                  f"throughput {sim['throughput'] or 0:6.1f} (ideal 100)  {params}  "
+                  f"ε {eps if eps is not None else float('nan'):.2f}  "
+                  f"training steps {engine.get('train_steps', 0)}", file=out, flush=True)
+        if sim["won"] and won_at is None:
+            won_at = now
+            result.update(won=True, won_tick=sim["ticks"], won_wall_s=now - t0)
+            print(f"won: throughput held within ±10 % of ideal for more than 20 s "
+                  f"(simulated second {sim['ticks']:.0f}, {now - t0:.1f} s wall)",
+                  file=out, flush=True)
+        if won_at is not None and now - won_at >= opts.hold_s:
+            break
+        if now - t0 > opts.timeout_s:
+            print(f"limit: not won within {opts.timeout_s:g} s of wall time", file=out)
+            break
 
 
 def _applied(client, node: str) -> dict[str, float]:
