@@ -412,3 +412,13 @@ def test_tensorboard_writer_writes_events(tmp_path):
     w.add_scalar("x", 1.0, 0)
     w.close()
     assert list(tmp_path.glob("events.out.tfevents.*"))
+
+
+def test_config_paths_resolve_against_the_config_file(tmp_path):
+    from capes.common.deployment import resolve_config_paths
+    table = {"keys": {"dir": "keys"}, "daemon": {"db": "/var/lib/capes/r.db"},
+             "control": {"state_file": "auto"}, "tick_seconds": 1.0}
+    out = resolve_config_paths(table, tmp_path / "etc" / "capes.toml")
+    assert out["keys"]["dir"] == str(tmp_path / "etc" / "keys")
+    assert out["daemon"]["db"] == "/var/lib/capes/r.db"
+    assert out["control"]["state_file"] == "auto" and table["keys"]["dir"] == "keys"

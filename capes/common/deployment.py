@@ -195,3 +195,27 @@ class DeploymentConfig:
 
 def load_deployment(path: str | Path | None, overrides=()) -> DeploymentConfig:
     return cfgmod.load(DeploymentConfig, path, overrides)
+
+
+# Paths of a deployment file that mean a place on disk, as (table, key): relative ones
+# are taken relative to the file's directory (see resolve_config_paths).
+CONFIG_RELATIVE_PATHS = (("keys", "dir"), ("daemon", "db"), ("control", "state_file"))
+
+
+def resolve_config_paths(table: dict, config_path: str | Path) -> dict:
+    """A copy of a deployment file's raw table whose relative paths (``keys.dir``,
+    ``daemon.db``, ``control.state_file`` unless "auto" or "") are made absolute against
+    the file's directory, so that a config means the same files whichever directory a
+    command runs in (systemd's, a shell's). Apply it to the file's table *before*
+    ``--set`` overrides, whose paths stay relative to the current directory."""
+    base = Path(config_path).resolve().parent
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+    for section, key in CONFIG_RELATIVE_PATHS:
+        sec = out.get(section)
+        value = sec.get(key) if isinstance(sec, dict) else None
+        if not isinstance(value, str) or not value.strip() or value == "auto":
+            continue
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            sec[key] = str(base / path)
+    return out
