@@ -422,3 +422,34 @@ def test_config_paths_resolve_against_the_config_file(tmp_path):
     assert out["keys"]["dir"] == str(tmp_path / "etc" / "keys")
     assert out["daemon"]["db"] == "/var/lib/capes/r.db"
     assert out["control"]["state_file"] == "auto" and table["keys"]["dir"] == "keys"
+
+
+def _unit(path: Path) -> dict[str, list[str]]:
+    """key -> values of a systemd unit (continuation lines joined)."""
+    out: dict[str, list[str]] = {}
+    text = path.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "[")):
+            k, v = line.split("=", 1)
+            out.setdefault(k.strip(), []).append(v.strip())
+    return out
+
+
+def test_systemd_units_restart_run_as_a_user_and_call_real_commands():
+    import shlex
+    from capes.cli import build_parser
+    units = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
+    assert {u.name for u in units} == {
+        "capes-interface-daemon.service", "capes-drl-engine.service",
+        "capes-monitor-agent@.service", "capes-control-agent@.service"}
+    for unit in units:
+        u = _unit(unit)
+        assert u["Restart"] == ["on-failure"] and u["User"], unit.name
+        for line in u["ExecStart"] + u.get("ExecStopPost", []):
+            argv = shlex.split(line.replace("${CAPES_CONFIG}", "/etc/capes/capes.toml")
+                               .replace("%i", "node01"))
+            argv = [a for a in argv if not a.startswith("$")]
+            assert argv[0].endswith("/capes"), line
+            build_parser(argv[1:]).parse_args(argv[1:])      # every option exists
+    control = _unit(ROOT / "deploy" / "systemd" / "capes-control-agent@.service")
+    assert "restore-defaults" in control["ExecStopPost"][0]
