@@ -197,7 +197,6 @@ class EngineView:
         self._lock = threading.Lock()
 
     def observe(self, rec: TickRecord) -> None:
-        engine = self.engine
         now = time.monotonic()
         self.tick_duration = now - self.tick_started
         self.ticks += 1

@@ -160,6 +160,7 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     result["engine"] = _read_json(engine_status)
     result["final"] = {k: (series[k][-1] if series[k] else None)
                        for k in ("tick", "true_throughput", "window", "rate_limit")}
+    result["final"].update(result.get("applied") or {})     # what the node really has
     _summary(result, out)
     if opts.plot and series["tick"]:
         plot_demo(series, opts.plot, result)
@@ -193,8 +194,8 @@ def _watch(opts: DemoOptions, stack: ProcessGroup, client, node: str, sim_dir: P
             series["tick"].append(sim["ticks"])
             for k in ("throughput", "true_throughput"):
                 series[k].append(sim[k])
-            for k in ("window", "rate_limit"):
-                series[k].append(applied.get(k, values.get(k)))
+            for k in ("window", "rate_limit"):    # in effect, as the daemon accepted them
+                series[k].append(values.get(k, applied.get(k)))
             series["epsilon"].append(engine.get("epsilon"))
         now = time.monotonic()
         if now - last_print >= 1.0 and sim["ticks"] is not None:
@@ -293,17 +294,21 @@ def plot_demo(series: dict, path: str, result: dict) -> None:
     ax1.plot(t, series["throughput"], lw=0.6, alpha=0.6, label="measured")
     ax1.plot(t, series["true_throughput"], lw=1.2, label="noise-free")
     ax1.axhspan(90, 110, color="green", alpha=0.1, label="win band (±10 % of ideal)")
-    ax1.set_ylabel("throughput")
+    ax1.set_ylabel("throughput (ideal 100)")
+    ax1.set_title("throughput of the simulated storage system", fontsize=9, loc="left")
     ax1.legend(fontsize=8)
     nan = lambda xs: [math.nan if x is None else x for x in xs]    # noqa: E731
-    ax2.plot(t, nan(series["window"]), label="window m (applied)")
-    ax2.plot(t, nan(series["rate_limit"]), label="rate limit τ (applied)")
+    ax2.plot(t, nan(series["window"]), label="congestion window m")
+    ax2.plot(t, nan(series["rate_limit"]), label="I/O rate limit τ")
     ax2.axhline(50, color="grey", ls=":", lw=0.8)
     ax2.set_ylabel("parameter value")
+    ax2.set_title("parameter values in effect (dotted: the window's optimum, 50)", fontsize=9,
+                  loc="left")
     ax2.legend(fontsize=8)
     eps = [e if e is not None else float("nan") for e in series["epsilon"]]
     ax3.plot(t, eps, color="purple")
     ax3.set_ylabel("ε")
+    ax3.set_title("exploration rate ε of the engine", fontsize=9, loc="left")
     ax3.set_xlabel("simulated second")
     title = "capes demo: " + (f"won at simulated second {result['won_tick']:.0f}"
                               if result["won"] else "not won")
