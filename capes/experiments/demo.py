@@ -22,6 +22,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,11 +140,14 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         client = ControlClient(info["grpc"], load_token(
             dataclasses.replace(deploy.keys, dir=str(keys_dir))), timeout=1.0)
         node = deploy.control.node
+        poller = _AppliedPoller(client, node)
         try:
-            _watch(opts, stack, client, node, sim_dir, engine_status, series, result, t0, out)
+            _watch(opts, stack, poller, sim_dir, engine_status, series, result, t0, out)
         except KeyboardInterrupt:
             result["interrupted"] = True
             print("interrupted: stopping every process", file=out, flush=True)
+        finally:
+            poller.stop()
         result["daemon"] = _daemon_status(client)
         result["applied"] = _applied(client, node)
     finally:
@@ -175,13 +179,35 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     return result
 
 
-def _watch(opts: DemoOptions, stack: ProcessGroup, client, node: str, sim_dir: Path,
+class _AppliedPoller:
+    """The values the control agent of ``node`` acknowledged, asked of the daemon once a
+    second on a thread of its own, so that a slow answer never delays the game's
+    sampling."""
+
+    def __init__(self, client, node: str, every_s: float = 1.0):
+        self.client, self.node, self.every_s = client, node, every_s
+        self.values: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="capes-demo-applied",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.values = _applied(self.client, self.node) or self.values
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(3)
+
+
+def _watch(opts: DemoOptions, stack: ProcessGroup, poller: _AppliedPoller, sim_dir: Path,
            engine_status: Path, series: dict, result: dict, t0: float, out) -> None:
     """Follow the game until the win (plus the hold) or the time limit; keep the series
     and print a live line every second."""
     won_at = None
     last_print = 0.0
-    applied: dict[str, float] = {}
     while True:
         time.sleep(0.1)
         stack.check_alive()
@@ -195,13 +221,12 @@ def _watch(opts: DemoOptions, stack: ProcessGroup, client, node: str, sim_dir: P
             for k in ("throughput", "true_throughput"):
                 series[k].append(sim[k])
             for k in ("window", "rate_limit"):    # in effect, as the daemon accepted them
-                series[k].append(values.get(k, applied.get(k)))
+                series[k].append(values.get(k, poller.values.get(k)))
             series["epsilon"].append(engine.get("epsilon"))
         now = time.monotonic()
         if now - last_print >= 1.0 and sim["ticks"] is not None:
             last_print = now
-            applied = _applied(client, node) or applied
-            shown = applied or values
+            shown = poller.values or values
             params = "  ".join(f"{k.replace('_', ' ')} {shown[k]:g}"
                                for k in sorted(shown)) or "(no value applied yet)"
             eps = engine.get("epsilon")
