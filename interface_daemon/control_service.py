@@ -5,6 +5,10 @@ thread through ``daemon.call`` so the daemon's state has a single owner. With ke
 enabled, each call must carry the ``x-capes-token`` metadata (the contents of
 ``KEYS_DIR/control.token``); the standard health service needs no token. Health is
 NOT_SERVING while the replay DB cannot be written (see :func:`set_serving`).
+
+On an address other computers can reach (anything but loopback) the control plane
+speaks TLS with the certificate ``capes keys generate`` makes (``KEYS_DIR/tls``), and
+refuses to start without one unless ``daemon.allow_insecure_grpc = true``.
 """
 from __future__ import annotations
 
@@ -82,8 +86,11 @@ def start_server(daemon, address: str, token: str | None, workers: int = 4
     reflection.enable_server_reflection(
         (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     _resolve(address)
+    tls = _tls_credentials(daemon, address)
+    daemon.grpc_tls = tls is not None
     try:
-        port = server.add_insecure_port(address)
+        port = (server.add_secure_port(address, tls) if tls is not None
+                else server.add_insecure_port(address))
     except RuntimeError as exc:
         raise OSError(f"cannot listen for gRPC on {address}: {exc}") from None
     if port == 0:
@@ -91,6 +98,26 @@ def start_server(daemon, address: str, token: str | None, workers: int = 4
     server.start()
     set_serving(health_servicer, True)
     return server, health_servicer, port
+
+
+def _tls_credentials(daemon, address: str) -> grpc.ServerCredentials | None:
+    """TLS for an address other computers can reach (``keys.dir``/tls, made by ``capes
+    keys generate``); None on loopback. Without a certificate a non-loopback address is
+    refused unless ``daemon.allow_insecure_grpc`` (the token would cross the network
+    in clear text)."""
+    from capes.common import curve
+    cfg = getattr(daemon, "cfg", None)
+    if cfg is None or curve.is_loopback(address):
+        return None
+    files = curve.tls_files(cfg.keys)
+    if files is not None and files[1]:
+        return grpc.ssl_server_credentials([(files[1], files[0])])
+    if getattr(cfg.daemon, "allow_insecure_grpc", False):
+        return None
+    where = f"{cfg.keys.dir}/{curve.TLS_KEY}" if cfg.keys.enabled else "keys.enabled = false"
+    raise OSError(f"cannot listen for gRPC on {address} without TLS ({where}: no "
+                  "certificate and key; run `capes keys generate`, or set "
+                  "daemon.allow_insecure_grpc = true to send the token in clear text)")
 
 
 def _resolve(address: str) -> None:

@@ -167,6 +167,7 @@ class InterfaceDaemon:
         self.health = None
         self.metrics_server = None
         self.endpoints: dict[str, Any] = {}
+        self.grpc_tls = False            # the control plane speaks TLS (control_service)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -186,9 +187,10 @@ class InterfaceDaemon:
             self._release()
             raise
         host = d.grpc.rsplit(":", 1)[0]
-        if host not in ("127.0.0.1", "localhost", "[::1]"):
-            log.warning("the gRPC control plane listens on %s without TLS: its token "
-                        "authenticates callers but the traffic is not encrypted", d.grpc)
+        if host not in ("127.0.0.1", "localhost", "[::1]") and not self.grpc_tls:
+            log.warning("the gRPC control plane listens on %s without TLS "
+                        "(daemon.allow_insecure_grpc): its token authenticates callers "
+                        "but crosses the network in clear text", d.grpc)
         if not self.ingest.allowed_nodes:
             log.info("no daemon.nodes allow-list: an admitted key may speak for any node")
         self.endpoints = {"ingest": ingest, "control": control, "grpc": f"{host}:{port}",

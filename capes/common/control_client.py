@@ -29,18 +29,29 @@ class ControlClient:
     """``ControlClient("127.0.0.1:50051", token=...)``; ``token`` is the contents of
     KEYS_DIR/control.token (see :func:`from_config`)."""
 
-    def __init__(self, address: str, token: str | None = None, timeout: float = 5.0):
+    def __init__(self, address: str, token: str | None = None, timeout: float = 5.0,
+                 tls_cert: bytes | None = None):
         self.address = address
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(address)
+        if tls_cert:       # the daemon's self-signed certificate, pinned by its name
+            from capes.common.curve import TLS_NAME
+            self.channel = grpc.secure_channel(
+                address, grpc.ssl_channel_credentials(root_certificates=tls_cert),
+                options=[("grpc.ssl_target_name_override", TLS_NAME),
+                         ("grpc.default_authority", TLS_NAME)])
+        else:
+            self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.ControlPlaneStub(self.channel)
         self.metadata = ((TOKEN_HEADER, token),) if token else ()
 
     @classmethod
     def from_config(cls, cfg, address: str | None = None, timeout: float = 5.0) -> "ControlClient":
-        """A client for a :class:`capes.common.deployment.DeploymentConfig`'s daemon."""
-        from capes.common.curve import load_token
-        return cls(address or cfg.daemon.grpc, load_token(cfg.keys), timeout)
+        """A client for a :class:`capes.common.deployment.DeploymentConfig`'s daemon:
+        TLS (``keys.dir``/tls/server.crt) unless the address is loopback."""
+        from capes.common.curve import is_loopback, load_token, tls_files
+        address = address or cfg.daemon.grpc
+        tls = None if is_loopback(address) else tls_files(cfg.keys)
+        return cls(address, load_token(cfg.keys), timeout, tls[0] if tls else None)
 
     def _call(self, method, request):
         try:

@@ -8,6 +8,9 @@ Key directory (made by ``capes keys generate --dir DIR --client NAME ...``)::
     DIR/clients/NAME.nodes    optional: the node names key NAME may speak for, one a line
     DIR/secret/NAME.key_secret  a client's secret key (copy to that client only, 0600)
     DIR/control.token         shared secret of the gRPC control plane (0600)
+    DIR/tls/server.crt        the control plane's TLS certificate (self-signed, name
+                              ``capes-daemon``): clients pin it (copy it to them)
+    DIR/tls/server.key        its private key (daemon only, 0600)
 
 The daemon runs a ZAP authenticator (``zmq.auth.ThreadAuthenticator``) that admits a
 client only if its public key is in ``DIR/clients``; a peer without an admitted key never
@@ -32,6 +35,8 @@ from zmq.auth.thread import ThreadAuthenticator
 
 SERVER = "server"
 TOKEN_FILE = "control.token"
+TLS_CERT, TLS_KEY = "tls/server.crt", "tls/server.key"
+TLS_NAME = "capes-daemon"            # the certificate's name; clients verify against it
 
 
 class KeysMissing(RuntimeError):
@@ -72,7 +77,66 @@ def generate(keys_dir: str | Path, clients: list[str], overwrite: bool = False) 
     if overwrite or not token.exists():
         _write_new(token, secrets.token_hex(32) + "\n", 0o600)
         written.append(token)
+    written += generate_tls(root, overwrite)
     return written
+
+
+def generate_tls(keys_dir: str | Path, overwrite: bool = False) -> list[Path]:
+    """The control plane's TLS key and self-signed certificate (EC P-256, 10 years,
+    name ``capes-daemon``), made with the ``openssl`` command; [] when they exist (and
+    not ``overwrite``) or when ``openssl`` is not installed (then a non-loopback gRPC
+    address needs ``daemon.allow_insecure_grpc``)."""
+    import shutil
+    import subprocess
+    import tempfile
+    root = Path(keys_dir)
+    cert, key = root / TLS_CERT, root / TLS_KEY
+    if not overwrite and cert.exists() and key.exists():
+        return []
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return []
+    cert.parent.mkdir(mode=0o700, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:          # 0700: the key is never exposed
+        k, c = Path(tmp) / "k.pem", Path(tmp) / "c.pem"
+        out = subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-nodes", "-days", "3650", "-keyout", str(k),
+             "-out", str(c), "-subj", f"/CN={TLS_NAME}",
+             "-addext", f"subjectAltName=DNS:{TLS_NAME}"],
+            capture_output=True, text=True)
+        if out.returncode != 0:
+            raise OSError(f"openssl could not make the TLS certificate: "
+                          f"{out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode}")
+        _write_new(key, k.read_text(), 0o600)
+        _write_new(cert, c.read_text(), 0o644)
+    return [cert, key]
+
+
+def tls_files(keys) -> tuple[bytes, bytes] | None:
+    """(certificate, private key) of the control plane, None when there are none (or
+    keys are disabled). The key is absent on clients: then (certificate, b"")."""
+    if keys is None or not _enabled(keys):
+        return None
+    root = _dir(keys)
+    try:
+        cert = (root / TLS_CERT).read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        key = (root / TLS_KEY).read_bytes()
+    except FileNotFoundError:
+        key = b""
+    return cert, key
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a gRPC ``host:port`` address stays on this machine (127.x, ::1,
+    localhost, unix sockets). ``0.0.0.0`` and ``[::]`` listen on every interface."""
+    if address.startswith(("unix:", "unix-abstract:")):
+        return True
+    host = address.rpartition(":")[0].strip("[]").lower() if ":" in address else address
+    return host == "localhost" or host == "::1" or host.startswith("127.")
 
 
 _BANNER = ("#   ****  Generated on {} by CAPES (capes keys generate)  ****\n"

@@ -59,6 +59,9 @@ class DaemonConfig:
     max_pi_name_bytes: int = 128             # longest PI name (UTF-8 bytes)
     max_session_pis: int = 65_535            # PI names of all nodes together
     nodes: list[str] = field(default_factory=list)   # node names allowed to speak; empty: any
+    # a non-loopback grpc address speaks TLS (keys.dir/tls); without a certificate the
+    # daemon refuses to start unless this is true (the token then crosses in clear text)
+    allow_insecure_grpc: bool = False
 
     # upper bounds: beyond them a value is a typo, not a deployment
     LIMITS = {"high_water_mark": 1_000_000, "max_message_bytes": 16 << 20,
