@@ -1,0 +1,889 @@
+"""Soak: the whole stack against the simulator for a long time, with faults (issue 12).
+
+What runs, as real processes on loopback with CURVE keys (like ``capes demo``): the
+simulator node, the interface daemon, the monitoring agent and the control agent of the
+simulator node ``sim0``, and the DRL engine. Beside them, in this process:
+
+- a **fleet** of N monitoring agents (default 64): one thread, one DEALER socket and one
+  ``DeltaEncoder`` per node (``f00``, ``f01``, ...), all with the key ``fleet`` bound to
+  those node names, each sending one frame per tick with the simulator's three PIs and
+  answering the daemon's FullRequests exactly as ``capes monitor-agent`` does. (N real
+  agent processes would need N Python interpreters; the wire traffic is the same.) Every
+  (node, tick) sent is remembered;
+- a **rogue** client with an admitted key (bound to ``rogue0``): garbage bytes, corrupt
+  lz4, oversized messages, frames for other nodes and unknown nodes, ticks far from the
+  clock, PI-name floods, bursts of thousands of frames, an unauthenticated socket, junk on
+  the control socket, and gRPC actions that are out of range, off the grid, forbidden,
+  NaN or at absurd ticks;
+- **faults**: every ``--kill-every`` s a ``kill -9`` of the daemon, the engine, the
+  monitoring agent or the control agent (in turn), restarted at once; every
+  ``--fill-every`` s the disk holding the replay DB (a small tmpfs, needs root; skipped
+  otherwise) is filled for ``--fill-hold`` s and freed;
+- **observers**: the simulator's knob files polled every 5 ms (what was really applied),
+  the replay DB read (read-only) every second (what was committed), the daemon's RSS.
+
+At the end every process is stopped cleanly and the table is printed:
+
+- committed rows lost: rows seen committed in the DB that are gone at the end (goal 0);
+- rows sent but never stored, split into those sent around a daemon kill (the
+  uncommitted batch and the differential frames before the restarted daemon's
+  FullRequest is answered: lost by design) and all others (goal 0);
+- actions applied but not recorded: knob changes seen in the simulator's files with no
+  recorded action making that change within a few seconds (goal 0); restores to the
+  original values are counted apart;
+- out-of-range values applied (goal 0), the daemon's RSS min/max, the recovery time after
+  each kill, process crashes (exits nobody asked for), stale checkpoint temp files.
+
+    python benchmarks/bench_soak.py --minutes 30          # the issue's soak
+    python benchmarks/bench_soak.py --minutes 4 --json soak.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# children are started while this process holds gRPC channels: no gRPC fork handlers
+# (a fork-without-exec child stuck in them never got to exec the restarted daemon)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import psutil  # noqa: E402
+import zmq  # noqa: E402
+
+from capes.common import curve  # noqa: E402
+from capes.common.control_client import ControlClient, ControlError  # noqa: E402
+from capes.common.deployment import KeysConfig  # noqa: E402
+from capes.common.params import ParameterSpec  # noqa: E402
+from capes.common.protocol import (Ack, DeltaEncoder, FullRequest, Indicators,  # noqa: E402
+                                   decode, encode)
+
+PARAMS = {"rate_limit": ParameterSpec(min=10, max=200, step=10, default=50, name="rate_limit"),
+          "window": ParameterSpec(min=1, max=100, step=1, default=10, forbidden=[95],
+                                  name="window")}
+PIS = ["throughput", "window", "rate_limit"]
+KILL_ORDER = ["interface-daemon", "drl-engine", "monitor-agent", "control-agent"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------ processes
+class Child:
+    """One ``python -m capes ...`` process, restartable, logging (appending) to a file."""
+
+    def __init__(self, name: str, args: list[str], workdir: Path, env: dict):
+        self.name, self.args, self.workdir, self.env = name, args, workdir, env
+        self.proc: subprocess.Popen | None = None
+        self.expected_exit = False
+        self.crashes: list[int] = []
+        self.start_failures: list[str] = []
+        self.started_at = 0.0
+
+    def start(self) -> None:
+        with open(self.workdir / "logs" / f"{self.name}.log", "ab") as fh:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "capes", *self.args], cwd=self.workdir, stdout=fh,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                start_new_session=True)    # no preexec_fn: posix_spawn/vfork, no fork
+        self.expected_exit = False
+        self.started_at = time.time()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        self.expected_exit = True
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        self.expected_exit = True
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc else None
+
+
+# ------------------------------------------------------------------------ the fleet
+class Fleet(threading.Thread):
+    """N monitoring agents in one thread: one CURVE DEALER and one encoder per node."""
+
+    def __init__(self, ctx, endpoint: str, keys: KeysConfig, n: int, tick_s: float,
+                 stop: threading.Event):
+        super().__init__(name="fleet", daemon=True)
+        self.names = [f"f{i:02d}" for i in range(n)]
+        self.tick_s, self.stop_ev = tick_s, stop
+        self.socks, self.encs = [], []
+        for name in self.names:
+            s = curve.client_socket(ctx, zmq.DEALER, keys, "fleet")
+            s.connect(endpoint)
+            self.socks.append(s)
+            self.encs.append(DeltaEncoder(name, PIS, 60, 15))
+        self.sent: dict[tuple[str, int], float] = {}      # (node, tick) -> wall time
+        self.not_sent = 0                                  # HWM reached: dropped here
+        self.full_requests = 0
+        self.rng = random.Random(1)
+
+    def run(self) -> None:
+        next_tick = int(time.time() / self.tick_s) + 1
+        while not self.stop_ev.is_set():
+            delay = next_tick * self.tick_s - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            tick = max(next_tick, int(time.time() / self.tick_s))
+            now = time.time()
+            for i, (s, enc) in enumerate(zip(self.socks, self.encs)):
+                while s.poll(0):
+                    try:
+                        msg = decode(s.recv(zmq.NOBLOCK))
+                    except Exception:
+                        continue
+                    if isinstance(msg, FullRequest):
+                        self.full_requests += 1
+                        enc.request_full()
+                tp = 40 + 10 * math.sin(tick / 50 + i) + self.rng.random()
+                frame = encode(enc.message(tick, [tp, 10 + i % 5, 50.0]))
+                try:
+                    s.send(frame, zmq.NOBLOCK)
+                    self.sent[(self.names[i], tick)] = now
+                except zmq.Again:
+                    self.not_sent += 1
+            next_tick = tick + 1
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close(linger=0)
+
+
+# ------------------------------------------------------------------------ the rogue
+class Rogue(threading.Thread):
+    """An admitted but hostile client, and an unauthenticated one."""
+
+    def __init__(self, ctx, endpoints: dict, keys: KeysConfig, grpc_addr: str, token: str,
+                 tick_s: float, max_bytes: int, stop: threading.Event):
+        super().__init__(name="rogue", daemon=True)
+        self.ctx, self.endpoints, self.keys = ctx, endpoints, keys
+        self.grpc_addr, self.token, self.tick_s = grpc_addr, token, tick_s
+        self.max_bytes, self.stop_ev = max_bytes, stop
+        self.sent = Counter()
+        self.accepted_bad_actions: list[dict] = []
+        self.rng = random.Random(7)
+
+    def run(self) -> None:
+        ing = curve.client_socket(self.ctx, zmq.DEALER, self.keys, "rogue")
+        ing.connect(self.endpoints["ingest"])
+        ctl = curve.client_socket(self.ctx, zmq.DEALER, self.keys, "rogue")
+        ctl.connect(self.endpoints["control"])
+        plain = self.ctx.socket(zmq.DEALER)             # no CURVE at all
+        plain.linger = 0
+        plain.connect(self.endpoints["ingest"])
+        client = ControlClient(self.grpc_addr, self.token, timeout=2.0)
+        seq, cycle = 10**6, 0
+        try:
+            while not self.stop_ev.wait(1.0):
+                cycle += 1
+                tick = int(time.time() / self.tick_s)
+                out = [self.rng.randbytes(self.rng.randrange(0, 2000)) for _ in range(20)]
+                out.append(bytes((1, 1, 50)) + self.rng.randbytes(50))       # bad lz4
+                out.append(b"\x01" * (2 * self.max_bytes))                     # oversized
+                names = [f"flood{cycle}_{i}" for i in range(3000)]             # PI-name flood
+                for msg in (Indicators("f00", 0, tick, True, {0: 1.0}, PIS),   # not its node
+                            Indicators("nobody", 0, tick, True, {0: 1.0}, PIS),
+                            Indicators("rogue0", seq, 2**62, True, {0: 1.0}, PIS),
+                            Indicators("rogue0", 0, tick, True,
+                                       {i: 1.0 for i in range(len(names))}, names)):
+                    try:
+                        out.append(encode(msg))
+                    except (ValueError, OverflowError, struct.error):
+                        self.sent["unencodable (refused by our own encoder)"] += 1
+                for m in out:
+                    self._send(ing, m, "ingest")
+                if cycle % 5 == 0:                         # a burst of valid frames
+                    enc = DeltaEncoder("rogue0", PIS)
+                    for k in range(2000):
+                        self._send(ing, enc.frame(tick, [k, 1.0, 2.0]), "flood")
+                for m in (self.rng.randbytes(100), encode(Ack("sim0", 5, {"window": 99.0})),
+                          encode(Ack("rogue0", 0, {"window": 1e9}))):
+                    self._send(ctl, m, "control")
+                self._send(plain, encode(Indicators("f01", 0, tick, True, {0: 1.0}, PIS)),
+                           "unauthenticated")
+                while ing.poll(0):
+                    ing.recv()
+                while ctl.poll(0):
+                    ctl.recv()
+                if cycle % 3 == 0:
+                    self._bad_actions(client, tick)
+        finally:
+            client.close()
+            for s in (ing, ctl, plain):
+                s.close(linger=0)
+
+    def _send(self, sock, msg: bytes, kind: str) -> None:
+        try:
+            sock.send(msg, zmq.NOBLOCK)
+            self.sent[kind] += 1
+        except zmq.Again:
+            self.sent[kind + " (HWM)"] += 1
+
+    def _bad_actions(self, client: ControlClient, tick: int) -> None:
+        for t, values in ((tick, {"window": 1000.0}), (tick, {"window": 95.0}),
+                          (tick, {"window": 10.5}), (tick, {"rate_limit": -50.0}),
+                          (tick, {"window": float("nan")}), (2**63 - 1, {"window": 11.0}),
+                          (tick, {"window": 100.0, "rate_limit": 10.0})):
+            try:
+                r = client.submit_action(t, 1, values)
+            except ControlError:
+                self.sent["bad action (daemon down)"] += 1
+                continue
+            self.sent["bad action"] += 1
+            if r["accepted"]:
+                self.accepted_bad_actions.append({"tick": t, "values": values})
+
+
+# ------------------------------------------------------------------------ observers
+class KnobWatch(threading.Thread):
+    """What was really applied: the simulator's knob files, polled every 5 ms."""
+
+    def __init__(self, sim_dir: Path, stop: threading.Event):
+        super().__init__(name="knobs", daemon=True)
+        self.sim_dir, self.stop_ev = sim_dir, stop
+        self.changes: list[tuple[float, str, float]] = []
+        self.last: dict[str, float] = {}
+
+    def run(self) -> None:
+        while not self.stop_ev.wait(0.005):
+            for p in PARAMS:
+                try:
+                    v = float((self.sim_dir / p).read_text().strip())
+                except (OSError, ValueError):
+                    continue
+                if self.last.get(p) != v:
+                    if p in self.last:
+                        self.changes.append((time.time(), p, v))
+                    self.last[p] = v
+
+
+class DBWatch(threading.Thread):
+    """What was committed: the replay DB read-only, every second."""
+
+    def __init__(self, db: Path, stop: threading.Event):
+        super().__init__(name="db", daemon=True)
+        self.db, self.stop_ev = db, stop
+        self.rows: set[tuple[int, int, int]] = set()       # (session, node index, tick)
+        self.last_rowid = 0
+        self.last_action_rowid = 0
+        self.latest: dict[str, int] = defaultdict(lambda: -1)   # group -> latest tick
+        self.node_names: dict[int, list[str]] = {}
+        self.errors = 0
+
+    def poll(self) -> None:
+        if not self.db.exists():
+            return
+        conn = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True, timeout=5)
+        try:
+            for sid, nodes in conn.execute("SELECT id, node_names FROM sessions"):
+                self.node_names[sid] = json.loads(nodes)
+            for rowid, sid, tick, node in conn.execute(
+                    "SELECT rowid, session, tick, node FROM pis WHERE rowid > ?",
+                    (self.last_rowid,)):
+                self.rows.add((sid, node, tick))
+                self.last_rowid = max(self.last_rowid, rowid)
+                names = self.node_names.get(sid, [])
+                name = names[node] if node < len(names) else "?"
+                group = "sim0" if name == "sim0" else "fleet" if name.startswith("f") else name
+                self.latest[group] = max(self.latest[group], tick)
+            for rowid, tick, action in conn.execute(
+                    "SELECT rowid, tick, action FROM actions WHERE rowid > ?",
+                    (self.last_action_rowid,)):
+                self.last_action_rowid = max(self.last_action_rowid, rowid)
+                if action != 0:      # NULL rows are also what refused actions leave
+                    self.latest["action"] = max(self.latest["action"], tick)
+        finally:
+            conn.close()
+
+    def run(self) -> None:
+        while not self.stop_ev.wait(1.0):
+            try:
+                self.poll()
+            except sqlite3.Error:
+                self.errors += 1
+
+
+class Sampler(threading.Thread):
+    """The daemon's RSS (after its first 5 s) and its status, every second."""
+
+    def __init__(self, children: dict[str, Child], grpc_addr: str, token: str,
+                 stop: threading.Event):
+        super().__init__(name="sampler", daemon=True)
+        self.children, self.stop_ev = children, stop
+        self.client = ControlClient(grpc_addr, token, timeout=2.0)
+        self.rss: list[float] = []
+        self.engine_rss: list[float] = []
+        self.statuses: dict[int, dict] = {}                # daemon pid -> last status
+        self.health: Counter = Counter()
+
+    def run(self) -> None:
+        while not self.stop_ev.wait(1.0):
+            e = self.children["drl-engine"]
+            try:
+                if e.alive():
+                    self.engine_rss.append(psutil.Process(e.pid).memory_info().rss / 2**20)
+            except psutil.Error:
+                pass
+            d = self.children["interface-daemon"]
+            if not d.alive():
+                continue
+            try:
+                if time.time() - d.started_at > 5:
+                    self.rss.append(psutil.Process(d.pid).memory_info().rss / 2**20)
+                self.statuses[d.pid] = self.client.status()
+                self.health[self.client.health()] += 1
+            except (psutil.Error, ControlError):
+                pass
+        self.client.close()
+
+
+# ------------------------------------------------------------------------ disk
+class Disk:
+    """A small tmpfs for the replay DB (root only), filled and freed on demand."""
+
+    def __init__(self, path: Path, size_mb: int):
+        self.path = path
+        self.mounted = False
+        path.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() != 0:
+            self.why = "not root: the DB is on the ordinary disk, no disk-full phases"
+            return
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs",
+                              str(path)], capture_output=True, text=True)
+        self.mounted = out.returncode == 0
+        self.why = "" if self.mounted else f"cannot mount a tmpfs: {out.stderr.strip()}"
+
+    def fill(self) -> Path:
+        filler = self.path / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            for size in (1 << 20, 65536, 4096, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return filler
+
+    def unmount(self) -> None:
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+# ------------------------------------------------------------------------ the soak
+def write_config(path: Path, work: Path, db: Path, ports: dict, tick_s: float,
+                 fleet: list[str], max_pis: int) -> None:
+    nodes = ", ".join(f'"{n}"' for n in ["sim0", "rogue0", *fleet])
+    path.write_text(f"""
+tick_seconds = {tick_s}
+[keys]
+dir = "{work / 'keys'}"
+enabled = true
+[daemon]
+ingest = "tcp://127.0.0.1:{ports['ingest']}"
+control = "tcp://127.0.0.1:{ports['control']}"
+grpc = "127.0.0.1:{ports['grpc']}"
+db = "{db}"
+commit_every_s = {max(tick_s, 0.1)}
+ack_timeout_s = 0.5
+full_request_every_s = {tick_s}
+max_clock_skew_s = 120
+max_pis_per_node = {max_pis}
+metrics = "127.0.0.1:{ports['metrics']}"
+nodes = [{nodes}]
+[monitor]
+node = "sim0"
+daemon = "tcp://127.0.0.1:{ports['ingest']}"
+collectors = [{{ name = "simulator", options = {{ dir = "sim" }} }}]
+[control]
+node = "sim0"
+daemon = "tcp://127.0.0.1:{ports['control']}"
+restore_after_s = 10.0
+state_file = "{work / 'control-state.json'}"
+[control.appliers.window]
+name = "file"
+options = {{ path = "sim/window" }}
+[control.appliers.rate_limit]
+name = "file"
+options = {{ path = "sim/rate_limit" }}
+[parameters.window]
+min = 1
+max = 100
+step = 1
+default = 10
+forbidden = [95]
+[parameters.rate_limit]
+min = 10
+max = 200
+step = 10
+default = 50
+[engine]
+preset = "default"
+exploration_ticks = 3000
+hidden_width = 256
+[reward]
+objective = "throughput"
+pis = ["throughput"]
+type = "diff"
+[game]
+noise = 0.01
+""")
+
+
+def wait_for(pred, timeout: float, every: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return None
+
+
+def soak(args) -> dict:
+    tick_s = args.tick
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="capes-soak-")).resolve()
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    disk = Disk(work / "disk", args.disk_mb) if args.disk else None
+    db = (work / "disk" if disk else work) / "replay.db"
+    ports = {k: free_port() for k in ("ingest", "control", "grpc", "metrics")}
+    fleet_names = [f"f{i:02d}" for i in range(args.agents)]
+    cfg = work / "soak.toml"
+    write_config(cfg, work, db, ports, tick_s, fleet_names, args.max_pis_per_node)
+    keys = work / "keys"
+    curve.generate(keys, ["monitor", "control", "engine", "fleet", "rogue"])
+    curve.bind(keys, "fleet", fleet_names)
+    curve.bind(keys, "monitor", ["sim0"])
+    curve.bind(keys, "control", ["sim0"])
+    curve.bind(keys, "rogue", ["rogue0"])
+    kc = KeysConfig(dir=str(keys))
+    token = curve.load_token(kc)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    c = ["--config", str(cfg)]
+    children = {
+        "sim-node": Child("sim-node", ["sim-node", "--dir", "sim", "--tick-seconds",
+                                       str(tick_s), "--seed", "1", "--keep-running",
+                                       "--config", str(cfg)], work, env),
+        "interface-daemon": Child("interface-daemon", ["interface-daemon", *c,
+                                  "--ready-file", "daemon.ready"], work, env),
+        "monitor-agent": Child("monitor-agent", ["monitor-agent", *c, "--set",
+                               "keys.client=monitor"], work, env),
+        "control-agent": Child("control-agent", ["control-agent", *c, "--set",
+                               "keys.client=control"], work, env),
+        "drl-engine": Child("drl-engine", ["drl-engine", *c, "--seed", "0",
+                            "--checkpoint-dir", str(work / "checkpoints"),
+                            "--status-file", "engine.json", "--log-every", "30"], work, env),
+    }
+    stop = threading.Event()
+    ctx = zmq.Context()
+    kills: list[dict] = []
+    fills: list[dict] = []
+    t0 = time.time()
+    grpc_addr = f"127.0.0.1:{ports['grpc']}"
+    dbw = DBWatch(db, stop)
+    knobs = KnobWatch(work / "sim", stop)
+    fleet = rogue = sampler = None
+
+    def start_daemon() -> float:
+        ready = work / "daemon.ready"
+        d = children["interface-daemon"]
+        for attempt in range(3):
+            ready.unlink(missing_ok=True)
+            d.start()
+            if wait_for(ready.exists, 30):
+                return time.time()
+            state = "exited" if not d.alive() else _proc_state(d.pid)
+            d.start_failures.append(state)
+            log(f"the daemon did not get ready in 30 s ({state}):\n"
+                + tail(work, "interface-daemon"))
+            d.kill9()
+        raise RuntimeError("the daemon did not start three times in a row")
+
+    try:
+        log(f"work dir {work}; tick {tick_s} s; {args.agents} fleet agents + sim0; "
+            f"{args.minutes:g} min; kill every {args.kill_every:g} s; "
+            + (f"disk {args.disk_mb} MB tmpfs, full every {args.fill_every:g} s for "
+               f"{args.fill_hold:g} s" if disk and disk.mounted else
+               f"no disk-full phases ({disk.why if disk else 'disabled'})"))
+        if disk and not disk.mounted:
+            disk = None
+        children["sim-node"].start()
+        wait_for(lambda: (work / "sim" / "window").exists(), 20)
+        start_daemon()
+        for name in ("monitor-agent", "control-agent", "drl-engine"):
+            children[name].start()
+        endpoints = {"ingest": f"tcp://127.0.0.1:{ports['ingest']}",
+                     "control": f"tcp://127.0.0.1:{ports['control']}"}
+        fleet = Fleet(ctx, endpoints["ingest"], kc, args.agents, tick_s, stop)
+        rogue = Rogue(ctx, endpoints, kc, grpc_addr, token, tick_s, 65_536, stop)
+        sampler = Sampler(children, grpc_addr, token, stop)
+        for th in (dbw, knobs, fleet, sampler):
+            th.start()
+        if args.rogue:
+            rogue.start()
+
+        end = t0 + args.minutes * 60
+        next_kill = t0 + args.kill_every
+        next_fill = t0 + args.fill_offset if disk else math.inf
+        k = 0
+        while time.time() < end:
+            time.sleep(0.2)
+            if sampler.engine_rss and sampler.engine_rss[-1] > args.engine_rss_limit_mb:
+                log(f"the engine's RSS passed {args.engine_rss_limit_mb} MiB: stopping early")
+                break
+            for ch in children.values():               # a crash: count it, restart
+                if not ch.alive() and not ch.expected_exit:
+                    ch.crashes.append(ch.proc.returncode)
+                    log(f"{ch.name} exited by itself ({ch.proc.returncode}); restarting\n"
+                        + tail(work, ch.name))
+                    start_daemon() if ch.name == "interface-daemon" else ch.start()
+            now = time.time()
+            if now >= next_fill and now + args.fill_hold < end:
+                fills.append(disk_full(disk, args.fill_hold, sampler, dbw))
+                next_fill += args.fill_every
+                next_kill = max(next_kill, time.time() + 5)
+            elif now >= next_kill:
+                target = KILL_ORDER[k % len(KILL_ORDER)]
+                k += 1
+                kills.append(kill_and_recover(target, children, start_daemon, dbw, knobs,
+                                              tick_s, args.recovery_timeout, sampler.client))
+                next_kill += args.kill_every
+        log("stopping")
+    finally:
+        stop.set()
+        for th in (fleet, rogue, sampler, knobs):
+            if th is not None and th.is_alive():
+                th.join(10)
+        for name in ("drl-engine", "control-agent", "monitor-agent", "interface-daemon",
+                     "sim-node"):
+            if children[name].proc is not None:
+                children[name].stop()
+        if fleet is not None:
+            fleet.close()
+        ctx.term()
+        if disk is not None and disk.mounted:        # copy the DB off the tmpfs first
+            for f in db.parent.glob(db.name + "*"):
+                shutil.copy2(f, work / f.name)
+            disk.unmount()
+            disk = None
+            db = work / db.name
+    dbw.db = db
+    dbw.poll()                                          # the last look, all stopped
+    result = analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills,
+                     fills, children)
+    if not args.keep and not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+        state = next((line for line in status if line.startswith("State:")), "")
+        return f"{state.split(':', 1)[-1].strip()}, wchan {wchan or '-'}"
+    except OSError:
+        return "unknown"
+
+
+def tail(work: Path, name: str, n: int = 8) -> str:
+    try:
+        lines = (work / "logs" / f"{name}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in lines[-n:])
+
+
+def control_caught_up(client: ControlClient, since: float) -> bool:
+    """The restarted control agent said hello (heard from after ``since``) and has
+    acknowledged every action the daemon sent it."""
+    try:
+        for n in client.nodes():
+            if n["name"] == "sim0" and n.get("control"):
+                return (time.time() - n["idle_s"] > since
+                        and n["acked_seq"] >= n["action_seq"])
+    except ControlError:
+        pass
+    return False
+
+
+def kill_and_recover(target: str, children: dict[str, Child], start_daemon, dbw: DBWatch,
+                     knobs: KnobWatch, tick_s: float, timeout: float,
+                     client: ControlClient) -> dict:
+    """kill -9 ``target``, restart it at once, and time until it does its job again."""
+    t_kill = time.time()
+    kill_tick = int(t_kill / tick_s)
+    children[target].kill9()
+    if target == "interface-daemon":
+        start_daemon()
+    else:
+        children[target].start()
+    t_restart = time.time()
+    ev = {"target": target, "t": t_kill, "restart_s": t_restart - t_kill}
+
+    def after(group):
+        return lambda: dbw.latest[group] > kill_tick
+    checks = {"interface-daemon": [("rows", after("fleet")), ("actions", after("action"))],
+              "drl-engine": [("actions", after("action"))],
+              "monitor-agent": [("rows", after("sim0"))],
+              "control-agent": [("acked", lambda: control_caught_up(client, t_restart))]}
+    for what, pred in checks[target]:
+        ok = wait_for(pred, timeout - (time.time() - t_kill), every=0.1)
+        ev[what + "_s"] = time.time() - t_kill if ok else None
+    done = [v for k, v in ev.items() if k.endswith("_s") and k != "restart_s"]
+    ev["recovery_s"] = None if None in done else max(done)
+    log(f"kill -9 {target}: restarted in {ev['restart_s']:.1f} s, recovered in "
+        + (f"{ev['recovery_s']:.1f} s" if ev["recovery_s"] is not None else "NOT recovered"))
+    return ev
+
+
+def disk_full(disk: Disk, hold: float, sampler: Sampler, dbw: DBWatch) -> dict:
+    t = time.time()
+    filler = disk.fill()
+    health = Counter()
+    end = time.time() + hold
+    while time.time() < end:
+        try:
+            health[sampler.client.health()] += 1
+        except Exception:
+            pass
+        time.sleep(0.5)
+    filler.unlink()
+    freed = time.time()
+    before = dbw.latest["fleet"]
+    ok = wait_for(lambda: dbw.latest["fleet"] > before and
+                  sampler.client.health() == "SERVING", 60, every=0.2)
+    ev = {"t": t, "hold_s": hold, "health_while_full": dict(health),
+          "recovery_s": time.time() - freed if ok else None}
+    log(f"disk full for {hold:g} s (health {dict(health)}); serving and writing again "
+        + (f"{ev['recovery_s']:.1f} s after space returned" if ok else "NOT recovered"))
+    return ev
+
+
+def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fills,
+            children) -> dict:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    sessions = {sid: (json.loads(nodes), [p["name"] for p in json.loads(params)])
+                for sid, nodes, params in conn.execute(
+                    "SELECT id, node_names, params FROM sessions")}
+    final = {(sessions[sid][0][node], tick)
+             for sid, tick, node in conn.execute("SELECT session, tick, node FROM pis")}
+    actions = []
+    for sid, tick, action, blob in conn.execute(
+            "SELECT session, tick, action, vals FROM actions ORDER BY tick"):
+        vals = struct.unpack(f"<{len(blob) // 4}f", blob)
+        actions.append((tick, action, dict(zip(sessions[sid][1], vals))))
+    conn.close()
+
+    # rows: committed then lost; sent and never stored (around daemon kills or not)
+    seen = set()
+    for sid, node, tick in dbw.rows:
+        names = sessions.get(sid, ([], []))[0]
+        seen.add((names[node] if node < len(names) else f"?{node}", tick))
+    committed_lost = seen - final
+    sent = fleet.sent if fleet else {}
+    missing = [(key, t) for key, t in sent.items() if key not in final]
+    daemon_kills = [e for e in kills if e["target"] == "interface-daemon"]
+    commit_s = max(tick_s, 0.1)
+
+    def near_kill(t):
+        for e in daemon_kills:
+            back = e["t"] + (e.get("rows_s") or args.recovery_timeout)
+            if e["t"] - commit_s - 1.0 <= t <= back + 1.0:
+                return True
+        return False
+    lost_at_kills = sum(1 for _, t in missing if near_kill(t))
+    # sent in the last second before the stop: the clean stop commits them, but a
+    # frame still in flight when the daemon got SIGTERM is not a loss of the daemon's
+    stop_t = max(sent.values()) if sent else 0
+    in_flight = sum(1 for _, t in missing if not near_kill(t) and t > stop_t - 1.0)
+    unexplained = len(missing) - lost_at_kills - in_flight
+
+    # actions: every knob change seen must be a recorded change nearby
+    recorded = defaultdict(list)                       # param -> [(tick, value)] changes
+    prev: dict[str, float] = {}
+    for tick, action, vals in actions:
+        for p, v in vals.items():
+            if prev.get(p) != v:
+                recorded[p].append((tick, v))
+            prev[p] = v
+    used = set()
+    not_recorded, restored, out_of_range = [], 0, []
+    for t, p, v in knobs.changes:
+        spec = PARAMS[p]
+        why = spec.check_value(v)
+        if why is not None:
+            out_of_range.append((t, p, v, why))
+        match = None
+        for i, (tick, rv) in enumerate(recorded[p]):
+            if (p, i) not in used and rv == v and t - 5.0 <= tick * tick_s <= t + 1.0:
+                match = i
+                break
+        if match is not None:
+            used.add((p, match))
+        elif v == spec.default:
+            restored += 1
+        else:
+            not_recorded.append((t, p, v))
+
+    statuses = sampler.statuses if sampler else {}
+    drops = Counter()
+    for s in statuses.values():
+        drops.update(s.get("drops", {}))
+    ckpt_temps = [p.name for p in (work / "checkpoints").glob("*.tmp")] \
+        if (work / "checkpoints").exists() else []
+    rss = sampler.rss if sampler else []
+    result = {
+        "minutes": args.minutes, "tick_s": tick_s, "fleet_agents": args.agents,
+        "frames_sent_by_fleet": len(sent), "fleet_not_sent_hwm": fleet.not_sent if fleet else 0,
+        "rows_in_db": len(final),
+        "committed_rows_lost": len(committed_lost),
+        "rows_never_stored_total": len(missing),
+        "rows_never_stored_at_daemon_kills": lost_at_kills,
+        "rows_never_stored_in_flight_at_stop": in_flight,
+        "rows_lost_unexplained": unexplained,
+        "actions_recorded": len(actions),
+        "knob_changes_applied": len(knobs.changes),
+        "applied_not_recorded": len(not_recorded),
+        "applied_not_recorded_examples": not_recorded[:5],
+        "restored_to_original": restored,
+        "out_of_range_applied": len(out_of_range),
+        "out_of_range_examples": out_of_range[:5],
+        "rogue_bad_actions_accepted": len(rogue.accepted_bad_actions) if rogue else 0,
+        "rogue_sent": dict(rogue.sent) if rogue else {},
+        "daemon_drops": dict(drops),
+        "daemon_rss_mb_min": min(rss) if rss else None,
+        "daemon_rss_mb_max": max(rss) if rss else None,
+        "engine_rss_mb_max": max(sampler.engine_rss) if sampler and sampler.engine_rss else None,
+        "max_pis_per_node": args.max_pis_per_node,
+        "health_samples": dict(sampler.health) if sampler else {},
+        "kills": kills, "disk_full": fills,
+        "crashes": {n: ch.crashes for n, ch in children.items() if ch.crashes},
+        "start_failures": {n: ch.start_failures for n, ch in children.items()
+                           if ch.start_failures},
+        "stale_checkpoint_temps": ckpt_temps,
+        "db_watch_errors": dbw.errors,
+        "workdir": str(work),
+    }
+    return result
+
+
+def print_table(r: dict) -> None:
+    def row(name, value, goal=""):
+        print(f"  {name:<52} {value!s:>14}  {goal}")
+    print(f"\nsoak: {r['minutes']:g} min, tick {r['tick_s']:g} s, {r['fleet_agents']} fleet "
+          f"agents + sim0 (real monitor and control agents), rogue client "
+          f"{'on' if r['rogue_sent'] else 'off'}")
+    row("fleet frames sent", r["frames_sent_by_fleet"])
+    row("rows in the replay DB (fleet + sim0)", r["rows_in_db"])
+    row("committed rows lost", r["committed_rows_lost"], "(goal 0)")
+    row("sent, never stored: around a daemon kill -9", r["rows_never_stored_at_daemon_kills"],
+        "(uncommitted batch + frames before resync)")
+    row("sent, never stored: in flight at the final stop", r["rows_never_stored_in_flight_at_stop"])
+    row("sent, never stored: otherwise", r["rows_lost_unexplained"], "(goal 0)")
+    row("knob changes applied (simulator files)", r["knob_changes_applied"])
+    row("actions applied but not recorded", r["applied_not_recorded"], "(goal 0)")
+    row("restores to the original values", r["restored_to_original"])
+    row("out-of-range values applied", r["out_of_range_applied"], "(goal 0)")
+    row("rogue's bad actions accepted", r["rogue_bad_actions_accepted"], "(goal 0)")
+    rss = (f"{r['daemon_rss_mb_min']:.0f} / {r['daemon_rss_mb_max']:.0f}"
+           if r["daemon_rss_mb_min"] is not None else "n/a")
+    row("daemon RSS min / max (MiB)", rss)
+    if r["engine_rss_mb_max"] is not None:
+        row("engine RSS max (MiB)", f"{r['engine_rss_mb_max']:.0f}",
+            f"(daemon.max_pis_per_node = {r['max_pis_per_node']})")
+    row("process crashes (exits nobody asked for)", sum(map(len, r["crashes"].values())),
+        "(goal 0)")
+    row("stale checkpoint temp files at the end", len(r["stale_checkpoint_temps"]), "(goal 0)")
+    row("daemon restarts that hung (not ready in 30 s)",
+        sum(map(len, r["start_failures"].values())), "(goal 0)")
+    print("  kills (kill -9, restarted at once):")
+    for e in r["kills"]:
+        parts = [f"{k[:-2]} {v:.1f} s" if v is not None else f"{k[:-2]} NOT"
+                 for k, v in e.items() if k.endswith("_s") and k not in ("restart_s", "recovery_s")]
+        rec = f"{e['recovery_s']:.1f} s" if e["recovery_s"] is not None else "NOT recovered"
+        print(f"    at {e['t'] - r['kills'][0]['t'] if r['kills'] else 0:6.0f} s  "
+              f"{e['target']:<17} restart {e['restart_s']:4.1f} s, recovered {rec:>8} "
+              f"({', '.join(parts)})")
+    for f in r["disk_full"]:
+        rec = f"{f['recovery_s']:.1f} s" if f["recovery_s"] is not None else "NOT"
+        print(f"  disk full {f['hold_s']:g} s: health while full {f['health_while_full']}, "
+              f"writing and SERVING again {rec} after space returned")
+    print(f"  daemon drops (summed over daemon lives): {r['daemon_drops']}")
+    print(f"  rogue sent: {r['rogue_sent']}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--agents", type=int, default=64, help="fleet monitoring agents")
+    p.add_argument("--tick", type=float, default=0.1, help="tick seconds")
+    p.add_argument("--kill-every", type=float, default=60.0)
+    p.add_argument("--fill-every", type=float, default=120.0)
+    p.add_argument("--fill-offset", type=float, default=90.0, help="first disk-full phase")
+    p.add_argument("--fill-hold", type=float, default=15.0)
+    p.add_argument("--disk-mb", type=int, default=256)
+    p.add_argument("--no-disk", dest="disk", action="store_false")
+    p.add_argument("--no-rogue", dest="rogue", action="store_false")
+    p.add_argument("--recovery-timeout", type=float, default=45.0)
+    p.add_argument("--engine-rss-limit-mb", type=int, default=6000,
+                   help="stop the soak early when the engine grows past this")
+    p.add_argument("--max-pis-per-node", type=int, default=16,
+                   help="daemon.max_pis_per_node (the default 4096 lets the rogue's PI-name "
+                        "flood widen the engine's input to ~2M floats: 9.5 GB in 2 min)")
+    p.add_argument("--workdir")
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    r = soak(args)
+    print_table(r)
+    if args.json:
+        Path(args.json).write_text(json.dumps(r, indent=1, default=str))
+    bad = (r["committed_rows_lost"] or r["rows_lost_unexplained"] or r["applied_not_recorded"]
+           or r["out_of_range_applied"] or r["rogue_bad_actions_accepted"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
