@@ -43,12 +43,12 @@ class DQNConfig:
     guided: bool = False
     settle_ticks: int = 3              # credit p_t to the setting in effect this long before
     kernel_steps: float = 1.5          # smoothing of the per-setting means, in steps
-    lcb_kappa: float = 1.0             # best = highest mean − κ standard errors
-    best_min_samples: int = 5          # (kernel-weighted) samples before a setting counts
-    best_refresh_ticks: int = 10       # recompute the best-known setting this often
+    lcb_kappa: float = 0.5             # best = highest mean − κ standard errors
+    best_min_samples: int = 3          # (kernel-weighted) samples before a setting counts
+    best_refresh_ticks: int = 3        # recompute the best-known setting this often
     probe_local_steps: float = 3.0     # spread of local probe targets around the best, steps
     probe_dwell: int = 3               # ticks a probe holds its target
-    global_fraction: float = 0.25      # global probes during this share of exploration
+    global_fraction: float = 0.05      # global probes during this share of exploration
     guard_steps: int = 3               # trust region around the best-known setting, steps
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
 
