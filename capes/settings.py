@@ -8,6 +8,10 @@ agents, the parameters (``capes.common.deployment``), the engine and its reward
 section, whichever command reads it: a typo under ``[engine]`` stops
 ``capes interface-daemon`` too, before any socket opens. Nothing here imports torch.
 
+Relative paths in the file (``keys.dir``, ``daemon.db``, ``control.state_file``) are
+relative to the file, not to the current directory; those given with ``--set`` are
+relative to the current directory.
+
 ``Settings`` *is a* ``DeploymentConfig`` (the components take it as one), with the
 engine, reward and game sections typed instead of raw tables.
 """
@@ -19,8 +23,9 @@ from typing import Iterable
 
 from capes.common import config as cfgmod
 from capes.common.config import ConfigError
-from capes.common.deployment import DeploymentConfig
+from capes.common.deployment import DeploymentConfig, resolve_config_paths
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
+from storagegamesim.cluster import ClusterConfig
 from storagegamesim.game import GameConfig
 
 
@@ -29,6 +34,7 @@ class Settings(DeploymentConfig):
     engine: DQNConfig = field(default_factory=DQNConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     game: GameConfig = field(default_factory=GameConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
@@ -37,7 +43,11 @@ def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
     engine preset applied. A bad value is one ``ConfigError`` naming the file and the
     dotted key, or the ``--set`` that caused it."""
     overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
-    table, source = cfgmod.load_table(path, overrides)
+    table = resolve_config_paths(cfgmod.read_toml(path), path) if path else {}
+    source = str(path) if path else "<defaults>"
+    if overrides:          # paths given with --set stay relative to the current directory
+        table = cfgmod.apply_overrides(table, overrides)
+        source = f"{source} (with --set)"
     try:
         table["engine"] = with_preset(table.get("engine", {}), source)
         return cfgmod.build(Settings, table, source)
