@@ -15,7 +15,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common_config_args(p)
     p.add_argument("--dry-run", action="store_true", default=None,
                    help="log what would be applied and apply nothing (shadow tuning)")
-    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
 
 
 def run(args) -> int:
@@ -24,8 +23,6 @@ def run(args) -> int:
     from capes.common.stop_signal import StopSignal
     from control_agent.agent import ControlAgent
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     cfg = load_settings(args.config, args.overrides)
     agent = ControlAgent(cfg, dry_run=args.dry_run, source=args.config or "<defaults>")
     if not agent.specs:

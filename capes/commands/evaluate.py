@@ -60,8 +60,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
-                        stream=sys.stderr)       # a no-op where capes.cli set logging up
     log = logging.getLogger("capes.evaluate")
     from capes.common.atomic import write_json
     from capes.common.deployment import load_deployment

@@ -7,7 +7,6 @@ itself."""
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from capes.cli import common_config_args
@@ -23,8 +22,6 @@ def run(args) -> int:
     from capes.settings import load_settings
     from control_agent.agent import ControlAgent
 
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s",
-                        stream=sys.stderr)
     cfg = load_settings(args.config, args.overrides)
     agent = ControlAgent(cfg, dry_run=args.dry_run, source=args.config or "<defaults>")
     try:
