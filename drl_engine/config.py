@@ -38,6 +38,8 @@ class DQNConfig:
     normalise_inputs: bool = False
     scale_rewards: bool = False
     grad_clip: float = 0.0             # max gradient norm; 0: no clipping
+    max_inputs: int = 20_000           # refuse a wider observation (a PI-name flood, a
+                                       # layout error) instead of allocating its network
     # The guide (drl_engine/guide.py): probes to target settings instead of uniform
     # random actions, and a trust region around the best-known setting.
     guided: bool = False

@@ -401,6 +401,22 @@ def checkpoint_dir(opts: EngineDaemonOptions, db: Path) -> Path:
     return Path(opts.checkpoint_dir) if opts.checkpoint_dir else db.parent / "capes-checkpoints"
 
 
+def _keep_incompatible_checkpoint(engine: Engine, ckpt: Path):
+    """An observer: when the checkpoint did not fit the DB's layout (the engine then
+    starts afresh), say so once and keep the old file beside the new ones."""
+    done = {"warned": False}
+
+    def observe(rec) -> None:
+        if engine.restore_error and not done["warned"]:
+            done["warned"] = True
+            kept = ckpt.with_name(ckpt.name + ".incompatible")
+            if ckpt.exists():
+                os.replace(ckpt, kept)
+            log.warning("the checkpoint could not be used (%s); training afresh, the old "
+                        "one is kept as %s", engine.restore_error, kept)
+    return observe
+
+
 def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
         opts: EngineDaemonOptions, out=sys.stderr) -> int:
     tb = None
@@ -427,9 +443,13 @@ def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
                  engine.device, dqn.preset, db, deploy.tick_seconds, ckpt,
                  server.url if server else "off",
                  f", TensorBoard {opts.tensorboard}" if tb else "")
+        observers.insert(0, _keep_incompatible_checkpoint(engine, ckpt))
         try:
             run_ticks(engine, source, _TimedClock(WallClock(deploy.tick_seconds, stop), view),
                       observers, max_ticks=opts.max_ticks)
+        except ValueError as exc:         # e.g. a layout wider than engine.max_inputs
+            log.error("stopping: %s", exc)
+            return 1
         finally:
             if engine.dqn is not None:
                 engine.save(ckpt)

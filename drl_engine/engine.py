@@ -84,6 +84,7 @@ class Engine:
         self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
         self._pending_state: dict | None = None
+        self.restore_error: str | None = None   # why a checkpoint could not be used
         self.update()
 
     # -- data ---------------------------------------------------------------------------
@@ -92,10 +93,18 @@ class Engine:
         n = self.experience.update()
         if self.dqn is None and self.experience.ready:
             exp = self.experience
+            if exp.obs_dim > self.cfg.max_inputs:
+                raise ValueError(f"the replay DB's layout makes {exp.obs_dim} network inputs "
+                                 f"({len(exp.layout.node_names)} nodes × "
+                                 f"{len(exp.layout.pi_names)} PIs × {self.cfg.stack} ticks), "
+                                 f"more than engine.max_inputs = {self.cfg.max_inputs}")
             self.dqn = DQN(exp.obs_dim, exp.n_actions, self.cfg, self.device, self.seed)
             if self._pending_state is not None:
-                self._restore(self._pending_state)
-                self._pending_state = None
+                state, self._pending_state = self._pending_state, None
+                try:
+                    self._restore(state)
+                except ValueError as exc:     # another layout: start afresh, say why
+                    self.restore_error = str(exc)
         return n
 
     @property

@@ -191,3 +191,29 @@ def test_a_pretrained_model_explores_less_at_first(tmp_path, make_session):
     resumed = make_engine(path)
     resumed.load(pretrained.save(tmp_path / "p.pt"))
     assert resumed.pretrained and resumed.epsilon == pytest.approx(0.3)
+
+
+def test_a_checkpoint_of_another_layout_found_before_data_starts_afresh(tmp_path, make_session):
+    """A restarted engine that resumes before the DB has data (the daemon restarted and
+    began a session with another layout) must not crash-loop: it trains afresh and says
+    why, instead of raising on every start."""
+    make_session(tmp_path / "a.db", ticks=20)
+    ckpt = make_engine(tmp_path / "a.db").save(tmp_path / "a.pt")
+    from capes.common.replay_db import ReplayReader
+    from drl_engine.config import DQNConfig, RewardConfig
+    from drl_engine.engine import Engine
+    empty = tmp_path / "b.db"
+    make_session(empty, ticks=20, nodes=("n0",))
+    eng = Engine(DQNConfig(stack=4, exploration_ticks=10), RewardConfig(pis=["tp"]),
+                 ReplayReader(empty), device="cpu")
+    eng.dqn = None
+    eng._pending_state = None
+    eng.load(ckpt)                     # pending: checked when the network is built
+    eng.update()
+    assert eng.dqn is not None and "another layout" in (eng.restore_error or "")
+
+
+def test_a_layout_wider_than_max_inputs_is_refused_before_any_allocation(tmp_path, make_session):
+    make_session(tmp_path / "a.db", ticks=20)
+    with pytest.raises(ValueError, match="more than engine.max_inputs = 8"):
+        make_engine(tmp_path / "a.db", max_inputs=8)
