@@ -65,3 +65,21 @@ def test_cli_reports_bad_config_clearly(tmp_path):
                            "game.noise=-1"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "configuration error" in proc.stderr and "game.noise" in proc.stderr
+
+
+def test_tensorboard_scalars_of_a_run(tmp_path):
+    """With tensorboard installed, each run writes its per-tick scalars; without, the
+    command says what to install (one line, exit 2) before it plays anything."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        proc = subprocess.run([sys.executable, "-m", "capes", "converge-test", "--tensorboard",
+                               str(tmp_path / "tb")], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2 and "tensorboard" in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+        pytest.skip("tensorboard is not installed (the optional extra)")
+    res = run_one(load_config(None, ["game.time_limit_ticks=60"]), seed=0,
+                  tensorboard=str(tmp_path / "tb"))
+    assert res.ticks == 60
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))

@@ -146,7 +146,8 @@ def make_player(tuner: str, cfg: ConvergeConfig, reader: ReplayReader, device: s
 
 def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
             init_model: str | None = None, device: str = "cpu",
-            keep_trace: bool = False, play_on: bool = True, tuner: str = "capes") -> RunResult:
+            keep_trace: bool = False, play_on: bool = True, tuner: str = "capes",
+            tensorboard: str | None = None) -> RunResult:
     """Play one game to the time limit (or, without ``play_on``, to the win); the same
     seed gives the same result."""
     game_seed, engine_seed = np.random.SeedSequence(seed).generate_state(2)
@@ -172,8 +173,29 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
                 trace[k].append(v)
 
         source = GameSource(game, writer, session.id, [s.name for s in specs], play_on)
+        observers = [record] if trace is not None else []
+        writer_tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            writer_tb = SummaryWriter(str(Path(tensorboard) / (
+                f"{tuner}-noise{cfg.game.noise:g}-{cfg.reward.type}-seed{seed}")))
+
+            def scalars(rec: TickRecord) -> None:
+                t = game.ticks
+                for k, v in (("game/true_throughput", game.true_throughput),
+                             ("game/throughput", game.throughput),
+                             ("parameters/window", game.window),
+                             ("parameters/rate_limit", game.rate_limit),
+                             ("engine/epsilon", engine.epsilon), ("engine/loss", rec.loss)):
+                    if v is not None:
+                        writer_tb.add_scalar(k, v, t)
+            observers.append(scalars)
         start = time.perf_counter()
-        run_ticks(engine, source, observers=[record] if trace is not None else [])
+        try:
+            run_ticks(engine, source, observers=observers)
+        finally:
+            if writer_tb is not None:
+                writer_tb.close()
         wall = time.perf_counter() - start
         writer.close()
         reader.close()
@@ -198,11 +220,11 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
 # -- grids of runs ------------------------------------------------------------------------
 
 def _run_job(job):
-    cfg, seed, init_model, keep_trace, device, play_on, tuner = job
+    cfg, seed, init_model, keep_trace, device, play_on, tuner, tensorboard = job
     import torch
     torch.set_num_threads(1)
     return run_one(cfg, seed, init_model=init_model, device=device, keep_trace=keep_trace,
-                   play_on=play_on, tuner=tuner)
+                   play_on=play_on, tuner=tuner, tensorboard=tensorboard)
 
 
 def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConfig:
@@ -245,12 +267,12 @@ def summarise(runs: list[RunResult]) -> dict:
 def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int = 0,
              jobs: int = 1, init_model: str | None = None, keep_traces: int = 0,
              progress=sys.stderr, device: str = "cpu", play_on: bool = True,
-             tuner: str = "capes") -> dict:
+             tuner: str = "capes", tensorboard: str | None = None) -> dict:
     """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report."""
     plan = [(noise, reward, first_seed + s) for noise in noises for reward in rewards
             for s in range(seeds)]
     jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces,
-                device, play_on, tuner) for n, r, seed in plan]
+                device, play_on, tuner, tensorboard) for n, r, seed in plan]
     results: list[RunResult] = []
     t0 = time.perf_counter()
 
