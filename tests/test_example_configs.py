@@ -19,7 +19,7 @@ from monitor_agent.collectors import blockdev, lustre_osc, vmstat
 from test_target_collectors import FakeBlockDevices, FakeLustreClient, FakeProc
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-NOT_DEPLOYMENTS = {"storagegamesim.toml"}          # the converge test's own config
+NOT_DEPLOYMENTS = {"storagegamesim.toml", "cluster-sim.toml"}   # the converge tests' own configs
 DEPLOYMENTS = sorted(p for p in CONFIGS.glob("*.toml") if p.name not in NOT_DEPLOYMENTS)
 
 # collector -> (option holding a path, its default)

@@ -65,6 +65,10 @@ def run(args) -> int:
     if args.seeds < 1 or args.jobs < 1:
         print("capes converge-test: --seeds and --jobs must be >= 1", file=sys.stderr)
         return 2
+    from capes.experiments.cluster_test import is_cluster_config
+    if is_cluster_config(args.config):            # a [cluster] table: the cluster game
+        from capes.experiments.cluster_test import main as cluster_main
+        return cluster_main(args)
     from drl_engine.dqn import pick_device
     try:
         device = str(pick_device(args.device))

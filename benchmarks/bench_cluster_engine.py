@@ -1,0 +1,219 @@
+"""The cluster engine (issue 11, items 1 and 5): speed, scale and checkpoint transfer.
+
+    .venv/bin/python benchmarks/bench_cluster_engine.py                 # every part
+    .venv/bin/python benchmarks/bench_cluster_engine.py --part step --device cuda
+    .venv/bin/python benchmarks/bench_cluster_engine.py --part hour --nodes 8 64 1000
+
+Parts (one core: ``torch.set_num_threads(1)``):
+
+* ``replay``: per tick at 8, 64 and 1,000 nodes: ReplayWriter (one row per node, one
+  commit), ReplayReader.refresh (the stock reader and the harness's
+  ``ClusterReplayReader``, whose sizing query reads only new rows) and the engine's ring
+  (``ClusterEngine.ingest``: log1p, objective, reward, actions read back from the knob
+  PIs, the change detector), over ``--replay-ticks`` ticks (the reader's cost grows with
+  the DB: the last 10 % of ticks are reported too).
+* ``step``: at ``--step-nodes`` (1,000) nodes: the weight count, one training step
+  (``NodeDQN.train_step``, B ticks × M nodes: the default ``loss_nodes`` and all nodes),
+  ``ClusterEngine.train(1)`` including sampling from the ring, and ``act`` (every node's
+  action for one tick); on ``--device`` (cpu, cuda).
+* ``hour``: wall seconds per simulated hour of ``capes converge-test --config
+  configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored.
+* ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
+  64 nodes (``--init-model``) beside a fresh engine on the same seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo  # noqa: E402
+from capes.experiments.cluster_test import (ClusterReplayReader, load_config,  # noqa: E402
+                                            run_one)
+from drl_engine.cluster_engine import ClusterEngine  # noqa: E402
+from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim  # noqa: E402
+
+
+def _ms(ts) -> float:
+    return 1000.0 * statistics.median(ts)
+
+
+def bench_replay(nodes_list, ticks: int) -> None:
+    print(f"Replay data path per tick, {ticks} ticks of the cluster simulator's PIs "
+          f"(6 per node), one core; ms per tick (mean; last 10 % of ticks in brackets)")
+    print(f"{'nodes':>6} {'write':>13} {'ReplayReader':>15} {'fixed reader':>15} "
+          f"{'ring ingest':>13}")
+    cfg = load_config(None, [])
+    for n in nodes_list:
+        ccfg = dataclasses.replace(cfg.cluster, nodes=n, phases=[])
+        sim = ClusterSim(ccfg, seed=0, judge=False)
+        specs = list(ccfg.param_specs().values())
+        eng = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, n,
+                            model=dataclasses.replace(cfg.model, replay_mb=64))
+        with tempfile.TemporaryDirectory() as tmp:
+            w = ReplayWriter(Path(tmp) / "r.db")
+            w.begin_session(SessionInfo(pi_names=list(PI_NAMES), node_names=sim.node_names,
+                                        params=specs))
+            stock, fixed = ReplayReader(Path(tmp) / "r.db"), ClusterReplayReader(Path(tmp) / "r.db")
+            tw, ts, tf, ti = [], [], [], []
+            rng = np.random.default_rng(0)
+            for t in range(ticks):
+                sim.set_params(window=sim.window + rng.integers(-1, 2, n))
+                sim.tick()
+                p = sim.pis()
+                x = np.column_stack([p[k] for k in PI_NAMES]).astype(np.float32)
+                a = time.perf_counter()
+                for i in range(n):
+                    w.add_pis(t, i, x[i])
+                w.commit()
+                b = time.perf_counter()
+                stock.refresh()
+                c = time.perf_counter()
+                fixed.refresh()
+                d = time.perf_counter()
+                eng.ingest(t, x)
+                e = time.perf_counter()
+                tw.append(b - a), ts.append(c - b), tf.append(d - c), ti.append(e - d)
+            w.close(), stock.close(), fixed.close()
+        k = max(1, ticks // 10)
+
+        def f(v):
+            return f"{1000 * np.mean(v):6.2f} [{1000 * np.mean(v[-k:]):5.2f}]"
+        print(f"{n:>6} {f(tw):>13} {f(ts):>15} {f(tf):>15} {f(ti):>13}", flush=True)
+
+
+def _filled_engine(n: int, device: str, loss_nodes: int | None = None,
+                   ticks: int = 300) -> ClusterEngine:
+    cfg = load_config(None, [])
+    model = dataclasses.replace(cfg.model, replay_mb=64, stats_ticks=50, learn_start=16)
+    if loss_nodes is not None:
+        model = dataclasses.replace(model, loss_nodes=loss_nodes)
+    specs = list(ClusterConfig().param_specs().values())
+    eng = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, n, model=model,
+                        device=device)
+    rng = np.random.default_rng(0)
+    for t in range(ticks):
+        x = rng.uniform(1, 300, (n, len(PI_NAMES))).astype(np.float32)
+        x[:, 4] = 20 + rng.integers(-1, 2, n)
+        x[:, 5] = 2000
+        eng.ingest(t, x)
+    return eng
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench_step(n: int, device: str, reps: int) -> None:
+    print(f"\nTraining step and act at {n} nodes on {device} "
+          f"(torch threads {torch.get_num_threads()}); median of {reps}")
+    for loss_nodes in (None, 0):
+        eng = _filled_engine(n, device, loss_nodes)
+        m = eng.mcfg.loss_nodes or n
+        b = eng.sample(eng.cfg.batch_size)
+        dev = eng.device
+        t = [torch.as_tensor(np.ascontiguousarray(a), device=dev) for a in
+             (b.obs, b.mask, b.actions, b.returns, b.discounts, b.next_obs, b.next_mask,
+              b.valid, b.abar, b.next_abar)]
+        for _ in range(5):
+            eng.dqn.train_step(*t)
+        _sync(dev)
+        steps = []
+        for _ in range(reps):
+            a = time.perf_counter()
+            eng.dqn.train_step(*t)
+            _sync(dev)
+            steps.append(time.perf_counter() - a)
+        trains = []
+        for _ in range(reps):
+            a = time.perf_counter()
+            eng.train(1)
+            _sync(dev)
+            trains.append(time.perf_counter() - a)
+        acts = []
+        for _ in range(reps):
+            a = time.perf_counter()
+            eng.act()
+            acts.append(time.perf_counter() - a)
+        print(f"  weights {eng.weights}; minibatch {eng.cfg.batch_size} ticks x {m} nodes "
+              f"({eng.cfg.batch_size * m} node transitions): train_step {_ms(steps):.2f} ms, "
+              f"Engine.train(1) with sampling {_ms(trains):.2f} ms, act (all {n} nodes) "
+              f"{_ms(acts):.2f} ms", flush=True)
+
+
+def bench_hour(nodes_list, seed: int, feed: str) -> list[dict]:
+    print(f"\nWall seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
+          f"core, seed {seed}, feed {feed}")
+    print(f"{'nodes':>6} {'wall s':>7} {'write s':>7} {'weights':>8} {'med tp':>7} "
+          f"{'mean tp':>7} {'in-band':>7} {'recover s per phase':>22} {'alarms':>7}")
+    out = []
+    for n in nodes_list:
+        cfg = load_config(None, [f"cluster.nodes={n}"])
+        r = run_one(cfg, seed, feed=feed)
+        rec = ",".join("-" if p["recover_ticks"] is None else str(p["recover_ticks"])
+                       for p in r["per_phase"])
+        print(f"{n:>6} {r['wall_s']:>7.1f} {r['write_s']:>7.1f} {r['weights']:>8} "
+              f"{r['median_relative']:>7.3f} {r['mean_relative']:>7.3f} "
+              f"{r['in_band_share']:>7.2f} {rec:>22} {r['alarms']:>7}", flush=True)
+        out.append(r)
+    return out
+
+
+def bench_transfer(seeds: int) -> None:
+    print(f"\nCheckpoint transfer: an hour on 8 nodes, then 64 nodes from that checkpoint "
+          f"(--init-model) against a fresh engine, {seeds} seed(s)")
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = str(Path(tmp) / "n8.pt")
+        r8 = run_one(load_config(None, ["cluster.nodes=8"]), 100, save_model=ckpt)
+        print(f"  trained on 8 nodes: {r8['weights']} weights, median tp "
+              f"{r8['median_relative']:.3f}, {r8['train_steps']} steps")
+        cfg = load_config(None, ["cluster.nodes=64"])
+        for label, init in (("from 8-node ckpt", ckpt), ("fresh", None)):
+            rs = [run_one(cfg, s, init_model=init) for s in range(seeds)]
+            ph0 = [r["per_phase"][0] for r in rs]
+            print(f"  64 nodes {label:>17}: weights {rs[0]['weights']}, median tp "
+                  f"{np.median([r['median_relative'] for r in rs]):.3f}, mean "
+                  f"{np.median([r['mean_relative'] for r in rs]):.3f}, phase 0 mean "
+                  f"{np.median([p['mean_relative'] for p in ph0]):.3f}, phase 0 recover "
+                  f"{[p['recover_ticks'] for p in ph0]}", flush=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--part", choices=("all", "replay", "step", "hour", "transfer"),
+                   default="all")
+    p.add_argument("--nodes", type=int, nargs="+", default=[8, 64, 1000])
+    p.add_argument("--replay-ticks", type=int, default=600)
+    p.add_argument("--step-nodes", type=int, default=1000)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
+    p.add_argument("--transfer-seeds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.part in ("all", "replay"):
+        bench_replay(args.nodes, args.replay_ticks)
+    if args.part in ("all", "step"):
+        bench_step(args.step_nodes, args.device, args.reps)
+    if args.part in ("all", "hour"):
+        bench_hour(args.nodes, args.seed, args.feed)
+    if args.part in ("all", "transfer"):
+        bench_transfer(args.transfer_seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

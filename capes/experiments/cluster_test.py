@@ -1,0 +1,429 @@
+"""The cluster converge test (issue 11): the cluster engine against ClusterSim's phases.
+
+    capes converge-test --config configs/cluster-sim.toml [--set cluster.nodes=N] \\
+        --seeds K [--tuner capes,random,hill,bo] [--json OUT]
+
+One run is the real data path in one process, in simulated time:
+
+    ClusterSim PIs -> ReplayWriter (one row per node and tick, SQLite WAL)
+        -> the engine's ring (ReplayReader refresh, or the same rows fed directly:
+           ``feed``) -> ClusterEngine.act (one action per node) -> every node's knobs;
+        ClusterEngine.train (minibatches of ticks × nodes)
+
+driven by :func:`drl_engine.loop.run_ticks`, the engine's own tick loop. The engine is
+told nothing about the phases: it has to notice the change itself (its change
+detector). The baselines of ``capes/experiments/baselines.py`` (``random``, ``hill``,
+``bo``, ``tpe``, ``cma``) run in the same loop on the same replay DB, tuning one setting
+shared by every node (what :func:`~storagegamesim.cluster.phase_optima` calls the best
+static setting), and are *told* each phase change (``workload_changed``): they search
+again from scratch at every phase, as the issue asks.
+
+Per phase (:func:`~storagegamesim.phases.score_phases` on the noise-free objective):
+time to recover (first tick from which it stays in the ±band of the phase's best static
+setting for ``win_hold_ticks`` + 1 ticks), in-band share, mean and median throughput
+relative to the phase's best static setting; per run the median and mean over the hour;
+for the engine its weight count, the change detector's alarms (detections with their
+delay and false alarms) and the wall time.
+
+``feed``: ``reader`` (the engine refreshes a ReplayReader: the whole read path) or
+``rows`` (the harness hands the engine the rows it has just committed). ``auto`` picks
+``reader`` up to 64 nodes and ``rows`` above: at 1,000 nodes a ReplayReader refresh
+costs ~19 ms a tick in its per-row Python loop (``benchmarks/bench_cluster_engine.py
+--part replay``), more than the simulator, the engine and the writer together.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from capes.common import config as cfgmod
+from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from drl_engine.cluster_engine import ClusterDecision, ClusterEngine
+from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.loop import TickRecord, TickState, run_ticks
+from drl_engine.node_model import NodeModelConfig
+from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim, phase_optima
+from storagegamesim.phases import phase_starts, score_phases, summarise
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cluster-sim.toml"
+DETECT_WINDOW = 300          # an alarm within this many ticks of a phase start detects it
+READER_MAX_NODES = 64        # feed="auto": ReplayReader up to this many nodes
+
+
+@dataclass
+class ClusterTestConfig:
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    engine: DQNConfig = field(default_factory=DQNConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    model: NodeModelConfig = field(default_factory=NodeModelConfig)
+
+
+def is_cluster_config(path: str | Path | None) -> bool:
+    """Whether a config file poses the cluster game (has a ``[cluster]`` table)."""
+    if not path or not Path(path).is_file():
+        return False
+    try:
+        return isinstance(cfgmod.read_toml(path).get("cluster"), dict)
+    except Exception:                                 # noqa: BLE001 -- the loader reports it
+        return False
+
+
+def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None
+                ) -> ClusterTestConfig:
+    from capes.settings import load_settings
+    path = Path(path) if path else DEFAULT_CONFIG
+    s = load_settings(path, overrides, preset)
+    return ClusterTestConfig(cluster=s.cluster, engine=s.engine, reward=s.reward)
+
+
+# -- one run ------------------------------------------------------------------------------
+
+class ClusterReplayReader(ReplayReader):
+    """A :class:`ReplayReader` whose pre-load sizing query reads only the new rows.
+
+    ``ReplayReader._reserve`` groups ``pis WHERE rowid > ?`` by session, and SQLite
+    answers that by scanning the whole covering index ``pis_key`` (EXPLAIN QUERY PLAN:
+    ``SCAN pis USING COVERING INDEX pis_key``): every refresh costs O(rows stored), so an
+    hour at 64 nodes spends ~25 s there and it grows without bound. ``NOT INDEXED``
+    makes it a rowid range search. Workaround until ``capes/common/replay_db.py`` has
+    the same one-word fix."""
+
+    def _reserve(self, table: str, last_rowid: int) -> None:
+        if len(self.sessions) == 0:
+            return
+        rows = self.conn.execute(f"SELECT session, MIN(tick), MAX(tick), COUNT(*) FROM "
+                                 f"{table} NOT INDEXED WHERE rowid > ? GROUP BY session",
+                                 (last_rowid,))
+        for sid, lo, hi, count in rows:
+            data = self.sessions.get(sid)
+            if data is not None and count > 1024 and hi - lo < 2 * count and \
+                    data.plausible(lo) and data.plausible(hi):
+                data.reserve(lo, hi)
+
+
+class ClusterSource:
+    """The simulator as the tick loop's source: each tick every node's PIs are written
+    (one row per node) and committed, and, with ``feed``, handed to the engine; an action
+    sets the knobs (per node for the engine, one shared setting for a baseline)."""
+
+    def __init__(self, sim: ClusterSim, writer: ReplayWriter, session: int,
+                 feed: ClusterEngine | None = None, tell_phases: bool = False):
+        self.sim, self.writer, self.session, self.feed = sim, writer, session, feed
+        self.tell = tell_phases
+        self.started = False
+        self.true_obj: list[float] = []
+        self.knob_names = list(sim.config.param_specs())       # action order
+        self.write_s = 0.0
+
+    def matrix(self) -> np.ndarray:
+        pis = self.sim.pis()
+        return np.column_stack([pis[n] for n in PI_NAMES]).astype(np.float32)
+
+    def observe(self) -> TickState | None:
+        sim = self.sim
+        if self.started:
+            sim.tick()
+            self.true_obj.append(sim.true_objective)
+        self.started = True
+        if sim.ticks >= sim.config.time_limit_ticks:
+            return None
+        x = self.matrix()
+        t0 = time.perf_counter()
+        for i in range(sim.nodes):
+            self.writer.add_pis(sim.ticks, i, x[i])
+        self.writer.commit()
+        self.write_s += time.perf_counter() - t0
+        if self.feed is not None:
+            self.feed.ingest(sim.ticks, x)
+        current = np.column_stack([getattr(sim, n) for n in self.knob_names])
+        return TickState(session=self.session, workload_epoch=sim.phase if self.tell else 0,
+                         current=current[0].tolist() if self.tell else current)
+
+    def apply(self, decision) -> None:
+        if isinstance(decision, ClusterDecision):
+            vals = decision.values
+            self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)})
+            return
+        self.writer.add_action(self.sim.ticks, decision.action, decision.values)
+        self.writer.commit()
+        self.sim.set_params(**dict(zip(self.knob_names, decision.values)))
+
+
+TRACE_KEYS = ("true_objective", "relative", "epsilon", "loss", "window_mean",
+              "window_std", "window_active", "rate_limit_mean", "rate_limit_active",
+              "explored")
+
+
+def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str = "auto",
+            init_model: str | None = None, save_model: str | None = None,
+            keep_trace: bool = False, device: str = "cpu", db_path: str | None = None,
+            tuner_options: dict | None = None) -> dict:
+    """Play one hour (the config's ``time_limit_ticks``); the same seed gives the same
+    result. Returns a JSON-ready dict."""
+    ccfg = cfg.cluster
+    sim_seed, engine_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
+    optima = phase_optima(ccfg, ccfg.best_static)
+    sim = ClusterSim(ccfg, seed=sim_seed, optima=optima, judge=False)
+    specs = list(ccfg.param_specs().values())
+    feed = feed if feed != "auto" else ("reader" if ccfg.nodes <= READER_MAX_NODES else "rows")
+    is_engine = tuner == "capes"
+    with tempfile.TemporaryDirectory(prefix="capes-cluster-") as tmp:
+        path = Path(db_path) if db_path else Path(tmp) / "replay.db"
+        writer = ReplayWriter(path)
+        session = writer.begin_session(SessionInfo(
+            pi_names=list(PI_NAMES), node_names=sim.node_names, params=specs,
+            label=f"cluster converge seed={seed} nodes={ccfg.nodes} tuner={tuner}"))
+        reader = ClusterReplayReader(path) if (not is_engine or feed == "reader") else None
+        if is_engine:
+            player = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, ccfg.nodes,
+                                   model=cfg.model, reader=reader, device=device,
+                                   seed=engine_seed)
+            if init_model:
+                player.load(init_model, weights_only=True)
+        else:
+            from capes.experiments.baselines import make_tuner
+            player = make_tuner(tuner, specs, reader, cfg.reward, engine_seed,
+                                **(tuner_options or {}))
+        source = ClusterSource(sim, writer, session.id,
+                               feed=player if is_engine and feed == "rows" else None,
+                               tell_phases=not is_engine)
+        trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
+        best = [o.objective for o in optima]
+        starts = phase_starts(ccfg.phases)
+
+        def record(rec: TickRecord) -> None:
+            d = rec.decision
+            trace["true_objective"].append(sim.true_objective)
+            trace["relative"].append(sim.true_objective / best[sim.phase])
+            trace["epsilon"].append(player.epsilon)
+            trace["loss"].append(rec.loss)
+            trace["window_mean"].append(float(sim.window.mean()))
+            trace["window_std"].append(float(sim.window.std()))
+            trace["rate_limit_mean"].append(float(sim.rate_limit.mean()))
+            act = sim.state.active
+            trace["window_active"].append(float(sim.window[act].mean()))
+            trace["rate_limit_active"].append(float(sim.rate_limit[act].mean()))
+            trace["explored"].append(float(np.mean(d.explored)) if isinstance(
+                d, ClusterDecision) else None)
+
+        start = time.perf_counter()
+        run_ticks(player, source, observers=[record] if trace is not None else [])
+        wall = time.perf_counter() - start
+        if save_model and is_engine:
+            player.save(save_model)
+        writer.close()
+        if reader is not None:
+            reader.close()
+    tp = np.array(source.true_obj)
+    scores = score_phases(tp, starts, best, band=ccfg.win_band, hold=ccfg.win_hold_ticks + 1,
+                          first_tick=1, names=sim.phase_names)
+    summary = summarise(scores, tp, starts, best, first_tick=1)
+    out = {"seed": seed, "tuner": tuner, "nodes": ccfg.nodes, "noise": ccfg.noise,
+           "ticks": len(tp), "wall_s": wall, "write_s": source.write_s,
+           "train_steps": player.train_steps,
+           **summary, "per_phase": [s.to_dict() for s in scores],
+           "final_window_mean": float(sim.window.mean()),
+           "final_rate_limit_mean": float(sim.rate_limit.mean())}
+    if is_engine:
+        out.update(weights=player.weights, feed=feed, init_model=init_model,
+                   **_detections(player.alarm_ticks, starts, len(tp)))
+    if trace is not None:
+        out["trace"] = trace
+    return out
+
+
+def _detections(alarms: list[int], starts: list[int], ticks: int) -> dict:
+    """Alarms → the first alarm within DETECT_WINDOW ticks of each phase change (its
+    delay, counting the change's own tick as 1) and the rest as false alarms."""
+    used, delays = set(), []
+    for s in starts[1:]:
+        hit = [a for a in alarms if s <= a < s + DETECT_WINDOW and a not in used]
+        if hit:
+            used.add(hit[0])
+            delays.append(hit[0] - s + 1)
+        else:
+            delays.append(None)
+    false = [a for a in alarms if a not in used]
+    return {"alarms": len(alarms), "alarm_ticks": list(alarms), "detection_delays": delays,
+            "false_alarms": len(false), "false_alarms_per_hour": len(false) * 3600 / max(1, ticks)}
+
+
+# -- many runs ----------------------------------------------------------------------------
+
+def _run_job(job):
+    cfg, seed, tuner, kw = job
+    import torch
+    torch.set_num_threads(1)
+    return run_one(cfg, seed, tuner, **kw)
+
+
+def _median(values):
+    values = [v for v in values if v is not None and np.isfinite(v)]
+    return float(np.median(values)) if values else None
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Medians over the seeds of one tuner."""
+    out = {"runs": len(runs),
+           "median_relative": _median(r["median_relative"] for r in runs),
+           "mean_relative": _median(r["mean_relative"] for r in runs),
+           "in_band_share": _median(r["in_band_share"] for r in runs),
+           "phases_won": sum(r["phases_won"] for r in runs),
+           "phases": sum(r["phases"] for r in runs),
+           "wall_s_per_run": _median(r["wall_s"] for r in runs)}
+    n_ph = len(runs[0]["per_phase"]) if runs else 0
+    per = []
+    for k in range(n_ph):
+        ph = [r["per_phase"][k] for r in runs]
+        rec = [p["recover_ticks"] for p in ph]
+        per.append({"phase": k, "name": ph[0]["name"],
+                    "recovered": sum(v is not None for v in rec),
+                    "median_recover_ticks": _median(rec),
+                    "in_band_share": _median(p["in_band_share"] for p in ph),
+                    "mean_relative": _median(p["mean_relative"] for p in ph),
+                    "median_relative": _median(p["median_relative"] for p in ph)})
+    out["per_phase"] = per
+    if runs and "weights" in runs[0]:
+        delays = [d for r in runs for d in r["detection_delays"] if d is not None]
+        out.update(weights=runs[0]["weights"],
+                   detections=len(delays),
+                   changes=sum(len(r["detection_delays"]) for r in runs),
+                   median_detection_delay=_median(delays),
+                   false_alarms_per_hour=float(np.mean([r["false_alarms_per_hour"]
+                                                        for r in runs])))
+    return out
+
+
+def run_tuners(cfg: ClusterTestConfig, tuners: list[str], seeds: int, first_seed: int = 0,
+               jobs: int = 1, progress=sys.stderr, **kw) -> dict:
+    plan = [(cfg, first_seed + s, t, kw) for t in tuners for s in range(seeds)]
+    results: list[dict] = []
+    t0 = time.perf_counter()
+
+    def report(i, r):
+        if progress is not None:
+            extra = (f", alarms {r['alarm_ticks']}" if "alarm_ticks" in r else "")
+            print(f"[{i + 1}/{len(plan)}] {r['tuner']} nodes={r['nodes']} seed={r['seed']}: "
+                  f"median tp {r['median_relative']:.3f}, mean {r['mean_relative']:.3f} of "
+                  f"the best static, in band {r['in_band_share']:.2f}{extra}, "
+                  f"{r['wall_s']:.1f} s wall (elapsed {time.perf_counter() - t0:.0f} s)",
+                  file=progress, flush=True)
+
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for i, r in enumerate(pool.map(_run_job, plan)):
+                results.append(r)
+                report(i, r)
+    else:
+        for i, job in enumerate(plan):
+            results.append(_run_job(job))
+            report(i, results[-1])
+    optima = phase_optima(cfg.cluster, cfg.cluster.best_static)
+    return {"nodes": cfg.cluster.nodes, "seeds": seeds, "first_seed": first_seed,
+            "best_static": [o.to_dict() for o in optima],
+            "phase_starts": phase_starts(cfg.cluster.phases),
+            "model": dataclasses.asdict(cfg.model),
+            "config": cfgmod.to_table(dataclasses.replace(cfg, model=NodeModelConfig())),
+            "tuners": {t: aggregate([r for r in results if r["tuner"] == t]) for t in tuners},
+            "runs": results, "wall_s": time.perf_counter() - t0}
+
+
+def _fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def format_table(report: dict) -> str:
+    lines = [f"cluster converge test: {report['nodes']} nodes, {report['seeds']} seed(s), "
+             f"phases start at {report['phase_starts']}; medians over seeds; relative: "
+             f"noise-free objective / the phase's best static (shared) setting",
+             f"{'tuner':>8} {'med tp':>7} {'mean tp':>7} {'in-band':>7} {'won':>6} "
+             f"{'weights':>8} {'detected':>8} {'delay s':>7} {'FA/h':>5} {'wall s':>7}"]
+    for name, a in report["tuners"].items():
+        det = f"{a['detections']}/{a['changes']}" if "weights" in a else "-"
+        lines.append(f"{name:>8} {_fmt(a['median_relative'], '.3f'):>7} "
+                     f"{_fmt(a['mean_relative'], '.3f'):>7} {_fmt(a['in_band_share'], '.2f'):>7} "
+                     f"{a['phases_won']:>2}/{a['phases']:<3} {a.get('weights', '-'):>8} "
+                     f"{det:>8} {_fmt(a.get('median_detection_delay'), '.0f'):>7} "
+                     f"{_fmt(a.get('false_alarms_per_hour'), '.1f'):>5} "
+                     f"{_fmt(a['wall_s_per_run'], '.1f'):>7}")
+    lines.append("per phase: recovered runs, median recovery s, in-band share, mean / "
+                 "median throughput relative to the phase's best static")
+    for name, a in report["tuners"].items():
+        cells = []
+        for p in a["per_phase"]:
+            cells.append(f"{p['name'][:10]}: {p['recovered']}/{a['runs']} "
+                         f"{_fmt(p['median_recover_ticks'], '.0f')}s "
+                         f"{_fmt(p['in_band_share'], '.2f')} "
+                         f"{_fmt(p['mean_relative'], '.3f')}/{_fmt(p['median_relative'], '.3f')}")
+        lines.append(f"{name:>8}  " + " | ".join(cells))
+    return "\n".join(lines)
+
+
+def write_json(report: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=_json_default, allow_nan=False))
+    os.replace(tmp, path)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _clean(o):
+    """NaN/inf → None (strict JSON)."""
+    if isinstance(o, float):
+        return o if np.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o
+
+
+def main(args) -> int:
+    """``capes converge-test`` on a config with a ``[cluster]`` table."""
+    from drl_engine.dqn import pick_device
+    overrides = list(args.overrides)
+    if args.noise:
+        overrides.append(f"cluster.noise={args.noise[0]}")
+    if args.reward:
+        overrides.append(f'reward.type="{args.reward[0]}"')
+    try:
+        device = str(pick_device(args.device))
+    except RuntimeError as exc:
+        print(f"capes converge-test: {exc}", file=sys.stderr)
+        return 2
+    cfg = load_config(args.config, overrides, args.preset)
+    tuners = [t.strip() for t in args.tuner.split(",") if t.strip()]
+    print(f"cluster converge test: {cfg.cluster.nodes} nodes, tuners {', '.join(tuners)}, "
+          f"{args.seeds} seed(s), preset {cfg.engine.preset}", file=sys.stderr)
+    report = run_tuners(cfg, tuners, args.seeds, args.first_seed, args.jobs,
+                        progress=None if args.quiet else sys.stderr,
+                        init_model=args.init_model, device=device)
+    report = _clean(report)
+    print(format_table(report))
+    if args.json:
+        write_json(report, args.json)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
+__all__ = ["ClusterTestConfig", "ClusterSource", "load_config", "is_cluster_config",
+           "run_one", "run_tuners", "aggregate", "format_table", "write_json", "main"]

@@ -1,0 +1,733 @@
+"""The cluster engine: one shared per-node Q-network tuning every node's knobs at once.
+
+The single-node :class:`~drl_engine.engine.Engine` flattens every node's PIs into one
+observation and picks one action for the whole system; on a cluster whose nodes each
+have their own knobs that is a 440,000-wide input at 1,000 nodes and one knob moved per
+second for the whole cluster. This engine keeps the engine's interface (``update``,
+``act``, ``train``, ``workload_changed``, ``save``/``load``, so
+:func:`drl_engine.loop.run_ticks` drives it) and changes what is inside:
+
+* **Model** (:mod:`drl_engine.node_model`): a shared per-node encoder over the node's
+  last S ticks of PIs (its knob values are among them), pooled into a cluster summary,
+  and a shared per-node head: every node gets its own action (2 × knobs + 1) every tick.
+  The weight count does not depend on the node count.
+* **Data**: the replay DB's rows, one per node and tick. ``update()`` refreshes a
+  :class:`~capes.common.replay_db.ReplayReader` and copies new ticks into a ring of the
+  last ticks (``replay_mb`` of memory); or the caller feeds the same rows with
+  ``ingest(tick, pis)`` — at 1,000 nodes the reader's per-row Python loop costs ~19 ms a
+  tick, more than everything else together (measured: ``benchmarks/bench_cluster_engine.py``),
+  so the converge harness feeds the rows it has just committed there. Each node's
+  action at t is read back from its knob PIs (value at t+1 − value at t, one step of one
+  knob; anything else is "unknown" and not trained on): the replay DB's action table
+  holds one row per tick for the whole system and has no room for per-node actions.
+* **Reward**: the ``[reward]`` plug-ins on the *cluster* objective p_t (total throughput
+  by default), as a percentage of the objective's mean level over the first ticks
+  (``r̃ = 100 · r / p̄``: the same scale at 8 and 1,000 nodes), the same r̃_t for every
+  node of tick t. Why the cluster's change and not a per-node contribution: a node's own
+  throughput rewards selfishness (a larger window always raises it, at its neighbours'
+  cost — the simulator's contention), and a node's true contribution (the objective
+  with and without its action) is not observable. With shared weights the common
+  reward is still informative: each tick is a regression of r̃_t on the N actions with
+  one shared coefficient, whose error falls like 1/√ticks whatever N is (the other
+  nodes' moves are noise of order √N, the signal of N moves is of order N·β).
+* **Exploration**: per node. With probability ε a node not already probing starts a
+  probe (``explore="probe"``, the guide's temporally extended exploration,
+  :func:`drl_engine.guide.step_towards`): a target for one knob drawn around its current
+  value (``probe_steps`` steps), walked to one step per tick and held ``probe_dwell``
+  ticks, so the delayed effect is measured; ``explore="random"``: one uniform random
+  action. Everything else is greedy. ε follows the engine's schedule
+  (:func:`drl_engine.dqn.epsilon`).
+* **Change detection**: :class:`~drl_engine.change_detection.SettingResidualDetector`,
+  one stream per node (its share of the objective, keyed by its knob values, delayed by
+  ``settle_ticks``), an alarm when ``detect_vote`` of the nodes (at least 2) vote within
+  10 ticks. An alarm raises ε to ``workload_epsilon``, annealed back over
+  ``bump_ticks`` — locally: probes stay around each node's current setting, never
+  uniform over the range. Alarms are logged and counted (``alarm_ticks``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from capes.common.params import ParameterSpec
+from capes.common.replay_db import ReplayReader
+from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
+from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.dqn import epsilon as epsilon_schedule
+from drl_engine.dqn import pick_device
+from drl_engine.node_model import NodeDQN, NodeModelConfig
+from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
+
+log = logging.getLogger("capes.cluster_engine")
+
+CHECKPOINT_KIND = "node_model"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass
+class ClusterDecision:
+    tick: int
+    actions: np.ndarray      # (N,) per node: 0 NULL, 1 + 2k increase knob k, 2 + 2k decrease
+    values: np.ndarray       # (N, K) every node's knob values after its action
+    epsilon: float
+    explored: np.ndarray     # (N,) bool: the node's action came from exploration
+    q_max: float | None      # mean over greedy nodes of their max Q (None: none greedy)
+
+    @property
+    def action(self) -> int:  # for code that logs the single-node Decision
+        return int(np.bincount(self.actions, minlength=1).argmax())
+
+
+@dataclass
+class NodeBatch:
+    obs: np.ndarray          # (B, M, D)
+    mask: np.ndarray         # (B, M) node present at t
+    actions: np.ndarray      # (B, M)
+    returns: np.ndarray      # (B,) n-step return of the scaled cluster reward
+    discounts: np.ndarray    # (B,)
+    next_obs: np.ndarray     # (B, M, D)
+    next_mask: np.ndarray    # (B, M)
+    valid: np.ndarray        # (B, M) transition counts
+    abar: np.ndarray | None = None       # (B, M, A) the others' actions at t (mean field)
+    next_abar: np.ndarray | None = None  # (B, M, A) ... at t+n
+
+
+class NodeReplay:
+    """A ring of the last ``capacity`` ticks of every node's PIs (stored as
+    log1p(max(x, 0))), with the cluster objective p_t, the reward r_t of t → t+1 and each
+    node's action at t read back from its knob PIs. Observations are stacked at sample
+    time, never stored."""
+
+    def __init__(self, nodes: int, pi_names: list[str], params: list[ParameterSpec],
+                 capacity: int, reward: RewardConfig, missing_tolerance: float = 0.2):
+        self.n, self.p = nodes, len(pi_names)
+        self.pi_names = list(pi_names)
+        self.params = list(params)
+        self.capacity = max(16, int(capacity))
+        missing = [s.name for s in params if s.name not in pi_names]
+        if missing:
+            raise ValueError(f"the cluster engine reads each node's knob values from its "
+                             f"PIs; {missing} are not among the PIs {pi_names}")
+        self.knob_cols = np.array([pi_names.index(s.name) for s in params])
+        self.steps = np.array([s.step for s in params], np.float64)
+        self.obj_cols = pi_columns(reward.pis, pi_names)
+        self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
+        self.reward_fn = REWARD_TYPES.build(reward.type, reward.options)
+        self.lookback = int(getattr(self.reward_fn, "lookback", 1))
+        self.tolerance = missing_tolerance
+        C = self.capacity
+        self.lp = np.full((C, nodes, self.p), np.nan, np.float32)
+        self.present = np.zeros((C, nodes), bool)
+        self.tick_of = np.full(C, -1, np.int64)
+        self.pobj = np.full(C, np.nan)
+        self.r = np.full(C, np.nan)
+        self.actions = np.full((C, nodes), -1, np.int8)
+        self.knobs = np.full((C, nodes, len(params)), np.nan, np.float32)
+        self.n_actions = 2 * len(params) + 1
+        self.ahist = np.zeros((C, self.n_actions), np.float32)   # nodes per action at t
+        self.last: int | None = None       # newest tick
+        self.first: int | None = None      # oldest tick ever ingested
+        self.ingested = 0
+
+    @classmethod
+    def capacity_for(cls, megabytes: int, nodes: int, pis: int, knobs: int) -> int:
+        per_tick = nodes * (4 * pis + 1 + 1 + 4 * knobs) + 40
+        return max(64, (megabytes << 20) // per_tick)
+
+    @property
+    def oldest(self) -> int | None:
+        """Oldest tick still in the ring."""
+        if self.last is None:
+            return None
+        return max(self.first, self.last - self.capacity + 1)
+
+    def slot(self, tick):
+        return np.asarray(tick) % self.capacity
+
+    def ingest(self, tick: int, x: np.ndarray) -> bool:
+        """Add tick ``tick``'s PIs, (N, P) raw values (NaN: missing). False when the
+        tick is not newer than the newest one (ignored)."""
+        tick = int(tick)
+        if self.last is not None and tick <= self.last:
+            return False
+        x = np.asarray(x, np.float32)
+        if x.shape != (self.n, self.p):
+            raise ValueError(f"PIs of shape {x.shape}, expected {(self.n, self.p)}")
+        if self.last is not None:
+            for t in range(max(self.last + 1, tick - self.capacity + 1), tick):   # a gap
+                self._clear(t)
+        else:
+            self.first = tick
+        s = tick % self.capacity
+        with np.errstate(invalid="ignore"):
+            self.lp[s] = np.log1p(np.maximum(x, 0.0))
+        self.lp[s][np.isnan(x)] = np.nan
+        self.present[s] = ~np.isnan(x).all(axis=1)
+        self.tick_of[s] = tick
+        self.knobs[s] = x[:, self.knob_cols]
+        self.actions[s] = -1
+        self.ahist[s] = 0.0
+        self.r[s] = np.nan
+        pis = x[None][:, :, self.obj_cols]
+        self.pobj[s] = float(np.asarray(self.objective(pis), float)[0])
+        if not np.mean(self.present[s]) >= 1.0 - self.tolerance:
+            self.pobj[s] = np.nan
+        prev = tick - 1
+        if self.last == prev:
+            ps = prev % self.capacity
+            self.actions[ps] = self._read_actions(self.knobs[ps], self.knobs[s])
+            a = self.actions[ps]
+            self.ahist[ps] = np.bincount(a[a >= 0], minlength=self.n_actions)
+            lo = max(self.oldest, tick - self.lookback - 1)
+            ticks = np.arange(lo, tick + 1)
+            p = np.where(self.tick_of[ticks % self.capacity] == ticks,
+                         self.pobj[ticks % self.capacity], np.nan)
+            r = np.asarray(self.reward_fn(p), float)
+            self.r[ps] = r[-2]
+        self.last = tick
+        self.ingested += 1
+        return True
+
+    def _clear(self, t: int) -> None:
+        s = t % self.capacity
+        self.lp[s] = np.nan
+        self.present[s] = False
+        self.tick_of[s] = t
+        self.pobj[s] = self.r[s] = np.nan
+        self.actions[s] = -1
+        self.ahist[s] = 0.0
+        self.knobs[s] = np.nan
+
+    def _read_actions(self, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+        """Each node's action from its knob values at t and t+1: one knob moved (its
+        sign gives the action), none moved (NULL), else unknown (-1)."""
+        with np.errstate(invalid="ignore"):
+            d = (after.astype(np.float64) - before) / self.steps
+        moved = np.abs(d) > 1e-6
+        known = np.isfinite(d).all(axis=1)
+        count = moved.sum(axis=1)
+        k = np.argmax(moved, axis=1)
+        sign = np.take_along_axis(d, k[:, None], axis=1)[:, 0]
+        out = np.where(count == 0, 0, 1 + 2 * k + (sign < 0))
+        out = np.where(known & (count <= 1), out, -1)
+        return out.astype(np.int8)
+
+    def mean_field(self, tick, nodes=None) -> np.ndarray:
+        """The other nodes' action distribution at ``tick``: (B, M, A) for ticks (B,) and
+        nodes (B, M), or (N, A) for one tick and all nodes. Each node's own action is
+        left out; a tick whose actions are unknown gives zeros."""
+        one = np.ndim(tick) == 0
+        ticks = np.atleast_1d(np.asarray(tick, np.int64))
+        s = ticks % self.capacity
+        if nodes is None:
+            nodes = np.broadcast_to(np.arange(self.n), (len(ticks), self.n))
+        hist = self.ahist[s][:, None, :]                          # (B, 1, A)
+        own = self.actions[s[:, None], nodes].astype(np.int64)    # (B, M)
+        onehot = np.zeros(own.shape + (self.n_actions,), np.float32)
+        np.put_along_axis(onehot, np.maximum(own, 0)[..., None],
+                          (own >= 0)[..., None].astype(np.float32), axis=-1)
+        others = hist - onehot
+        out = others / np.maximum(others.sum(axis=-1, keepdims=True), 1.0)
+        return out[0] if one else out
+
+    # -- observations -------------------------------------------------------------------
+    def window(self, tick, stack: int, nodes=None) -> np.ndarray:
+        """log1p PIs of ticks tick−S+1..tick: (B, M, S·P) for ticks (B,) and nodes
+        (B, M) (None: all); (N, S·P) for one tick and nodes None."""
+        one = np.ndim(tick) == 0
+        ticks = np.atleast_1d(np.asarray(tick, np.int64))
+        rows = (ticks[:, None] - np.arange(stack - 1, -1, -1)[None]) % self.capacity
+        if nodes is None:
+            x = self.lp[rows]                                   # (B, S, N, P)
+        else:
+            x = self.lp[rows[:, :, None], nodes[:, None, :]]    # (B, S, M, P)
+        x = x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], stack * self.p)
+        return x[0] if one else x
+
+
+class ClusterEngine:
+    """See the module docstring. ``reader`` (optional): the replay DB to pull rows from
+    in ``update()``; without one, feed ticks with :meth:`ingest`."""
+
+    def __init__(self, dqn: DQNConfig, reward: RewardConfig, pi_names: list[str],
+                 params: list[ParameterSpec], nodes: int,
+                 model: NodeModelConfig | None = None, reader: ReplayReader | None = None,
+                 device: str = "cpu", seed: int = 0):
+        self.cfg = dqn
+        self.mcfg = model or NodeModelConfig()
+        self.mcfg.validate()
+        self.reward_cfg = reward
+        self.device = pick_device(device)
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.pi_names, self.params = list(pi_names), list(params)
+        self.nodes = nodes
+        self.reader = reader
+        self.stack = dqn.stack
+        self.n_step = dqn.n_step
+        self.gamma = self.mcfg.gamma or dqn.gamma
+        self.n_actions = 2 * len(params) + 1
+        cap = NodeReplay.capacity_for(self.mcfg.replay_mb, nodes, len(pi_names), len(params))
+        self.replay = NodeReplay(nodes, self.pi_names, self.params, cap, reward,
+                                 dqn.missing_tolerance)
+        self.in_dim = self.stack * len(pi_names)
+        self.dqn = NodeDQN(self.in_dim, self.n_actions, dqn, self.mcfg, self.device, seed)
+        self.mean: np.ndarray | None = None     # (P,) of the log1p PIs
+        self.std: np.ndarray | None = None
+        self.p_scale: float | None = None       # the objective's level: reward unit 1 %
+        self.action_ticks = 0
+        self.train_steps = 0
+        self.bumped_at: int | None = None
+        self.pretrained = False
+        self.last_loss: float | None = None
+        self._session: int | None = None
+        self._seen = 0                          # reader mode: ticks of the session ingested
+        # knobs on their step grids
+        self.lo = np.array([s.min for s in params], np.float64)
+        self.hi = np.array([s.max for s in params], np.float64)
+        self.step = np.array([s.step for s in params], np.float64)
+        self.n_steps = np.rint((self.hi - self.lo) / self.step).astype(np.int64)
+        # probes: per node, knob (−1: none), target grid index, dwell left
+        self.probe_knob = np.full(nodes, -1, np.int64)
+        self.probe_target = np.zeros(nodes, np.int64)
+        self.probe_dwell = np.zeros(nodes, np.int64)
+        self.probe_origin = np.zeros(nodes, np.int64)
+        self.probe_back = np.zeros(nodes, bool)
+        # trust region around the best-known setting
+        self.best_level: float | None = None
+        self.best_idx: np.ndarray | None = None     # (N, K) grid indices
+        self.guarded = 0                            # moves the guard turned back
+        # change detection
+        self.alarm_ticks: list[int] = []
+        self.detector: SettingResidualDetector | None = None
+        if self.mcfg.detect:
+            vote = max(2, math.ceil(self.mcfg.detect_vote * nodes)) if nodes >= 2 else 1
+            self.detector = SettingResidualDetector(
+                ChangeDetectorConfig(delay=dqn.settle_ticks, min_streams=vote), streams=nodes)
+        self._node_obj = np.array(self.replay.obj_cols)
+
+    # -- shape ------------------------------------------------------------------------
+    @property
+    def weights(self) -> int:
+        return self.dqn.weights
+
+    @property
+    def epsilon(self) -> float:
+        cfg = dataclasses.replace(self.cfg, workload_ticks=self.mcfg.bump_ticks)
+        if self.mcfg.epsilon_start:
+            cfg = dataclasses.replace(cfg, epsilon_start=self.mcfg.epsilon_start)
+        return epsilon_schedule(self.action_ticks, cfg, self.bumped_at, self.pretrained)
+
+    # -- data ---------------------------------------------------------------------------
+    def update(self) -> int:
+        """Reader mode: pull new rows and ingest the ticks that are complete."""
+        if self.reader is None:
+            return 0
+        n = self.reader.refresh()
+        if not self.reader.sessions:
+            return n
+        sid = max(self.reader.sessions)
+        data = self.reader.sessions[sid]
+        if sid != self._session:
+            if self._session is not None:
+                self.new_session()
+            self._session, self._seen = sid, 0
+        if data.first_tick is None:
+            return n
+        if data.pis.shape[1] != self.nodes:
+            raise ValueError(f"replay DB session {sid} has {data.pis.shape[1]} nodes, "
+                             f"this engine {self.nodes}")
+        end = data.length
+        if end > self._seen and np.isnan(data.pis[end - 1]).all(axis=1).any():
+            end -= 1                                       # the newest tick is partial
+        for i in range(self._seen, end):
+            self.ingest(data.first_tick + i, data.pis[i])
+        self._seen = max(self._seen, end)
+        return n
+
+    def new_session(self) -> None:
+        """A new session (e.g. nodes joined): a fresh ring and detector, the same model."""
+        self.replay = NodeReplay(self.nodes, self.pi_names, self.params,
+                                 self.replay.capacity, self.reward_cfg,
+                                 self.cfg.missing_tolerance)
+        if self.detector is not None:
+            self.detector = SettingResidualDetector(self.detector.config, self.nodes)
+
+    def ingest(self, tick: int, pis: np.ndarray) -> None:
+        """One tick of every node's PIs, (N, P) in ``pi_names`` order."""
+        rep = self.replay
+        if not rep.ingest(tick, pis):
+            return
+        s = rep.slot(tick)
+        if self.detector is not None:
+            x = np.asarray(pis, np.float64)[:, self._node_obj].sum(axis=1)
+            if self.mcfg.detect_signal == "share":
+                # each node's share of the mean: blind to moves that every node makes
+                # together (contention shifts every level, not the shares)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    x = x / np.nanmean(x)
+            keys = list(map(tuple, rep.knobs[s].tolist()))
+            if self.detector.update_many(x, keys):
+                self._alarm(tick)
+        self._track_best(tick)
+        if self.mean is None and rep.ingested >= self.mcfg.stats_ticks:
+            self._fit_stats()
+        if self.p_scale is None and rep.ingested >= min(self.mcfg.stats_ticks,
+                                                        max(self.mcfg.learn_start, 8)):
+            self._fit_scale()
+
+    def _fit_stats(self) -> None:
+        rep = self.replay
+        filled = rep.tick_of >= 0
+        with np.errstate(all="ignore"):
+            lp = rep.lp[filled].reshape(-1, rep.p)
+            mean = np.nanmean(lp, axis=0)
+            std = np.nanstd(lp, axis=0)
+        self.mean = np.nan_to_num(mean).astype(np.float32)
+        self.std = np.maximum(np.nan_to_num(std), self.mcfg.std_floor).astype(np.float32)
+
+    def _fit_scale(self) -> None:
+        p = self.replay.pobj[self.replay.tick_of >= 0]
+        level = float(np.nanmean(np.abs(p))) if np.isfinite(p).any() else 0.0
+        self.p_scale = level / 100.0 if level > 0 else 1.0
+
+    def _alarm(self, tick: int) -> None:
+        self.alarm_ticks.append(int(tick))
+        log.info("workload change detected at tick %d (alarm %d): exploration raised to "
+                 "ε %.2f", tick, len(self.alarm_ticks), self.cfg.workload_epsilon)
+        self.bumped_at = self.action_ticks
+        self.best_level = self.best_idx = None
+
+    def workload_changed(self) -> None:
+        """Told of a new workload (the control plane's notice): as an alarm, uncounted."""
+        self.bumped_at = self.action_ticks
+        self.best_level = self.best_idx = None
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """z-scores of log1p PI windows (..., S·P); NaN (missing) becomes 0, the mean."""
+        if self.mean is None:
+            return np.zeros(x.shape, np.float32)
+        mean = np.tile(self.mean, self.stack)
+        std = np.tile(self.std, self.stack)
+        z = (x - mean) / std
+        return np.nan_to_num(z, nan=0.0).astype(np.float32)
+
+    # -- act ----------------------------------------------------------------------------
+    def act(self, session: int | None = None, after_tick: int | None = None,
+            current: np.ndarray | None = None) -> ClusterDecision | None:
+        """Every node's action for the newest tick; None without a tick newer than
+        ``after_tick``. ``current``: the knob values in effect (N, K), if known better
+        than the newest PIs."""
+        rep = self.replay
+        if rep.last is None or (after_tick is not None and rep.last <= after_tick):
+            return None
+        tick = rep.last
+        s = rep.slot(tick)
+        cur = rep.knobs[s].astype(np.float64) if current is None else \
+            np.asarray(current, np.float64).reshape(self.nodes, -1)
+        present = rep.present[s]
+        cur = np.where(np.isfinite(cur), cur, self.lo)
+        idx = np.clip(np.rint((cur - self.lo) / self.step), 0, self.n_steps).astype(np.int64)
+        eps = self.epsilon
+        explore, actions = self._explore(idx, eps)
+        q_max = None
+        greedy = ~explore & present
+        have_history = rep.last - rep.oldest + 1 >= self.stack
+        if greedy.any() and self.mean is not None and have_history:
+            x = self.features(rep.window(tick, self.stack))
+            abar = rep.mean_field(tick - 1) if self.mcfg.mean_field else None
+            q = self.dqn.q_values(x, present, abar)
+            best = q.argmax(axis=1)
+            # move only for an expected gain: NULL unless the best beats it by the margin
+            best = np.where(q.max(axis=1) - q[:, 0] > self.mcfg.act_margin, best, 0)
+            actions = np.where(greedy, best, actions)
+            q_max = float(q.max(axis=1)[greedy].mean())
+        if self.mcfg.idle_hold and have_history:
+            # a node that moved no data over its whole window tells nothing about its
+            # knobs: it keeps them (and does not explore) until it does I/O again
+            w = rep.window(tick, self.stack).reshape(self.nodes, self.stack, rep.p)
+            idle = ~(np.nan_to_num(w[:, :, self.replay.obj_cols]) > 0).any(axis=(1, 2))
+            actions = np.where(idle, 0, actions)
+            explore = explore & ~idle
+            self.probe_knob[idle] = -1
+        actions = np.where(present, actions, 0).astype(np.int64)
+        actions = self._guard(idx, actions, explore)
+        values = self._apply(cur, actions)
+        self.action_ticks += 1
+        return ClusterDecision(int(tick), actions.astype(np.int16), values, eps,
+                               explore & present, q_max)
+
+    def _explore(self, idx: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """Which nodes explore this tick and their actions (0 for the others).
+
+        A probe is an excursion: walk one knob to its target, hold it ``probe_dwell``
+        ticks, walk back to where it started (with ``probe_return``). Exploration then
+        measures a move without displacing the node: only greedy actions move a node
+        for good, so knobs the objective does not depend on do not drift."""
+        n = self.nodes
+        actions = np.zeros(n, np.int64)
+        if self.mcfg.explore == "random":
+            explore = self.rng.random(n) < eps
+            actions[explore] = self.rng.integers(0, self.n_actions, int(explore.sum()))
+            return explore, actions
+        start = (self.probe_knob < 0) & (self.rng.random(n) < self._start_probability(eps))
+        if start.any():
+            who = np.flatnonzero(start)
+            k = self.rng.integers(0, len(self.params), len(who))
+            jump = np.rint(self.rng.normal(0.0, self.mcfg.probe_steps, len(who)))
+            jump = np.where(jump == 0, np.where(self.rng.random(len(who)) < 0.5, 1, -1), jump)
+            target = np.clip(idx[who, k] + jump, 0, self.n_steps[k]).astype(np.int64)
+            g = self.cfg.guard_steps
+            if self.best_idx is not None and g > 0:
+                b = self.best_idx[who, k]
+                target = np.clip(target, b - g, b + g)
+            self.probe_knob[who] = k
+            self.probe_origin[who] = idx[who, k]
+            self.probe_target[who] = target
+            self.probe_dwell[who] = self.mcfg.probe_dwell
+            self.probe_back[who] = False
+        probing = self.probe_knob >= 0
+        if not probing.any():
+            return probing, actions
+        who = np.flatnonzero(probing)
+        k = self.probe_knob[who]
+        at = idx[who, k]
+        there = self.probe_target[who] == at
+        holding = there & ~self.probe_back[who]
+        self.probe_dwell[who[holding]] -= 1
+        turn = holding & (self.probe_dwell[who] < 0)
+        if self.mcfg.probe_return and turn.any():      # dwell over: head back
+            t = who[turn]
+            self.probe_back[t] = True
+            self.probe_target[t] = self.probe_origin[t]
+        else:
+            self.probe_back[who[turn]] = True          # no return leg: done now
+            self.probe_target[who[turn]] = at[turn]
+        diff = self.probe_target[who] - at
+        done = self.probe_back[who] & (diff == 0)
+        a = np.where(diff > 0, 1 + 2 * k, np.where(diff < 0, 2 + 2 * k, 0))
+        actions[who] = np.where(done, 0, a)
+        self.probe_knob[who[done]] = -1
+        explore = probing.copy()
+        explore[who[done]] = False        # the probe is over: greedy this tick
+        return explore, actions
+
+    def _guard(self, idx: np.ndarray, actions: np.ndarray, explore: np.ndarray) -> np.ndarray:
+        """The trust region: a move that takes a knob more than ``guard_steps`` steps
+        from the node's best-known setting (and not closer to it) becomes a step back
+        towards it; a probe so blocked ends."""
+        g = self.cfg.guard_steps
+        best = self.best_idx
+        if best is None or g <= 0:
+            return actions
+        k = np.maximum(actions - 1, 0) // 2
+        sign = np.where(actions == 0, 0, np.where((actions - 1) % 2 == 0, 1, -1))
+        after = idx.copy()
+        rows = np.arange(len(actions))
+        after[rows, k] += sign
+        d_after = np.abs(after - best).max(axis=1)
+        d_now = np.abs(idx - best).max(axis=1)
+        bad = (actions != 0) & (d_after > g) & (d_after >= d_now)
+        if not bad.any():
+            return actions
+        rel = np.abs(best - idx) / np.maximum(self.n_steps, 1)
+        kk = rel.argmax(axis=1)
+        diff = (best - idx)[rows, kk]
+        back = np.where(diff > 0, 1 + 2 * kk, np.where(diff < 0, 2 + 2 * kk, 0))
+        self.probe_knob[bad & explore] = -1
+        self.guarded += int(bad.sum())
+        return np.where(bad, back, actions)
+
+    def _track_best(self, tick: int) -> None:
+        """The best-known setting: every node's knobs when the cluster objective's
+        moving average over ``best_window`` ticks was highest (the settings in effect
+        ``settle_ticks`` + half a window earlier) — replaced only by a level higher by
+        ``best_margin`` (noise and flat directions do not move it). The best level decays by
+        ``best_decay`` per tick, so a best that the workload no longer allows expires
+        even without an alarm; an alarm forgets it."""
+        rep, W = self.replay, self.mcfg.best_window
+        ticks = np.arange(tick - W + 1, tick + 1)
+        if ticks[0] < rep.oldest:
+            return
+        p = rep.pobj[ticks % rep.capacity]
+        if not np.isfinite(p).all():
+            return
+        level = float(p.mean())
+        if self.best_level is not None:
+            self.best_level -= self.mcfg.best_decay * abs(self.best_level)
+        if self.best_level is None or level > self.best_level + \
+                self.mcfg.best_margin * abs(self.best_level):
+            at = max(rep.oldest, tick - self.cfg.settle_ticks - W // 2)
+            knobs = rep.knobs[at % rep.capacity].astype(np.float64)
+            if not np.isfinite(knobs).all():
+                return
+            self.best_level = level
+            self.best_idx = np.clip(np.rint((knobs - self.lo) / self.step), 0,
+                                    self.n_steps).astype(np.int64)
+
+    def _start_probability(self, eps: float) -> float:
+        """Per tick, the chance that a node not probing starts a probe, such that a share
+        ε of the nodes is probing at any time (a probe lasts ~L ticks: out, hold, back)."""
+        if eps >= 1.0:
+            return 1.0
+        m = self.mcfg
+        length = (2.0 if m.probe_return else 1.0) * 0.8 * m.probe_steps + m.probe_dwell + 1
+        return min(1.0, eps / max(1e-9, length * (1.0 - eps)))
+
+    def _apply(self, cur: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        k = np.maximum(actions - 1, 0) // 2
+        sign = np.where(actions == 0, 0.0, np.where((actions - 1) % 2 == 0, 1.0, -1.0))
+        out = cur.copy()
+        rows = np.arange(len(actions))
+        out[rows, k] = np.clip(cur[rows, k] + sign * self.step[k], self.lo[k], self.hi[k])
+        return out
+
+    # -- train --------------------------------------------------------------------------
+    def sample(self, batch: int, rng: np.random.Generator | None = None,
+               max_rounds: int = 20) -> NodeBatch | None:
+        """B ticks drawn uniformly among those with a full transition (S ticks of
+        history, n rewards, the node present at t and t+n, its action known), M nodes
+        each (all when N ≤ ``loss_nodes``)."""
+        rng = rng or self.rng
+        rep = self.replay
+        if rep.last is None or self.mean is None or self.p_scale is None:
+            return None
+        S, n = self.stack, self.n_step
+        mf = self.mcfg.mean_field
+        lo, hi = rep.oldest + S - 1, rep.last - n - (1 if mf else 0)
+        if hi - lo + 1 < max(1, self.mcfg.learn_start):
+            return None
+        picked: list[np.ndarray] = []
+        got = 0
+        recent = max(lo, hi - self.mcfg.recent_ticks + 1)
+        for _ in range(max_rounds):
+            t = rng.integers(lo, hi + 1, 2 * batch)
+            if self.mcfg.recent_fraction > 0:
+                newer = rng.random(2 * batch) < self.mcfg.recent_fraction
+                t = np.where(newer, rng.integers(recent, hi + 1, 2 * batch), t)
+            r = rep.r[(t[:, None] + np.arange(n)[None]) % rep.capacity]
+            ok = np.isfinite(r).all(axis=1)
+            t = t[ok]
+            if len(t):
+                picked.append(t)
+                got += len(t)
+            if got >= batch:
+                break
+        if got == 0:
+            return None
+        t = np.concatenate(picked)[:batch]
+        B, N = len(t), self.nodes
+        M = N if not self.mcfg.loss_nodes or N <= self.mcfg.loss_nodes else self.mcfg.loss_nodes
+        if M == N:
+            nodes = np.broadcast_to(np.arange(N), (B, N))
+        else:
+            nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
+        s0, s1 = rep.slot(t), rep.slot(t + n)
+        disc = self.gamma ** np.arange(n)
+        r = rep.r[(t[:, None] + np.arange(n)[None]) % rep.capacity] / self.p_scale
+        mask = rep.present[s0[:, None], nodes]
+        next_mask = rep.present[s1[:, None], nodes]
+        acts = rep.actions[s0[:, None], nodes].astype(np.int64)
+        valid = mask & next_mask & (acts >= 0)
+        return NodeBatch(obs=self.features(rep.window(t, S, nodes)), mask=mask,
+                         actions=np.maximum(acts, 0), returns=(r @ disc).astype(np.float32),
+                         discounts=np.full(B, self.gamma ** n, np.float32),
+                         next_obs=self.features(rep.window(t + n, S, nodes)),
+                         next_mask=next_mask, valid=valid,
+                         abar=rep.mean_field(t, nodes) if mf else None,
+                         next_abar=rep.mean_field(t + n, nodes) if mf else None)
+
+    def train(self, steps: int | None = None) -> float | None:
+        """``steps`` minibatch updates (default ``train_steps_per_tick``); mean loss."""
+        steps = self.cfg.train_steps_per_tick if steps is None else steps
+        losses = []
+        dev = self.device
+        for _ in range(steps):
+            b = self.sample(self.cfg.batch_size)
+            if b is None:
+                break
+            t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=dev)  # noqa: E731
+            mf = b.abar is not None
+            losses.append(self.dqn.train_step(t(b.obs), t(b.mask), t(b.actions),
+                                               t(b.returns), t(b.discounts), t(b.next_obs),
+                                               t(b.next_mask), t(b.valid),
+                                               t(b.abar) if mf else None,
+                                               t(b.next_abar) if mf else None))
+            self.train_steps += 1
+        if not losses:
+            return None
+        self.last_loss = float(torch.stack(losses).mean())
+        return self.last_loss
+
+    # -- checkpoints --------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION,
+                "dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
+                "reward": dataclasses.asdict(self.reward_cfg),
+                "pi_names": self.pi_names, "param_names": [s.name for s in self.params],
+                "stats": None if self.mean is None else
+                {"mean": self.mean.tolist(), "std": self.std.tolist()},
+                "nodes_trained": self.nodes, "weights": self.weights,
+                "action_ticks": self.action_ticks, "train_steps": self.train_steps,
+                "bumped_at": self.bumped_at, "pretrained": self.pretrained,
+                "alarm_ticks": list(self.alarm_ticks), "rng": self.rng.bit_generator.state}
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint atomically (temp file + rename)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        os.close(fd)
+        try:
+            torch.save(self.state_dict(), tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return path
+
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        """Resume from a checkpoint, which may come from a cluster of any size (the
+        model does not depend on N). ``weights_only``: the networks and the input
+        statistics only, exploring from ``pretrained_epsilon_start``. The reward scale
+        is always this cluster's own (it depends on N)."""
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        if state.get("kind") != CHECKPOINT_KIND or state.get("version") != CHECKPOINT_VERSION:
+            raise ValueError(f"{path}: not a node-model checkpoint of version "
+                             f"{CHECKPOINT_VERSION}")
+        names = [s.name for s in self.params]
+        if state["pi_names"] != self.pi_names or state["param_names"] != names:
+            raise ValueError(f"{path}: trained on PIs {state['pi_names']} and knobs "
+                             f"{state['param_names']}, this cluster has {self.pi_names} "
+                             f"and {names}")
+        self.dqn.load_state_dict(state["dqn"], optimizer=True)
+        if state.get("stats"):
+            self.mean = np.asarray(state["stats"]["mean"], np.float32)
+            self.std = np.asarray(state["stats"]["std"], np.float32)
+        if weights_only:
+            self.pretrained = True
+            return
+        self.action_ticks = state["action_ticks"]
+        self.train_steps = state["train_steps"]
+        self.bumped_at = state["bumped_at"]
+        self.pretrained = state.get("pretrained", False)
+        self.alarm_ticks = list(state.get("alarm_ticks", []))
+        self.rng.bit_generator.state = state["rng"]
+
+    def counters(self) -> dict:
+        return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,
+                "epsilon": self.epsilon, "alarms": len(self.alarm_ticks),
+                "guarded": self.guarded,
+                "alarm_ticks": list(self.alarm_ticks), "weights": self.weights,
+                "replay_capacity_ticks": self.replay.capacity}
+
+
+__all__ = ["ClusterEngine", "ClusterDecision", "NodeReplay", "NodeBatch"]

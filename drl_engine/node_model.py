@@ -1,0 +1,286 @@
+"""A Q-network whose size does not depend on the node count (issue 11, item 5).
+
+The paper's network reads the PIs of *all* nodes over S ticks, flattened (Table 5.3:
+1,760 inputs for 4 nodes), so its first layer grows with the cluster and a node joining
+means a new model. Here every node is read by the same small networks instead:
+
+    x_i      = the node's own PIs over its last S ticks (S × P values, log1p, z-scored)
+    e_i      = φ(x_i)                                encoder, weights shared by all nodes
+    c        = pool(e_1 … e_N)                       cluster summary: mean ⊕ std over nodes
+    Q_i(·)   = ψ(e_i ⊕ c ⊕ ā_i)                      one head per node, shared weights:
+                                                     2 × knobs + 1 Q-values (±step, NULL)
+
+ā_i is the mean field (Yang et al., "Mean Field Multi-Agent Reinforcement Learning",
+ICML 2018): the distribution of the *other* nodes' actions in the same tick (in training,
+from the replay; when acting, the previous tick's, as MF-Q does). Every node of a tick
+gets the same cluster reward, and when the nodes move together (one shared greedy
+policy in similar states: they do) most of that reward is their joint move; with ā_i
+among its inputs the network explains that part by the others' actions and learns its
+own action's effect from what is left, instead of crediting the crowd's move to every
+node's own action.
+
+φ and ψ are MLPs (tanh, as the paper's network); ψ is a dueling head by default
+(Q = V + A − mean A: the value of a node's state is shared by its actions, so the small
+differences between them are learnt apart from the large common level). The weight count
+is ``in_dim``-dependent only (S × P), never N-dependent: the same checkpoint runs on 8 or
+1,000 nodes, and a node that joins or leaves changes nothing but the pool.
+
+Why mean ⊕ std and not mean ⊕ max: a minibatch pools over a random subset of the nodes
+(``loss_nodes``, 64 by default) so that a training step costs the same at 8 and 1,000
+nodes; the subset's mean and standard deviation are consistent estimates of the whole
+cluster's, the subset's max is not (it grows with the number of nodes pooled). For the
+same reason a model trained on 8 nodes would see a shifted max on 1,000. ``pool="mean_max"``
+is available for comparison.
+
+Training (:class:`NodeDQN`): DQN on per-node transitions. A minibatch is B ticks × M
+nodes; node i of tick t contributes (x_i(t), a_i(t), R_t, x_i(t+n)) with the n-step return
+R_t of the cluster's reward (the same for every node of a tick, see
+``drl_engine/cluster_engine.py`` for why), Double DQN, the Huber loss, gradient clipping
+and the soft target update θ⁻ ← (1 − α)θ⁻ + αθ after every minibatch — the ``default``
+preset's choices, read from :class:`~drl_engine.config.DQNConfig`. The summary c of the
+next state is pooled over the same nodes at t + n.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+
+from drl_engine.config import DQNConfig
+
+
+@dataclass
+class NodeModelConfig:
+    """Shape of the per-node model and what the cluster engine does around it."""
+    embed: int = 64                   # width of a node's embedding e_i
+    hidden: int = 64                  # width of the hidden layers of φ and ψ
+    encoder_layers: int = 2           # layers of φ (the last one outputs e_i)
+    head_layers: int = 2              # layers of ψ (the last one outputs the Q-values)
+    pool: Literal["mean_std", "mean_max"] = "mean_std"
+    dueling: bool = True
+    mean_field: bool = True           # the head also reads the others' action distribution
+    loss_nodes: int = 16              # nodes per sampled tick in a minibatch (0: all)
+    gamma: float = 0.0                # 0: the engine's [engine] gamma
+    # replay ring and input statistics
+    replay_mb: int = 256              # memory of the ring of PIs, in MiB
+    stats_ticks: int = 200            # ticks of data that fix the input statistics
+    std_floor: float = 0.25           # lowest std of a log1p feature (z-scores)
+    learn_start: int = 64             # ticks of transitions before training starts
+    recent_fraction: float = 0.5      # share of a minibatch's ticks drawn from ...
+    recent_ticks: int = 300           # ... the newest ticks (the rest: the whole ring)
+    act_margin: float = 0.1           # greedy moves only when Q beats NULL's by this
+    idle_hold: bool = True            # a node that moved no data keeps its knobs
+    best_window: int = 10             # ticks of the objective's moving average (best-known)
+    best_decay: float = 0.0001        # the best level's decay per tick
+    best_margin: float = 0.0          # a new best must beat the old by this share
+    epsilon_start: float = 0.0        # 0: the engine's epsilon_start
+    # exploration: probes (local, temporally extended) or one random action
+    explore: Literal["probe", "random"] = "probe"
+    probe_steps: float = 4.0          # spread of a probe's target, in steps of the knob
+    probe_dwell: int = 4              # ticks a probe holds its target
+    probe_return: bool = True         # then walks back to where it started
+    # workload-change detection (SettingResidualDetector, per-node streams with a vote)
+    detect: bool = True
+    detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
+    detect_signal: Literal["throughput", "share"] = "share"   # per-node stream
+    bump_ticks: int = 200             # ε anneals back from workload_epsilon this long
+
+    def validate(self) -> None:
+        for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
+                     "stats_ticks", "probe_dwell", "bump_ticks"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if not 0 <= self.recent_fraction <= 1:
+            raise ValueError(f"recent_fraction: must lie in [0, 1] (got {self.recent_fraction})")
+        if self.recent_ticks < 1 or self.act_margin < 0:
+            raise ValueError("recent_ticks must be >= 1 and act_margin >= 0")
+        for name in ("loss_nodes", "learn_start"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        if self.pool not in ("mean_std", "mean_max"):
+            raise ValueError(f"pool: must be 'mean_std' or 'mean_max' (got {self.pool!r})")
+        if self.explore not in ("probe", "random"):
+            raise ValueError(f"explore: must be 'probe' or 'random' (got {self.explore!r})")
+        if not 0 <= self.gamma < 1:
+            raise ValueError(f"gamma: must lie in [0, 1) (got {self.gamma})")
+        if not self.std_floor > 0 or not self.probe_steps > 0:
+            raise ValueError("std_floor and probe_steps must be > 0")
+        if self.detect_signal not in ("throughput", "share"):
+            raise ValueError(f"detect_signal: must be 'throughput' or 'share' "
+                             f"(got {self.detect_signal!r})")
+        if not 0 <= self.epsilon_start <= 1:
+            raise ValueError(f"epsilon_start: must lie in [0, 1] (got {self.epsilon_start})")
+        if not 0 < self.detect_vote <= 1:
+            raise ValueError(f"detect_vote: must lie in (0, 1] (got {self.detect_vote})")
+
+
+def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:
+    mods, d = [], d_in
+    for _ in range(layers - 1):
+        mods += [nn.Linear(d, width), nn.Tanh()]
+        d = width
+    mods.append(nn.Linear(d, d_out))
+    if last_tanh:
+        mods.append(nn.Tanh())
+    return nn.Sequential(*mods)
+
+
+def pool_nodes(e: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
+    """Cluster summary of embeddings ``e`` (B, M, E) over the nodes where ``mask``
+    (B, M) is true: mean ⊕ std (or mean ⊕ max), (B, 2E). A tick with no node gives 0."""
+    if mask is None:
+        mean = e.mean(dim=1)
+        if how == "mean_max":
+            return torch.cat([mean, e.max(dim=1).values], dim=-1)
+        var = (e - mean.unsqueeze(1)).pow(2).mean(dim=1)
+        return torch.cat([mean, (var + 1e-6).sqrt()], dim=-1)
+    m = mask.unsqueeze(-1).to(e.dtype)
+    count = m.sum(dim=1).clamp_min(1.0)
+    mean = (e * m).sum(dim=1) / count
+    if how == "mean_max":
+        mx = e.masked_fill(~mask.unsqueeze(-1), -2.0).max(dim=1).values   # tanh > -2
+        return torch.cat([mean, torch.where(count > 0, mx, torch.zeros_like(mx))], dim=-1)
+    var = ((e - mean.unsqueeze(1)).pow(2) * m).sum(dim=1) / count
+    return torch.cat([mean, (var + 1e-6).sqrt()], dim=-1)
+
+
+class NodeQNetwork(nn.Module):
+    """Shared per-node encoder φ, pooled summary, shared per-node head ψ.
+
+    ``forward(x, mask)``: x (B, M, in_dim) — M nodes of B ticks; mask (B, M) bool, the
+    nodes that exist (pooled and scored) or None for all. Returns Q (B, M, n_actions)."""
+
+    def __init__(self, in_dim: int, n_actions: int, cfg: NodeModelConfig | None = None):
+        super().__init__()
+        cfg = cfg or NodeModelConfig()
+        self.in_dim, self.n_actions, self.pool = in_dim, n_actions, cfg.pool
+        self.dueling = cfg.dueling
+        self.encoder = _mlp(in_dim, cfg.hidden, cfg.embed, cfg.encoder_layers, True)
+        self.mean_field = cfg.mean_field
+        extra = n_actions if cfg.mean_field else 0
+        self.head = _mlp(3 * cfg.embed + extra, cfg.hidden,
+                         n_actions + (1 if cfg.dueling else 0), cfg.head_layers, False)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                abar: torch.Tensor | None = None) -> torch.Tensor:
+        """``abar`` (B, M, n_actions): the other nodes' action distribution (mean field),
+        needed when the model was built with ``mean_field``."""
+        e = self.encoder(x)                                     # (B, M, E)
+        c = pool_nodes(e, mask, self.pool)                      # (B, 2E)
+        parts = [e, c.unsqueeze(1).expand(-1, e.shape[1], -1)]
+        if self.mean_field:
+            parts.append(abar)
+        h = torch.cat(parts, dim=-1)
+        out = self.head(h)
+        if self.dueling:
+            v, a = out[..., :1], out[..., 1:]
+            return v + a - a.mean(dim=-1, keepdim=True)
+        return out
+
+
+def weight_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class NodeDQN:
+    """Online and target :class:`NodeQNetwork`, RMSProp, and the training step."""
+
+    def __init__(self, in_dim: int, n_actions: int, dqn: DQNConfig,
+                 model: NodeModelConfig | None = None, device: str | torch.device = "cpu",
+                 seed: int = 0):
+        self.cfg = dqn
+        self.mcfg = model or NodeModelConfig()
+        self.mcfg.validate()
+        self.device = torch.device(device)
+        self.in_dim, self.n_actions = in_dim, n_actions
+        torch.manual_seed(seed)
+        self.q = NodeQNetwork(in_dim, n_actions, self.mcfg).to(self.device)
+        self.target = copy.deepcopy(self.q)
+        self.target.requires_grad_(False)
+        self.optimizer = torch.optim.RMSprop(self.q.parameters(), lr=dqn.learning_rate,
+                                             alpha=dqn.rmsprop_decay)
+        self._q_params = list(self.q.parameters())
+        self._t_params = list(self.target.parameters())
+        self.huber = dqn.loss == "huber"
+
+    @property
+    def weights(self) -> int:
+        return weight_count(self.q)
+
+    @torch.no_grad()
+    def q_values(self, x: np.ndarray, mask: np.ndarray | None = None,
+                 abar: np.ndarray | None = None) -> np.ndarray:
+        """Q-values (N, n_actions) of one tick's N nodes, x (N, in_dim); ``abar``
+        (N, n_actions) the mean field (the others' last action distribution)."""
+        xt = torch.as_tensor(x, dtype=torch.float32, device=self.device).unsqueeze(0)
+        mt = None if mask is None or mask.all() else \
+            torch.as_tensor(mask, device=self.device).unsqueeze(0)
+        at = None if abar is None else \
+            torch.as_tensor(abar, dtype=torch.float32, device=self.device).unsqueeze(0)
+        return self.q(xt, mt, at)[0].cpu().numpy()
+
+    def train_step(self, obs: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor,
+                   returns: torch.Tensor, discounts: torch.Tensor, next_obs: torch.Tensor,
+                   next_mask: torch.Tensor, valid: torch.Tensor,
+                   abar: torch.Tensor | None = None,
+                   next_abar: torch.Tensor | None = None) -> torch.Tensor:
+        """One minibatch. obs/next_obs (B, M, D); mask/next_mask (B, M) the nodes that
+        exist at t / t+n (pooled); actions (B, M) int64; valid (B, M) the transitions
+        that count (node present at t and t+n, action known); returns (B,) or (B, M)
+        n-step returns; discounts (B,) γⁿ; abar/next_abar (B, M, A) the other nodes'
+        action distributions at t and t+n (mean field). Returns the loss (0-d)."""
+        with torch.no_grad():
+            next_q_t = self.target(next_obs, next_mask, next_abar)
+            if self.cfg.double_dqn:
+                best = self.q(next_obs, next_mask, next_abar).argmax(dim=-1, keepdim=True)
+            else:
+                best = next_q_t.argmax(dim=-1, keepdim=True)
+            next_v = next_q_t.gather(-1, best).squeeze(-1)              # (B, M)
+            if returns.dim() == 1:
+                returns = returns.unsqueeze(1)
+            y = returns + discounts.unsqueeze(1) * next_v
+        q = self.q(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        err = q - y
+        if self.huber:
+            a = err.abs()
+            per = torch.where(a < 1.0, 0.5 * err * err, a - 0.5)
+        else:
+            per = err * err
+        w = valid.to(per.dtype)
+        loss = (per * w).sum() / w.sum().clamp_min(1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip:
+            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.soft_update()
+        return loss.detach()
+
+    @torch.no_grad()
+    def soft_update(self) -> None:
+        """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
+        torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
+
+    def state_dict(self) -> dict:
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "model": dataclasses.asdict(self.mcfg),
+                "in_dim": self.in_dim, "n_actions": self.n_actions}
+
+    def load_state_dict(self, state: dict, optimizer: bool = True) -> None:
+        if (state["in_dim"], state["n_actions"]) != (self.in_dim, self.n_actions):
+            raise ValueError(f"checkpoint is for {state['in_dim']} per-node inputs and "
+                             f"{state['n_actions']} actions, this engine has "
+                             f"{self.in_dim} and {self.n_actions}")
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+__all__ = ["NodeModelConfig", "NodeQNetwork", "NodeDQN", "pool_nodes", "weight_count"]
