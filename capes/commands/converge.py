@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep playing after the win to the time limit, so that holding the "
                         "optimum is measured (default: on; --no-play-on stops at the win, "
                         "as the paper's test)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="write per-tick scalars of every run (throughput, parameters, ε, "
+                        "loss) for TensorBoard (needs the tensorboard extra)")
     p.add_argument("--tuner", default="capes", metavar="NAME",
                    help="capes (the DRL engine) or a baseline in the same harness: "
                         "random, hill, bo, cma (default: capes)")
@@ -75,6 +78,11 @@ def run(args) -> int:
     except RuntimeError as exc:
         print(f"capes converge-test: {exc}", file=sys.stderr)
         return 2
+    if args.tensorboard:
+        from capes.common.metrics import TENSORBOARD_MISSING, tensorboard_available
+        if not tensorboard_available():
+            print(f"capes converge-test: {TENSORBOARD_MISSING}", file=sys.stderr)
+            return 2
     cfg = load_config(args.config, args.overrides, args.preset)
     noises = args.noise or [cfg.game.noise]
     rewards = args.reward or [cfg.reward.type]
@@ -85,7 +93,7 @@ def run(args) -> int:
     report = run_grid(cfg, noises, rewards, args.seeds, args.first_seed, args.jobs,
                       args.init_model, keep_traces=1 if args.plot else 0,
                       progress=None if args.quiet else sys.stderr, device=device,
-                      play_on=args.play_on, tuner=args.tuner)
+                      play_on=args.play_on, tuner=args.tuner, tensorboard=args.tensorboard)
     print(format_table(report))
     if args.json:
         write_json(report, args.json)
