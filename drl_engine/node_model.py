@@ -87,6 +87,7 @@ class NodeModelConfig:
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
+    detect_nodes: int = 128           # streams: a fixed random sample of this many (0: all)
     detect_signal: Literal["throughput", "share"] = "share"   # per-node stream
     bump_ticks: int = 200             # ε anneals back from workload_epsilon this long
 

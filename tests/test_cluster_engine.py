@@ -49,6 +49,8 @@ def cfg_short(extra=()):
 def test_weight_count_does_not_depend_on_the_node_count():
     small, big = engine(8), engine(1000)
     assert small.weights == big.weights > 0
+    # the change detector reads a fixed sample of 128 nodes at 1,000, every node at 8
+    assert big.detector.streams == 128 and small.detector.streams == 8
     x = torch.zeros(2, 1000, small.in_dim)
     assert big.dqn.q(x, None, torch.zeros(2, 1000, 5)).shape == (2, 1000, 5)
 
@@ -197,7 +199,8 @@ def test_a_workload_change_is_detected_counted_and_raises_exploration(signal, ch
 
 def test_a_checkpoint_trained_on_8_nodes_runs_on_64(tmp_path):
     ckpt = tmp_path / "n8.pt"
-    r8 = run_one(cfg_short(), seed=0, save_model=str(ckpt))
+    r8 = run_one(cfg_short(["cluster.time_limit_ticks=120", "cluster.phases=[]"]), seed=0,
+                 save_model=str(ckpt))
     assert r8["train_steps"] > 0
     state = torch.load(ckpt, weights_only=True)
     assert state["nodes_trained"] == 8
