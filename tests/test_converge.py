@@ -12,10 +12,24 @@ FAST = ["game.noise=0.01"]
 
 @pytest.mark.slow
 def test_seeded_run_wins_the_default_game():
-    result = run_one(load_config(None, FAST), seed=0)
+    """The paper's test: play to the win, and stop there."""
+    result = run_one(load_config(None, FAST), seed=0, play_on=False)
     assert result.won
-    assert result.ticks < 3600
+    assert result.ticks == result.first_win_s < 3600
     assert 40 <= result.final_window <= 60 and result.final_rate_limit >= 90
+
+
+@pytest.mark.slow
+def test_played_on_the_engine_holds_the_optimum_and_the_metrics_say_so():
+    """Played to the hour, the default preset stays in the band late in the run, and the
+    metrics agree with the trace they summarise."""
+    result = run_one(load_config(None, FAST), seed=0, keep_trace=True)
+    assert result.ticks == 3600 and result.won and result.first_win_s < 3600
+    tp = result.trace["true_throughput"]
+    late = [abs(x - 100) <= 10 for x in tp[1800:3600]]
+    assert abs(result.in_band_late - sum(late) / len(late)) < 0.01
+    assert result.in_band_late >= 0.9
+    assert result.tp_frac_hour < result.tp_frac_late <= 1.0
 
 
 def test_same_seed_same_result():
