@@ -84,8 +84,10 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     ports = {k: free_port() for k in ("ingest", "control", "grpc", "daemon_metrics",
                                       "engine_metrics")}
-    keys_dir = workdir / deploy.keys.dir          # absolute paths: the same whatever the
-    db = workdir / deploy.daemon.db               # processes resolve relative ones against
+    # everything in the work dir, as absolute paths (the config's own are resolved
+    # against the config file's directory, which is not where a demo writes)
+    keys_dir = workdir / Path(deploy.keys.dir).name
+    db = workdir / Path(deploy.daemon.db).name
     sets = [f"daemon.ingest=tcp://127.0.0.1:{ports['ingest']}",
             f"daemon.control=tcp://127.0.0.1:{ports['control']}",
             f"daemon.grpc=127.0.0.1:{ports['grpc']}",
