@@ -202,16 +202,17 @@ def _in_band(cfg, values) -> bool:
     pytest.param("bo:budget=150,startup=5,acq_starts=2",
                  marks=[needs_optuna, pytest.mark.slow])])
 def test_finds_the_winning_band_of_the_default_game(spec):
-    """1 % noise, five seeds: the committed setting is in the band and the game is won
-    within the budget (plus the 21 ticks of the win rule) in at least four. Random
-    search with this budget commits in the band far less often (a broken tuner fails)."""
+    """1 % noise, five seeds: in at least four the game is won *while searching* (21
+    ticks in a row in the band: the search has homed in, not just passed by) and the
+    committed setting is in the band. Random search with the same budget wins only
+    after it commits (first wins at budget + 21..24 s), so it fails this."""
     budget = parse_tuner(spec)[1]["budget"]
     cfg = game_config(noise=0.01, ticks=budget + 60)
     good = 0
     for seed in range(5):
         res = run_one(cfg, seed, tuner=spec, keep_trace=True)
         held = [res.trace["rate_limit"][-1], res.trace["window"][-1]]
-        good += bool(res.won and res.first_win_s <= budget + 30 and _in_band(cfg, held))
+        good += bool(res.won and res.first_win_s <= budget and _in_band(cfg, held))
     assert good >= 4
 
 
