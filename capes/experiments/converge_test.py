@@ -114,7 +114,7 @@ class GameSource:
         if self.started:
             game.tick()
             self.true_tp.append(game.true_throughput)
-            self.ideal.append(getattr(game, "ideal_throughput", game.config.ideal_throughput))
+            self.ideal.append(game.ideal_throughput)
             if game.won and self.first_win is None:
                 self.first_win = game.ticks
         self.started = True
