@@ -54,12 +54,12 @@ def action_name(action: int, param_names) -> str:
 
 
 def apply_action(action: int, values, specs) -> list[float]:
-    """New parameter values after ``action`` (moved by one step, kept in range)."""
+    """New parameter values after ``action``: moved by one step, kept in range, over
+    forbidden values (``ParameterSpec.next_value``, as the daemon's step rule)."""
     out = [float(v) for v in values]
     if action:
-        k, sign = divmod(action - 1, 2)
-        step = specs[k].step if sign == 0 else -specs[k].step
-        out[k] = specs[k].clamp(out[k] + step)
+        k, down = divmod(action - 1, 2)
+        out[k] = specs[k].next_value(out[k], -1 if down else 1)
     return out
 
 

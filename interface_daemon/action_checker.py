@@ -76,17 +76,18 @@ class ActionChecker:
     def check_step(self, action: int, verdict: Verdict, current: dict[str, float]) -> Verdict:
         """Check that an accepted ``verdict`` is the change ``action`` stands for: action
         1 + 2k raises parameter k by its step, 2 + 2k lowers it (both clamped to the
-        range), 0 changes nothing, and no other parameter moves. The returned values are
+        range, and stepping over forbidden values to the next allowed one, as the
+        engine's ``ParameterSpec.next_value``), 0 changes nothing, and no other
+        parameter moves. The returned values are
         snapped to the exact step (the engine's may have passed through float32)."""
         if not verdict.ok:
             return verdict
         now = {n: float(current[n]) for n in self.order}
         target = action_target(action, self.order)
         expect = dict(now)
-        if target is not None:
+        if target is not None:               # one step, over forbidden values
             name, sign = target
-            spec = self.specs[name]
-            expect[name] = spec.clamp(now[name] + sign * spec.step)
+            expect[name] = self.specs[name].next_value(now[name], sign, self.forbidden[name])
         for name in self.order:
             got, want = verdict.values[name], expect[name]
             if not _close(got, want, self.specs[name].step):

@@ -30,6 +30,7 @@ import sqlite3
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -132,7 +133,11 @@ class InterfaceDaemon:
     def __init__(self, cfg: DeploymentConfig):
         self.cfg = cfg
         d = cfg.daemon
-        self.specs = cfg.param_specs()
+        # [daemon.forbidden] joins each parameter's own list: the session's specs tell
+        # the engine every forbidden value, so its moves step over them as the checker
+        self.specs = [replace(s, forbidden=list(s.forbidden) + [
+            float(f) for f in d.forbidden.get(s.name, ()) if not s.is_forbidden(f)])
+            for s in cfg.param_specs()]
         self.counters = Counters()
         self.checker = ActionChecker(self.specs, d.forbidden)
         allowed = allowed_nodes(cfg)

@@ -562,3 +562,57 @@ def test_a_key_bound_to_nodes_cannot_speak_for_another(tmp_path, ctx):
         c.close()
     finally:
         d.stop()
+
+
+# ----------------------------------------------------------------------- forbidden values
+
+def test_next_value_steps_over_forbidden_values_to_the_next_allowed_one():
+    from drl_engine.engine import apply_action
+    s = ParameterSpec(min=1, max=20, step=1, default=10, forbidden=[13, 14, 20], name="w")
+    assert s.next_value(12, 1) == 15 and s.next_value(15, -1) == 12
+    assert s.next_value(11, 1) == 12 and s.next_value(16, -1) == 15
+    assert s.next_value(19, 1) == 19                  # only forbidden values up there: stay
+    assert s.next_value(1, -1) == 1                   # the range ends
+    assert s.next_value(12, 1, forbidden=[15]) == 16  # [daemon.forbidden] too
+    assert apply_action(1, [12.0], [s]) == [15.0] and apply_action(2, [15.0], [s]) == [12.0]
+    f = ParameterSpec(min=0.1, max=1.0, step=0.1, default=0.3, forbidden=[0.4], name="f")
+    assert abs(f.next_value(0.3, 1) - 0.5) < 1e-9     # tolerance, not float equality
+
+
+def test_one_step_tuning_crosses_a_forbidden_value(deployment, ctx):
+    """window: forbidden = [13] in [parameters], 16 in [daemon.forbidden]. The engine's
+    own move (apply_action on the session's specs) steps over both, and the daemon's
+    step rule accepts exactly that; a label that lands on 13 is refused."""
+    from drl_engine.engine import apply_action
+    cfg = write_config(deployment, extra="forbidden = { window = [16.0] }")
+    d = DaemonProcess(cfg, deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        ctl = ControlAgent(ctx, d.info["control"], keys_for(deployment, "ctl"), "n1",
+                           {"window": 10.0, "rate": 50.0})
+        wait_for(lambda: len(c.nodes()) == 1)
+        assert c.submit_action(1, 3, {"window": 11.0})["accepted"]      # window+
+        ctl.ack(ctl.recv())
+        with ReplayReader(deployment / "replay.db") as r:
+            specs = next(iter(r.sessions.values())).info.params      # [rate, window]
+        assert specs[1].forbidden == [13.0, 16.0]       # the engine learns both lists
+        current, seen = [50.0, 11.0], []
+        for tick, action in enumerate([3] * 8 + [4] * 9, start=2):   # up, then down
+            current = apply_action(action, current, specs)
+            r = c.submit_action(tick, action, {"window": current[1]})
+            assert r["accepted"], r
+            a = ctl.recv()
+            assert a is not None and a.values["window"] == current[1]
+            ctl.ack(a)
+            seen.append(current[1])
+        assert seen == [12, 14, 15, 17, 18, 19, 20, 21, 20, 19, 18, 17, 15, 14, 12, 11, 10]
+        while current[1] != 12.0:
+            current = apply_action(3, current, specs)
+            assert c.submit_action(100 + len(seen), 3, {"window": current[1]})["accepted"]
+            seen.append(current[1])
+        r = c.submit_action(200, 3, {"window": 13.0})    # "window+" onto 13: never
+        assert not r["accepted"] and r["values"]["window"] == 12.0
+        assert c.status()["actions"].get("refused", 0) == 1
+        c.close()
+    finally:
+        d.stop()

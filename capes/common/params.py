@@ -142,6 +142,25 @@ class ParameterSpec:
         tol = TOLERANCE * (self.step if _given(self.step) else 1.0)
         return any(not isinstance(f, str) and abs(value - f) <= tol for f in self.forbidden)
 
+    def next_value(self, value: float, direction: int, forbidden=()) -> float:
+        """Where one step up (``direction`` > 0) or down from ``value`` lands: clamped to
+        the range, and over any forbidden value (this spec's, or one of ``forbidden``)
+        to the next allowed one on the grid, so a forbidden value never blocks one-step
+        tuning from crossing it. ``value`` itself when no allowed value lies that way.
+        The engine's moves and the daemon's step rule both use this one function."""
+        step = self.step if direction > 0 else -self.step
+        tol = TOLERANCE * self.step
+        extra = [f for f in forbidden if not isinstance(f, str)]
+        v = value
+        for _ in range(len(self.forbidden) + len(extra) + 1):
+            nv = self.clamp(v + step)
+            if nv == v:                   # the end of the range: nowhere to go
+                return value
+            if not (self.is_forbidden(nv) or any(abs(nv - f) <= tol for f in extra)):
+                return nv
+            v = nv
+        return value
+
     def check_value(self, value: float) -> str | None:
         """Why ``value`` may not be applied, or None when it may."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) \
