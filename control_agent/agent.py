@@ -8,8 +8,10 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
   may have restarted, so the sequence starts afresh), and answers a repeat of the last
   one with the same ack, since the daemon re-sends what was not acknowledged;
 * re-checks every value with the parameter's ``ParameterSpec.check_value`` (range, step
-  grid, forbidden values, all with a tolerance) and the daemon's ``[daemon.forbidden]``,
-  and refuses what fails (counted and logged with the reason), whatever the daemon said;
+  grid, forbidden values, all with a tolerance), the daemon's ``[daemon.forbidden]`` and
+  the parameter's ``min_dwell_s`` (no change sooner than that after its last change
+  here; restores are never held), and refuses what fails (counted and logged with the
+  reason), whatever the daemon said;
   a categorical value (an index) is handed to the applier by name;
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
@@ -253,6 +255,7 @@ class ControlAgent:
                      time.strftime("%Y-%m-%d %H:%M:%S",
                                    time.localtime(self.originals.recorded_at[name])))
         self.touched: set[str] = set()     # knobs this process has changed
+        self.changed_at: dict[str, float] = {}   # knob -> monotonic time of its last change
         self.current: dict[str, float] = {}
         for name in self.specs:
             value = self._read(name)
@@ -283,7 +286,8 @@ class ControlAgent:
 
     def _refuse(self, param: str, value: float, reason: str) -> None:
         key = ("out of range" if reason.startswith("outside") else
-               "off the step grid" if reason.startswith("off the step grid") else reason)
+               "off the step grid" if reason.startswith("off the step grid") else
+               "dwell" if reason.startswith("dwell") else reason)
         n = self.counters.refused[key] = self.counters.refused.get(key, 0) + 1
         log.warning("refused %s = %r: %s (%d refused for this reason)", param, value, reason, n)
 
@@ -296,7 +300,23 @@ class ControlAgent:
         if why is None and any(abs(value - f) <= 1e-6 * spec.step
                                for f in self.forbidden[param]):
             why = "forbidden value"
+        if why is None:
+            why = self.check_dwell(param, value)
         return why
+
+    def check_dwell(self, param: str, value: float, now: float | None = None) -> str | None:
+        """Why changing ``param`` to ``value`` must wait (its ``min_dwell_s`` since its
+        last change here has not passed), or None."""
+        spec, last = self.specs[param], self.changed_at.get(param)
+        cur = self.current.get(param)
+        if spec.min_dwell_s <= 0 or last is None or (
+                cur is not None and abs(value - cur) <= 1e-6 * spec.step):
+            return None
+        since = (time.monotonic() if now is None else now) - last
+        if since < spec.min_dwell_s:
+            return (f"dwell: changed {since:.1f} s ago, min_dwell_s is "
+                    f"{spec.min_dwell_s:g} s")
+        return None
 
     def _remember_original(self, param: str) -> bool:
         """Record the knob's value as found on the host before its first change; False
@@ -338,8 +358,11 @@ class ControlAgent:
             return self.current.get(param)
         self.touched.add(param)
         self.counters.applied += 1
+        before = self.current.get(param)
         now = self._read(param)
         self.current[param] = value if now is None else now
+        if before is None or abs(self.current[param] - before) > 1e-6 * spec.step:
+            self.changed_at[param] = time.monotonic()
         return self.current[param]
 
     def handle_action(self, action: Action) -> Ack | None:
@@ -406,6 +429,7 @@ class ControlAgent:
                           self.specs[param].describe(value), source, exc)
                 continue
             restored[param] = value
+            self.changed_at[param] = time.monotonic()   # a restore is a change (never held)
             now = self._read(param)
             if now is None:          # unreadable knob: trust the write
                 now = (self.specs[param].index_of(value) if isinstance(value, str)

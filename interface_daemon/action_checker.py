@@ -9,10 +9,16 @@ Forbidden values come from each ``[parameters.NAME] forbidden = [...]`` and from
 :meth:`ActionChecker.check_step` also holds the engine to its own action set: an action
 moves one parameter by one step (NULL moves none), so the label recorded for training
 always matches the change, and no action jumps across the range.
+
+:meth:`ActionChecker.check_dwell` holds each parameter to its ``min_dwell_s``: an action
+that would change it sooner after its last change (:meth:`ActionChecker.changed`, called
+when an action is broadcast) is refused with the key ``dwell``. Every node a parameter
+targets changes with the same action, so its last change is the same on each of them.
 """
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from capes.common.params import TOLERANCE, ParameterSpec
@@ -42,6 +48,8 @@ class ActionChecker:
         if unknown:
             raise ValueError(f"forbidden: unknown parameter {unknown[0]!r}")
         self.forbidden = {n: set(s.forbidden) | set(extra.get(n, ())) for n, s in self.specs.items()}
+        self.dwell = {n: float(s.min_dwell_s) for n, s in self.specs.items() if s.min_dwell_s > 0}
+        self.changed_at: dict[str, float] = {}    # parameter -> monotonic time of its last change
 
     def check(self, action: int, values: dict[str, float], current: dict[str, float]) -> Verdict:
         """Check an engine action: ``values`` are absolute new values (parameters left
@@ -100,6 +108,33 @@ class ActionChecker:
                 return Verdict(now, f"{target[0]}={expect[target[0]]}: {why}",
                                "forbidden" if why == "forbidden value" else "range")
         return Verdict(expect)
+
+
+    def check_dwell(self, verdict: Verdict, current: dict[str, float],
+                    now: float | None = None) -> Verdict:
+        """Refuse an accepted ``verdict`` that changes a parameter less than its
+        ``min_dwell_s`` after that parameter's last change."""
+        if not verdict.ok or not self.dwell:
+            return verdict
+        now = time.monotonic() if now is None else now
+        for name, dwell in self.dwell.items():
+            last = self.changed_at.get(name)
+            if last is None or _close(verdict.values[name], current[name],
+                                      self.specs[name].step):
+                continue
+            if now - last < dwell:
+                return Verdict({n: float(current[n]) for n in self.order},
+                               f"{name} changed {now - last:.1f} s ago: min_dwell_s is "
+                               f"{dwell:g} s", "dwell")
+        return verdict
+
+    def changed(self, before: dict[str, float], after: dict[str, float],
+                now: float | None = None) -> None:
+        """Note the parameters an action broadcast now changes (for the dwell rule)."""
+        now = time.monotonic() if now is None else now
+        for name in self.dwell:
+            if not _close(after[name], before[name], self.specs[name].step):
+                self.changed_at[name] = now
 
 
 def action_target(action: int, order: list[str]) -> tuple[str, int] | None:

@@ -137,6 +137,7 @@ class ActionPlane:
         verdict = self.checker.check(action, values, self.current)
         if check_step:
             verdict = self.checker.check_step(action, verdict, self.current)
+        verdict = self.checker.check_dwell(verdict, self.current)
         if not verdict.ok:
             self.refuse(verdict.key)
             return verdict
@@ -165,6 +166,7 @@ class ActionPlane:
         return (seq, agents sent to)."""
         self.counters.actions["accepted"] += 1
         changed = {n for n, v in verdict.values.items() if v != self.current[n]}
+        self.checker.changed(self.current, verdict.values)
         self.current = dict(verdict.values)
         self.decided.update(self.current)        # hello values are no longer adopted
         now = time.monotonic()

@@ -616,3 +616,94 @@ def test_one_step_tuning_crosses_a_forbidden_value(deployment, ctx):
         c.close()
     finally:
         d.stop()
+
+
+# ----------------------------------------------------------------------- min dwell time
+
+SWITCH = """
+[parameters.switch]
+min = 0
+max = 1
+step = 1
+default = 0
+min_dwell_s = {dwell}
+"""
+
+
+def test_the_daemon_refuses_a_change_sooner_than_min_dwell_s(deployment, ctx):
+    cfg = write_config(deployment)
+    cfg.write_text(cfg.read_text() + SWITCH.format(dwell=1.5))
+    d = DaemonProcess(cfg, deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        ctl = ControlAgent(ctx, d.info["control"], keys_for(deployment, "ctl"), "n1",
+                           {"window": 10.0, "rate": 50.0, "switch": 0.0})
+        wait_for(lambda: len(c.nodes()) == 1)
+        # actions: 1/2 rate+-, 3/4 switch+-, 5/6 window+-
+        assert c.submit_action(1, 3, {"switch": 1.0})["accepted"]
+        t_on = time.monotonic()
+        ctl.ack(ctl.recv())
+        r = c.submit_action(2, 4, {"switch": 0.0})              # straight back: too soon
+        assert not r["accepted"] and "min_dwell_s" in r["reason"], r
+        assert r["values"]["switch"] == 1.0 and ctl.recv(200) is None
+        assert c.submit_action(3, 5, {"window": 11.0})["accepted"]   # others move freely
+        ctl.ack(ctl.recv())
+        assert c.submit_action(4, 0, {})["accepted"]            # NULL: no change, no wait
+        wait_for(lambda: time.monotonic() - t_on > 1.6)
+        assert c.submit_action(5, 4, {"switch": 0.0})["accepted"]
+        assert ctl.recv().values["switch"] == 0.0
+        s = c.status()["actions"]
+        assert s["refused_dwell"] == 1 and s["refused"] == 1
+        c.close()
+    finally:
+        d.stop()
+    assert {t: a for t, (a, _) in recorded_actions(deployment / "replay.db").items()} == \
+        {1: 3, 2: 0, 3: 5, 4: 0, 5: 4}
+
+
+def test_the_control_agent_rechecks_min_dwell_s_locally(tmp_path):
+    """Whatever the daemon says (a restarted daemon does not know the last change), the
+    agent holds a knob for min_dwell_s after changing it; restores are never held."""
+    from capes.common import config as cfgmod
+    from capes.common.deployment import DeploymentConfig
+    from capes.common.protocol import Action
+    from control_agent.agent import ControlAgent as RealControlAgent
+    knobs = tmp_path / "node"
+    knobs.mkdir()
+    (knobs / "window").write_text("10\n")
+    path = tmp_path / "deploy.toml"
+    path.write_text(f"""
+[keys]
+enabled = false
+[control]
+node = "n1"
+state_file = "{tmp_path / 'state.json'}"
+[control.appliers.window]
+name = "file"
+options = {{ path = "{knobs}/window" }}
+[parameters.window]
+min = 1
+max = 100
+step = 1
+default = 10
+min_dwell_s = 60
+""")
+    agent = RealControlAgent(cfgmod.load(DeploymentConfig, path))
+    try:
+        assert agent.handle_action(Action(1, 1, {"window": 20})).values == {"window": 20}
+        assert agent.handle_action(Action(2, 2, {"window": 30})).values == {"window": 20}
+        assert agent.counters.refused == {"dwell": 1}
+        assert agent.handle_action(Action(3, 3, {"window": 20})).values == {"window": 20}
+        restored, failed = agent.restore_defaults("test")      # never held
+        assert restored == {"window": 10.0} and not failed
+        assert (knobs / "window").read_text().strip() == "10"
+        assert agent.handle_action(Action(4, 4, {"window": 30})).values == {"window": 10}
+        agent.changed_at["window"] -= 61                        # a minute later
+        assert agent.handle_action(Action(5, 5, {"window": 30})).values == {"window": 30}
+        assert agent.counters.refused == {"dwell": 2}
+    finally:
+        agent.close()
+    with pytest.raises(Exception, match="min_dwell_s"):
+        cfgmod.load(DeploymentConfig, path, ["parameters.window.min_dwell_s=-1"])
+    with pytest.raises(Exception, match="min_dwell_s"):
+        cfgmod.load(DeploymentConfig, path, ["parameters.window.min_dwell_s=nan"])

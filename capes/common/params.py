@@ -23,6 +23,12 @@ number the engine moves, the daemon checks and the replay DB records is the valu
 index (min 0, max len − 1, step 1, set by ``validate``; leave them out); ``default`` and
 ``forbidden`` may name values or give indexes, and ``validate`` turns them into
 indexes. Appliers are handed the name (``label``).
+
+**Minimum dwell time** (``min_dwell_s``, default 0: none): the least time between two
+changes of the parameter on a node. The daemon's action checker refuses an action that
+would change it sooner after its last change (counted as ``refused_dwell``), and the
+control agent re-checks the same locally. For knobs whose every change costs something
+(switching a GlusterFS translator on and off leaks FUSE client memory).
 """
 from __future__ import annotations
 
@@ -49,6 +55,7 @@ class ParameterSpec:
     nodes: list[str] = field(default_factory=list)   # nodes it is set on; empty: all
     name: str = ""
     values: list[str] = field(default_factory=list)  # categorical: the names; empty: numeric
+    min_dwell_s: float = 0.0           # least time between two changes of it on a node
 
     @property
     def categorical(self) -> bool:
@@ -82,6 +89,10 @@ class ParameterSpec:
         for i, f in enumerate(self.forbidden):
             if not (isinstance(f, (int, float)) and math.isfinite(f)):
                 raise ValueError(f"forbidden[{i}]: must be a finite number (got {f!r})")
+        if not (isinstance(self.min_dwell_s, (int, float)) and math.isfinite(self.min_dwell_s)
+                and self.min_dwell_s >= 0):
+            raise ValueError(f"min_dwell_s: must be a finite number of seconds >= 0 "
+                             f"(got {self.min_dwell_s!r})")
         for i, n in enumerate(self.nodes):
             if not n or len(n.encode()) > 255:
                 raise ValueError(f"nodes[{i}]: a node name has 1 to 255 bytes (got {n!r})")
