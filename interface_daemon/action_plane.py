@@ -3,8 +3,9 @@
 Actions carry ABSOLUTE values, so resending is always safe: each control agent gets the
 values of the parameters that target its node (``ParameterSpec.nodes``; empty = every
 node), and the latest Action is re-sent to an agent that has not acknowledged it within
-``ack_timeout_s`` or that reconnects. Sequence numbers start at the daemon's start time
-in milliseconds and only grow, so a restarted daemon never reuses an old one.
+``ack_timeout_s`` or that reconnects (but a second connection claiming a node whose
+agent is live is refused, ``node_live``). Sequence numbers start at the daemon's start
+time in milliseconds and only grow, so a restarted daemon never reuses an old one.
 No socket here: the daemon passes a ``send(identity, payload) -> bool`` function.
 
 The daemon takes an engine action in two steps, :meth:`ActionPlane.decide` (check it,
@@ -37,6 +38,7 @@ class ControlPeer:
     tick: int = 0
     last_seen: float = 0.0
     messages: int = 0
+    live_until: float = 0.0          # its connection was found alive: trust it until
 
 
 class ActionPlane:
@@ -44,7 +46,9 @@ class ActionPlane:
                  counters: Counters, send: Callable[[bytes, bytes], bool],
                  ack_timeout_s: float = 2.0, max_nodes: int = 1024, max_bytes: int = 65536,
                  allowed_nodes: frozenset[str] = frozenset(),
-                 may_speak: Callable[[str | None, str], bool] = lambda key, node: True):
+                 may_speak: Callable[[str | None, str], bool] = lambda key, node: True,
+                 liveness_s: float = 15.0,
+                 peer_alive: Callable[[ControlPeer], bool] = lambda peer: False):
         self.specs = {s.name: s for s in specs}
         self.order = [s.name for s in specs]
         self.checker = checker
@@ -55,6 +59,8 @@ class ActionPlane:
         self.max_bytes = max_bytes
         self.allowed_nodes = allowed_nodes      # empty: any node a parameter targets
         self.may_speak = may_speak              # (CURVE key, node) -> bound to it?
+        self.liveness_s = liveness_s            # heard from this recently: the node is live
+        self.peer_alive = peer_alive            # its connection is still there?
         self.peers: dict[str, ControlPeer] = {}
         self.current = {s.name: float(s.default) for s in specs}
         self.decided: set[str] = set()       # parameters set by an accepted action
@@ -88,6 +94,8 @@ class ActionPlane:
             peer = self.peers[msg.node] = ControlPeer(msg.node, key)
         elif peer.key != key:
             return "auth"
+        elif identity != peer.identity and self._live(peer, now):
+            return "node_live"           # a second connection claiming a live node
         reconnected = identity != peer.identity
         peer.identity = identity
         peer.last_seen = now
@@ -119,6 +127,18 @@ class ActionPlane:
         else:
             self.counters.actions["stale_ack"] += 1
         return None
+
+    def _live(self, peer: ControlPeer, now: float) -> bool:
+        """Whether ``peer``'s connection is live: heard from within ``liveness_s`` and
+        still connected (``peer_alive`` asked at most once per second)."""
+        if not peer.identity or now - peer.last_seen > self.liveness_s:
+            return False
+        if now < peer.live_until:
+            return True
+        if self.peer_alive(peer):
+            peer.live_until = now + 1.0
+            return True
+        return False
 
     def node_allowed(self, node: str) -> bool:
         """A control agent may speak for a node of the allow-list (when there is one)

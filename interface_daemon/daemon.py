@@ -39,7 +39,7 @@ import zmq
 from capes.common import curve
 from capes.common.deployment import DeploymentConfig
 from capes.common.metrics import registry_for, serve_metrics
-from capes.common.protocol import FullRequest, encode
+from capes.common.protocol import Action, FullRequest, encode
 from capes.common.replay_db import Committed, ReplayDBError, ReplayWriter, SessionInfo
 from interface_daemon.action_checker import ActionChecker, Verdict
 from interface_daemon import control_service
@@ -148,11 +148,13 @@ class InterfaceDaemon:
                              max_pis_per_node=d.max_pis_per_node,
                              max_pi_name_bytes=d.max_pi_name_bytes,
                              max_session_pis=d.max_session_pis, allowed_nodes=allowed,
-                             may_speak=self._may_speak)
+                             may_speak=self._may_speak, liveness_s=d.liveness_s,
+                             peer_alive=self._monitor_alive)
         self.actions = ActionPlane(self.specs, self.checker, self.counters, self._send_control,
                                    ack_timeout_s=d.ack_timeout_s, max_nodes=d.max_nodes,
                                    max_bytes=d.max_message_bytes, allowed_nodes=allowed,
-                                   may_speak=self._may_speak)
+                                   may_speak=self._may_speak, liveness_s=d.liveness_s,
+                                   peer_alive=self._control_alive)
         self.tuning = d.tuning
         self.training = d.training
         self.workload_epoch = 0
@@ -378,6 +380,31 @@ class InterfaceDaemon:
         reason = self.actions.handle(payload, identity, key)
         if reason:
             self.counters.drop(reason)
+
+    @staticmethod
+    def _connected(sock: zmq.Socket | None, identity: bytes, payload: bytes) -> bool:
+        """Whether the peer ``identity`` is still connected: a send of a harmless
+        ``payload`` fails with EHOSTUNREACH (ROUTER_MANDATORY) once its connection is
+        gone; EAGAIN (at its high-water mark) means it is there."""
+        if sock is None:
+            return False
+        try:
+            sock.send_multipart([identity, payload], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            return exc.errno == zmq.EAGAIN
+        return True
+
+    def _monitor_alive(self, stream) -> bool:
+        """Probe a monitoring agent's connection with a FullRequest (it then sends one
+        full frame: harmless)."""
+        return self._connected(getattr(self, "ingest_sock", None), stream.identity,
+                               encode(FullRequest(stream.name, "live")))
+
+    def _control_alive(self, peer) -> bool:
+        """Probe a control agent's connection with its latest Action again (it re-acks
+        a repeat; absolute values: harmless)."""
+        return self._connected(getattr(self, "control_sock", None), peer.identity,
+                               encode(Action(peer.seq, max(peer.tick, 0), peer.desired)))
 
     def _send_control(self, identity: bytes, payload: bytes) -> bool:
         if not identity:

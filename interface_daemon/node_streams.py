@@ -8,8 +8,10 @@ socket here, so the logic is testable on its own; the daemon feeds it payloads.
 Nothing a client sends can grow the daemon without bound: nodes, PI names per node, PI
 names in the session and name lengths are capped, ticks must lie near the daemon's
 clock, node names must be in the allow-list when there is one, and a tick a node has
-already sent is never stored again (history is append-only). Each refusal is a drop
-reason the daemon counts.
+already sent is never stored again (history is append-only). A second connection
+claiming a node that is live (heard from within ``liveness_s`` and its connection still
+there, ``peer_alive``) is refused (``node_live``); the same agent reconnecting after its
+old connection died is not. Each refusal is a drop reason the daemon counts.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class NodeStream:
     last_seen: float = 0.0
     messages: int = 0
     last_full_request: float = -math.inf
+    live_until: float = -math.inf        # its connection was found alive: trust it until
 
 
 @dataclass
@@ -73,6 +76,8 @@ class Ingest:
     max_session_pis: int = 65_535         # PI names of all nodes together
     allowed_nodes: frozenset[str] = frozenset()            # empty: any node name
     may_speak: Callable[[str | None, str], bool] = lambda key, node: True   # key binding
+    liveness_s: float = 15.0              # heard from this recently: the node is live
+    peer_alive: Callable[[NodeStream], bool] = lambda stream: False  # its connection is up
     streams: dict[str, NodeStream] = field(default_factory=dict)
     pi_names: list[str] = field(default_factory=list)      # the session's PI layout
     node_names: list[str] = field(default_factory=list)    # the session's node layout
@@ -107,6 +112,10 @@ class Ingest:
             stream = self.streams[msg.node] = NodeStream(msg.node, DeltaDecoder(msg.node), key)
         elif stream.key != key:
             return Outcome(stream=stream, drop="auth")   # another key speaks for this node
+        elif identity != stream.identity and self._live(stream, now):
+            return Outcome(stream=stream, drop="node_live")  # a second connection
+        if stream.identity and identity != stream.identity:
+            stream.decoder.vector = None     # a new connection: deltas wait for a full frame
         stream.identity = identity
         stream.last_seen = now
         stream.messages += 1
@@ -134,6 +143,19 @@ class Ingest:
             stream.last_full_request = now
             out.full_request = pending
         return out
+
+    def _live(self, stream: NodeStream, now: float) -> bool:
+        """Whether ``stream``'s connection is live: heard from within ``liveness_s`` and
+        still connected (asked of ``peer_alive`` at most once per
+        ``full_request_every_s``, since the daemon's probe reaches the live agent)."""
+        if not stream.identity or now - stream.last_seen > self.liveness_s:
+            return False
+        if now < stream.live_until:
+            return True
+        if self.peer_alive(stream):
+            stream.live_until = now + self.full_request_every_s
+            return True
+        return False
 
     def _refuse_names(self, stream: NodeStream, names: list[str] | None) -> str | None:
         """Why a frame announcing ``names`` is refused (None: it is not): names too long,

@@ -707,3 +707,62 @@ min_dwell_s = 60
         cfgmod.load(DeploymentConfig, path, ["parameters.window.min_dwell_s=-1"])
     with pytest.raises(Exception, match="min_dwell_s"):
         cfgmod.load(DeploymentConfig, path, ["parameters.window.min_dwell_s=nan"])
+
+
+# ----------------------------------------------------------------------- 7. one connection per node
+
+def test_a_second_connection_claiming_a_live_node_is_refused(deployment, ctx):
+    d = DaemonProcess(write_config(deployment, extra="liveness_s = 1.0"),
+                      deployment / "ready.json")
+    try:
+        c = client(deployment, d)
+        mon = keys_for(deployment, "mon")
+        first = Agent(ctx, d.info["ingest"], mon, None, "n1", PIS)
+        first.send(1, [1.0, 1.0, 1.0])
+        wait_for(lambda: c.status()["rows_written"] == 1)
+        second = Agent(ctx, d.info["ingest"], mon, None, "n1", PIS)   # same key, same node
+        for t in (2, 3):
+            second.send(t, [-1.0, -1.0, -1.0])
+        wait_for(lambda: c.status()["drops"].get("node_live") == 2)
+        first.send(4, [4.0, 4.0, 4.0])                 # the live agent goes on
+        wait_for(lambda: c.status()["rows_written"] == 2)
+        # silent for liveness_s (though still connected): the node may be claimed
+        time.sleep(1.2)
+        second.enc.request_full()
+        second.send(5, [-5.0, -5.0, -5.0])
+        wait_for(lambda: c.status()["rows_written"] == 3)
+        first.send(6, [6.0, 6.0, 6.0])                 # now the first is the intruder
+        wait_for(lambda: c.status()["drops"].get("node_live") == 3)
+        # a genuine reconnect: the old connection died, the new one is taken at once
+        second.close()
+        time.sleep(0.2)
+        third = Agent(ctx, d.info["ingest"], mon, None, "n1", PIS)
+        third.send(7, [7.0, 7.0, 7.0])
+        wait_for(lambda: c.status()["rows_written"] == 4)
+        first.close()
+        third.close()
+
+        ctl = keys_for(deployment, "ctl")
+        x = ControlAgent(ctx, d.info["control"], ctl, "n1", {"window": 10.0, "rate": 50.0})
+        wait_for(lambda: any(n.get("control") for n in c.nodes()))
+        y = ControlAgent(ctx, d.info["control"], ctl, "n1", {"window": 99.0, "rate": 50.0})
+        wait_for(lambda: c.status()["drops"].get("node_live") == 4)
+        assert c.submit_action(8, 3, {"window": 11.0})["accepted"]
+        got = x.recv()
+        while got is not None and got.values.get("window") != 11.0:   # probe re-sends
+            got = x.recv()
+        assert got is not None and y.recv(300) is None    # the live agent only
+        x.ack(got)
+        x.sock.close(linger=0)                            # x dies; y reconnects
+        time.sleep(1.0)               # (the daemon trusts a probe's answer for 1 s)
+        heard = c.nodes()[0]["messages"]
+        y.sock.send(encode(Ack("n1", 0, {"window": 11.0, "rate": 50.0})))
+        wait_for(lambda: c.nodes()[0]["messages"] == heard + 1)      # y's hello taken
+        assert c.submit_action(9, 3, {"window": 12.0})["accepted"]
+        assert y.recv().values["window"] == 12.0
+        assert c.status()["drops"]["node_live"] == 4
+        c.close()
+    finally:
+        d.stop()
+    rows = pi_rows(deployment / "replay.db")
+    assert {t: v[0] for (n, t), v in rows.items()} == {1: 1.0, 4: 4.0, 5: -5.0, 7: 7.0}

@@ -59,6 +59,7 @@ class DaemonConfig:
     max_pi_name_bytes: int = 128             # longest PI name (UTF-8 bytes)
     max_session_pis: int = 65_535            # PI names of all nodes together
     nodes: list[str] = field(default_factory=list)   # node names allowed to speak; empty: any
+    liveness_s: float = 15.0                 # a node heard from this recently is live: a second connection claiming it is refused
     # a non-loopback grpc address speaks TLS (keys.dir/tls); without a certificate the
     # daemon refuses to start unless this is true (the token then crosses in clear text)
     allow_insecure_grpc: bool = False
@@ -71,7 +72,8 @@ class DaemonConfig:
     # longest sensible durations, seconds: beyond them a value is a typo (and a timer of
     # 1e300 s overflows the poll loop)
     SECONDS = {"commit_every_s": 3600.0, "ack_timeout_s": 3600.0,
-               "full_request_every_s": 3600.0, "max_clock_skew_s": 1e11}
+               "full_request_every_s": 3600.0, "max_clock_skew_s": 1e11,
+               "liveness_s": 3600.0}
 
     def validate(self) -> None:
         import math
