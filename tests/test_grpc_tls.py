@@ -113,3 +113,53 @@ def test_loopback_stays_plaintext(deployment):
         channel.close()
     finally:
         d.stop()
+
+
+def _status(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "capes", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_status_and_the_other_commands_load_the_certificate_beyond_loopback(deployment):
+    """``capes status|nodes|tuning --grpc ADDR``: the config's certificate, or
+    --tls-cert, for an address beyond loopback (or a loopback address of a daemon that
+    listens beyond it); with none, one clear line."""
+    cfg = write_config(deployment, grpc="0.0.0.0:0")
+    d = DaemonProcess(cfg, deployment / "ready.json")
+    try:
+        port = d.info["grpc"].rsplit(":", 1)[1]
+        beyond, local = f"0.0.0.0:{port}", f"127.0.0.1:{port}"
+        no_engine = ["--engine-metrics", ""]
+        for addr in (beyond, local):          # the daemon speaks TLS on every interface
+            out = _status("status", "--config", str(cfg), "--grpc", addr, *no_engine)
+            assert out.returncode == 0 and "nodes 0" in out.stdout, out.stderr
+        # an operator's machine: the token, but no certificate in its keys dir
+        ws = deployment / "workstation"
+        (ws / "keys").mkdir(parents=True)
+        shutil.copy(deployment / "keys" / curve.TOKEN_FILE, ws / "keys")
+        ws_cfg = write_config(ws)                       # its own daemon.grpc: loopback
+        out = _status("status", "--config", str(ws_cfg), "--grpc", beyond, *no_engine)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode != 0 and len(lines) == 1 and "Traceback" not in out.stderr
+        assert "tls/server.crt" in lines[0] and "--tls-cert" in lines[0], lines
+        cert = str(deployment / "keys" / curve.TLS_CERT)
+        out = _status("status", "--config", str(ws_cfg), "--grpc", beyond, "--tls-cert", cert,
+                      *no_engine)
+        assert out.returncode == 0 and "nodes 0" in out.stdout, out.stderr
+        for cmd in (["nodes"], ["tuning", "off"], ["workload-changed"]):
+            out = _status(*cmd, "--config", str(ws_cfg), "--grpc", beyond, "--tls-cert", cert)
+            assert out.returncode == 0, (cmd, out.stderr)
+        out = _status("nodes", "--config", str(ws_cfg), "--grpc", beyond, "--tls-cert",
+                      str(ws / "nope.crt"))
+        assert out.returncode != 0 and len(out.stderr.strip().splitlines()) == 1
+        assert "nope.crt" in out.stderr
+        # a demo's work dir: the certificate beside its token
+        (ws / "capes-demo.json").write_text(
+            '{"grpc": "%s", "token_file": "%s"}' % (beyond, deployment / "keys" /
+                                                    curve.TOKEN_FILE))
+        out = _status("status", "--workdir", str(ws), *no_engine)
+        assert "nodes 0" in out.stdout, out.stderr
+        with ControlClient.from_config(load_deployment(cfg), beyond) as c:
+            assert c.status()["tuning"] is False        # `capes tuning off` got through
+    finally:
+        d.stop()

@@ -27,6 +27,9 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", metavar="DIR",
                    help=f"a running `capes demo`'s work dir: its addresses and token are "
                         f"read from DIR/{DEMO_FILE}")
+    p.add_argument("--tls-cert", metavar="PATH",
+                   help="the daemon's TLS certificate, for an address beyond loopback "
+                        "(default: the config's keys.dir/tls/server.crt)")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
     p.add_argument("--json", action="store_true", help="print JSON")
     if p.prog.split()[-1] == "status":
@@ -68,7 +71,7 @@ def read_demo_file(workdir: str | Path) -> dict:
 
 def _client(args):
     """The control-plane client and, for --workdir, the demo's file."""
-    from capes.common.control_client import ControlClient
+    from capes.common.control_client import ControlClient, tls_certificate
     if args.workdir:
         demo = read_demo_file(args.workdir)
         token = None
@@ -77,10 +80,13 @@ def _client(args):
                 token = Path(demo["token_file"]).read_text().strip() or None
             except OSError as exc:
                 raise ValueError(f"{demo['token_file']}: {exc.strerror}") from None
-        return ControlClient(args.grpc or demo["grpc"], token, args.timeout), demo
+        address = args.grpc or demo["grpc"]
+        keys = Path(demo["token_file"]).parent if demo.get("token_file") else None
+        cert = tls_certificate(address, keys, args.tls_cert, demo["grpc"])
+        return ControlClient(address, token, args.timeout, cert), demo
     from capes.settings import load_settings
     cfg = load_settings(args.config, args.overrides)
-    return ControlClient.from_config(cfg, args.grpc, args.timeout), None
+    return ControlClient.from_config(cfg, args.grpc, args.timeout, args.tls_cert), None
 
 
 def run(args) -> int:

@@ -7,17 +7,57 @@ protobuf. Never imported by the agents.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 from google.protobuf.json_format import MessageToDict
 
 from capes.common import control_plane_pb2 as pb
 from capes.common import control_plane_pb2_grpc as pb_grpc
+from capes.common.config import ConfigError
 
 TOKEN_HEADER = "x-capes-token"
 
 
 class ControlError(RuntimeError):
     """The daemon could not be reached or refused the call (the message says why)."""
+
+
+class TLSCertMissing(ConfigError):
+    """A control plane beyond loopback speaks TLS, and there is no certificate to trust."""
+
+
+def tls_certificate(address: str, keys=None, cert_path: str | Path | None = None,
+                    daemon_address: str | None = None,
+                    insecure_ok: bool = False) -> bytes | None:
+    """The certificate to pin for the control plane at ``address`` (None: plaintext).
+
+    ``cert_path`` (``--tls-cert``) when given; else ``keys.dir``/tls/server.crt when the
+    address is beyond loopback, or when it is loopback but the daemon's own address
+    ``daemon_address`` is not (the daemon then speaks TLS on every interface). Beyond
+    loopback without a certificate: :class:`TLSCertMissing` (one line), unless
+    ``insecure_ok`` (``daemon.allow_insecure_grpc``: the daemon speaks plaintext)."""
+    from capes.common.curve import TLS_CERT, is_loopback, tls_files
+    if cert_path:
+        try:
+            return Path(cert_path).expanduser().read_bytes()
+        except OSError as exc:
+            raise ValueError(f"--tls-cert {cert_path}: cannot read it "
+                             f"({exc.strerror or exc})") from None
+    beyond = not is_loopback(address)
+    files = tls_files(keys) if keys is not None else None
+    if files:
+        return files[0] if beyond or (daemon_address and not is_loopback(daemon_address)) \
+            else None
+    if beyond and not insecure_ok:
+        enabled = keys is not None and getattr(keys, "enabled", True)
+        where = (f"{Path(getattr(keys, 'dir', keys)) / TLS_CERT}" if enabled
+                 else "keys.enabled = false")
+        raise TLSCertMissing(where, "", f"no TLS certificate for {address}: beyond "
+                             "loopback the control plane speaks TLS (copy the daemon's "
+                             "certificate, made by `capes keys generate`, or give "
+                             "--tls-cert PATH)")
+    return None
 
 
 def _dict(msg) -> dict:
@@ -45,13 +85,16 @@ class ControlClient:
         self.metadata = ((TOKEN_HEADER, token),) if token else ()
 
     @classmethod
-    def from_config(cls, cfg, address: str | None = None, timeout: float = 5.0) -> "ControlClient":
+    def from_config(cls, cfg, address: str | None = None, timeout: float = 5.0,
+                    tls_cert: str | Path | None = None) -> "ControlClient":
         """A client for a :class:`capes.common.deployment.DeploymentConfig`'s daemon:
-        TLS (``keys.dir``/tls/server.crt) unless the address is loopback."""
-        from capes.common.curve import is_loopback, load_token, tls_files
+        TLS with ``tls_cert`` or ``keys.dir``/tls/server.crt unless the address (and
+        the daemon's own) is loopback (see :func:`tls_certificate`)."""
+        from capes.common.curve import load_token
         address = address or cfg.daemon.grpc
-        tls = None if is_loopback(address) else tls_files(cfg.keys)
-        return cls(address, load_token(cfg.keys), timeout, tls[0] if tls else None)
+        cert = tls_certificate(address, cfg.keys, tls_cert, cfg.daemon.grpc,
+                               cfg.daemon.allow_insecure_grpc)
+        return cls(address, load_token(cfg.keys), timeout, cert)
 
     def _call(self, method, request):
         try:
