@@ -553,3 +553,26 @@ default = 128
         subprocess.run(["losetup", "-d", dev], check=False)
         if cgroup is not None:
             cgroup.remove()
+
+
+def test_config_set_from_an_engine_status_file(tmp_path):
+    """``best:PATH``: the best-known setting the engine wrote to its status file (a
+    checkpoint does not store it); refused, with the reason, when there is none."""
+    status = tmp_path / "engine.json"
+    status.write_text(json.dumps({"tick": 99, "values": {"read_ahead_kb": 512.0},
+                                  "best": {"read_ahead_kb": 3840.0, "nr_requests": 64}}))
+    cs = ev.ConfigSet.parse(f"best:{status}")
+    assert cs.values == {"read_ahead_kb": 3840.0, "nr_requests": 64.0}
+    assert cs.label == "best(read_ahead_kb=3840,nr_requests=64)"
+    for doc in ({"best": None}, {"best": {}}, {"best": {"x": "fast"}}, {"best": {"x": True}},
+                [1, 2], {"values": {"x": 1}}):
+        status.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="no best-known setting"):
+            ev.ConfigSet.parse(f"best:{status}")
+    status.write_text("{not json")
+    with pytest.raises(ValueError, match="not a readable engine status file"):
+        ev.ConfigSet.parse(f"best:{status}")
+    with pytest.raises(ValueError, match="not a readable"):
+        ev.ConfigSet.parse(f"best:{tmp_path / 'missing.json'}")
+    with pytest.raises(ValueError, match="give the engine's status file"):
+        ev.ConfigSet.parse("best:")

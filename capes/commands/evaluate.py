@@ -28,8 +28,9 @@ def add_arguments(p) -> None:
     p.add_argument("--size", help="CAPES_SIZE (default: 100%% of a device, else 1g)")
     p.add_argument("--config-set", dest="config_sets", action="append", default=[],
                    metavar="SET", required=True,
-                   help="'original' (the host's values before the run) or "
-                   "NAME=VALUE[,NAME=VALUE]; give two or more; the first is the baseline")
+                   help="'original' (the host's values before the run), "
+                   "NAME=VALUE[,NAME=VALUE], or best:PATH (the best-known setting in a "
+                   "drl-engine --status-file); give two or more; the first is the baseline")
     p.add_argument("--repetitions", type=int, default=5,
                    help="repetitions of each configuration (default: %(default)s)")
     p.add_argument("--duration", type=float, default=30.0,

@@ -416,9 +416,10 @@ ORIGINAL = "original"
 
 @dataclass
 class ConfigSet:
-    """``original`` (the host's values, read before anything changes) or fixed values
+    """``original`` (the host's values, read before anything changes), fixed values
     ``name=value,name=value`` (a categorical parameter's value by name, e.g.
-    ``scheduler=bfq``, or by index)."""
+    ``scheduler=bfq``, or by index), or ``best:PATH``, the best-known setting in an
+    engine's status file."""
     label: str
     values: dict[str, float | str] | None = None     # None: the original values
 
@@ -427,6 +428,8 @@ class ConfigSet:
         text = text.strip()
         if text == ORIGINAL:
             return cls(ORIGINAL, None)
+        if text.startswith(BEST_PREFIX):
+            return cls.from_engine_status(text[len(BEST_PREFIX):])
         values: dict[str, float | str] = {}
         for item in filter(None, (s.strip() for s in text.split(","))):
             name, sep, val = item.partition("=")
@@ -440,6 +443,38 @@ class ConfigSet:
         if not values:
             raise ValueError("empty config set")
         return cls(",".join(f"{k}={_fmt(v)}" for k, v in values.items()), values)
+
+
+    @classmethod
+    def from_engine_status(cls, path: str) -> "ConfigSet":
+        """The engine's best-known setting, from the status file it rewrites every
+        action tick (``capes drl-engine --status-file PATH``; ``engine.json`` in a
+        ``capes demo`` work dir): its ``best`` entry. A checkpoint does not store it
+        (only networks, optimiser, counters, ε and normaliser statistics), so this is
+        the only place it can be read from after the fact."""
+        import json
+        path = path.strip()
+        if not path:
+            raise ValueError(f"config set {BEST_PREFIX!r}: give the engine's status file, "
+                             f"{BEST_PREFIX}PATH")
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{BEST_PREFIX}{path}: not a readable engine status file "
+                             f"({exc})") from None
+        best = doc.get("best") if isinstance(doc, dict) else None
+        if not isinstance(best, dict) or not best or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for v in best.values()):
+            raise ValueError(f"{BEST_PREFIX}{path}: the engine reports no best-known "
+                             f"setting (best: {best!r}); it has one only with the default "
+                             "preset's guide, once some settings were measured")
+        values = {str(k): float(v) for k, v in best.items()}
+        return cls("best(" + ",".join(f"{k}={_fmt(v)}" for k, v in values.items()) + ")",
+                   values)
+
+
+BEST_PREFIX = "best:"
 
 
 def _fmt(v: float | str) -> str:
