@@ -6,10 +6,11 @@ simulator node ``sim0``, and the DRL engine. Beside them, in this process:
 
 - a **fleet** of N monitoring agents (default 64): one thread, one DEALER socket and one
   ``DeltaEncoder`` per node (``f00``, ``f01``, ...), all with the key ``fleet`` bound to
-  those node names, each sending one frame per tick with the simulator's three PIs and
-  answering the daemon's FullRequests exactly as ``capes monitor-agent`` does. (N real
-  agent processes would need N Python interpreters; the wire traffic is the same.) Every
-  (node, tick) sent is remembered;
+  those node names, each sending one frame per tick with the simulator's three PIs,
+  answering the daemon's FullRequests and keeping and resending its last seconds after a
+  reconnect (the same ``monitor_agent.agent.Outbox`` and socket-monitor events) exactly
+  as ``capes monitor-agent`` does. (N real agent processes would need N Python
+  interpreters; the wire traffic is the same.) Every (node, tick) sent is remembered;
 - a **rogue** client with an admitted key (bound to ``rogue0``): garbage bytes, corrupt
   lz4, oversized messages, frames for other nodes and unknown nodes, ticks far from the
   clock, PI-name floods, bursts of thousands of frames, an unauthenticated socket, junk on
@@ -26,8 +27,9 @@ At the end every process is stopped cleanly and the table is printed:
 
 - committed rows lost: rows seen committed in the DB that are gone at the end (goal 0);
 - rows sent but never stored, split into those sent around a daemon kill (the
-  uncommitted batch and the differential frames before the restarted daemon's
-  FullRequest is answered: lost by design) and all others (goal 0);
+  uncommitted batch, the frames of the downtime and the differential frames before the
+  restarted daemon resynchronises; the agents resend their last ``--resend`` seconds
+  after a reconnect, so goal 0 here too) and all others (goal 0);
 - actions applied but not recorded: knob changes seen in the simulator's files with no
   recorded action making that change within a few seconds (goal 0); restores to the
   original values are counted apart;
@@ -72,6 +74,8 @@ from capes.common.deployment import KeysConfig  # noqa: E402
 from capes.common.params import ParameterSpec  # noqa: E402
 from capes.common.protocol import (Ack, DeltaEncoder, FullRequest, Indicators,  # noqa: E402
                                    decode, encode)
+from monitor_agent.agent import MonitorCounters, Outbox  # noqa: E402
+from zmq.utils.monitor import recv_monitor_message  # noqa: E402
 
 PARAMS = {"rate_limit": ParameterSpec(min=10, max=200, step=10, default=50, name="rate_limit"),
           "window": ParameterSpec(min=1, max=100, step=1, default=10, forbidden=[95],
@@ -138,21 +142,28 @@ class Child:
 
 # ------------------------------------------------------------------------ the fleet
 class Fleet(threading.Thread):
-    """N monitoring agents in one thread: one CURVE DEALER and one encoder per node."""
+    """N monitoring agents in one thread: one CURVE DEALER, one encoder and one
+    ``Outbox`` (frames of the last ``resend_s`` kept, resent after a reconnect) per node."""
 
     def __init__(self, ctx, endpoint: str, keys: KeysConfig, n: int, tick_s: float,
-                 stop: threading.Event):
+                 stop: threading.Event, resend_s: float = 10.0):
         super().__init__(name="fleet", daemon=True)
         self.names = [f"f{i:02d}" for i in range(n)]
         self.tick_s, self.stop_ev = tick_s, stop
-        self.socks, self.encs = [], []
+        self.socks, self.encs, self.monitors, self.outboxes = [], [], [], []
+        self.counters = MonitorCounters()                  # all nodes together
+        keep = 1 + math.ceil(resend_s / tick_s)
         for name in self.names:
             s = curve.client_socket(ctx, zmq.DEALER, keys, "fleet")
+            s.setsockopt(zmq.IMMEDIATE, 1)                 # as the monitoring agent
+            self.monitors.append(s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED))
             s.connect(endpoint)
             self.socks.append(s)
-            self.encs.append(DeltaEncoder(name, PIS, 60, 15))
+            enc = DeltaEncoder(name, PIS, 60, 15)
+            self.encs.append(enc)
+            self.outboxes.append(Outbox(enc, s, keep, self.counters))
         self.sent: dict[tuple[str, int], float] = {}      # (node, tick) -> wall time
-        self.not_sent = 0                                  # HWM reached: dropped here
+        self.not_sent = 0                                  # not sent at its tick (kept)
         self.full_requests = 0
         self.rng = random.Random(1)
 
@@ -164,7 +175,7 @@ class Fleet(threading.Thread):
                 time.sleep(delay)
             tick = max(next_tick, int(time.time() / self.tick_s))
             now = time.time()
-            for i, (s, enc) in enumerate(zip(self.socks, self.encs)):
+            for i, (s, enc, box) in enumerate(zip(self.socks, self.encs, self.outboxes)):
                 while s.poll(0):
                     try:
                         msg = decode(s.recv(zmq.NOBLOCK))
@@ -173,17 +184,23 @@ class Fleet(threading.Thread):
                     if isinstance(msg, FullRequest):
                         self.full_requests += 1
                         enc.request_full()
+                while self.monitors[i].poll(0):            # (re)connected: resend
+                    if recv_monitor_message(self.monitors[i])["event"] == \
+                            zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                        self.counters.connects += 1
+                        box.resend()
                 tp = 40 + 10 * math.sin(tick / 50 + i) + self.rng.random()
-                frame = encode(enc.message(tick, [tp, 10 + i % 5, 50.0]))
-                try:
-                    s.send(frame, zmq.NOBLOCK)
-                    self.sent[(self.names[i], tick)] = now
-                except zmq.Again:
+                box.add(tick, [tp, 10 + i % 5, 50.0])
+                for t in box.flush():
+                    self.sent[(self.names[i], t)] = now
+                if box.pending:
                     self.not_sent += 1
             next_tick = tick + 1
 
     def close(self) -> None:
-        for s in self.socks:
+        for s, m in zip(self.socks, self.monitors):
+            s.disable_monitor()
+            m.close(linger=0)
             s.close(linger=0)
 
 
@@ -555,7 +572,7 @@ def soak(args) -> dict:
             children[name].start()
         endpoints = {"ingest": f"tcp://127.0.0.1:{ports['ingest']}",
                      "control": f"tcp://127.0.0.1:{ports['control']}"}
-        fleet = Fleet(ctx, endpoints["ingest"], kc, args.agents, tick_s, stop)
+        fleet = Fleet(ctx, endpoints["ingest"], kc, args.agents, tick_s, stop, args.resend)
         rogue = Rogue(ctx, endpoints, kc, grpc_addr, token, tick_s, 65_536, stop)
         sampler = Sampler(children, grpc_addr, token, stop)
         for th in (dbw, knobs, fleet, sampler):
@@ -777,6 +794,9 @@ def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fi
     result = {
         "minutes": args.minutes, "tick_s": tick_s, "fleet_agents": args.agents,
         "frames_sent_by_fleet": len(sent), "fleet_not_sent_hwm": fleet.not_sent if fleet else 0,
+        "fleet_resend_s": args.resend,
+        "fleet_frames_resent": fleet.counters.resent if fleet else 0,
+        "fleet_frames_lost_unsent": fleet.counters.lost if fleet else 0,
         "rows_in_db": len(final),
         "committed_rows_lost": len(committed_lost),
         "rows_never_stored_total": len(missing),
@@ -816,10 +836,13 @@ def print_table(r: dict) -> None:
           f"agents + sim0 (real monitor and control agents), rogue client "
           f"{'on' if r['rogue_sent'] else 'off'}")
     row("fleet frames sent", r["frames_sent_by_fleet"])
+    row(f"fleet frames resent after reconnects (last {r['fleet_resend_s']:g} s kept)",
+        r["fleet_frames_resent"])
+    row("fleet frames never sent (left the resend window)", r["fleet_frames_lost_unsent"])
     row("rows in the replay DB (fleet + sim0)", r["rows_in_db"])
     row("committed rows lost", r["committed_rows_lost"], "(goal 0)")
     row("sent, never stored: around a daemon kill -9", r["rows_never_stored_at_daemon_kills"],
-        "(uncommitted batch + frames before resync)")
+        "(goal 0: agents resend)")
     row("sent, never stored: in flight at the final stop", r["rows_never_stored_in_flight_at_stop"])
     row("sent, never stored: otherwise", r["rows_lost_unexplained"], "(goal 0)")
     row("knob changes applied (simulator files)", r["knob_changes_applied"])
@@ -867,6 +890,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-disk", dest="disk", action="store_false")
     p.add_argument("--no-rogue", dest="rogue", action="store_false")
     p.add_argument("--recovery-timeout", type=float, default=45.0)
+    p.add_argument("--resend", type=float, default=10.0, metavar="S",
+                   help="the fleet's monitor.resend_s: seconds of frames kept and sent "
+                        "again after a reconnect (0: none, as before issue 12's fix)")
     p.add_argument("--engine-rss-limit-mb", type=int, default=6000,
                    help="stop the soak early when the engine grows past this")
     p.add_argument("--max-pis-per-node", type=int, default=16,

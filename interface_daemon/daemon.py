@@ -53,6 +53,7 @@ DRAIN_BATCH = 2000          # messages taken from one socket before looking at t
 CALL_TIMEOUT_S = 10.0
 COMMIT_CHUNK = 5000         # rows per transaction: a nearly full disk still takes the oldest
 DB_ERRORS = (sqlite3.Error, ReplayDBError, OSError)     # a write that failed, not a bug
+RESUME_LOOKBACK_S = 600.0   # a restart looks this far back for the ticks already stored
 STARTUP_ERRORS = DB_ERRORS + (ValueError, OverflowError, curve.KeysMissing, zmq.ZMQError)
 
 
@@ -210,6 +211,33 @@ class InterfaceDaemon:
         d = self.cfg.daemon
         self._lock = _lock_db(d.db)
         self.writer = ReplayWriter(d.db, max_pending=d.max_buffered_rows)
+        self.ingest.resume_ticks = self._stored_ticks()
+
+    def _stored_ticks(self) -> dict[str, int]:
+        """Node name -> newest tick the recent sessions (earlier lives of the daemon)
+        hold for it. Agents send their last seconds again after a reconnect; what an
+        earlier daemon already committed is then dropped (``replayed``), never stored
+        twice. Only ticks within min(max_clock_skew_s, RESUME_LOOKBACK_S) before the
+        clock are looked at (an index range, not the whole history), so a far tick
+        stored before the clock rule cannot silence a node."""
+        conn, out = self.writer.conn, {}
+        skew, tick_s, now = self.cfg.daemon.max_clock_skew_s, self.cfg.tick_seconds, time.time()
+        lo = max(-2 ** 63, int((now - min(skew, RESUME_LOOKBACK_S)) / tick_s))
+        hi = min(2 ** 63 - 1, int((now + min(skew, 1e11)) / tick_s))
+        try:
+            for sid, nodes in conn.execute("SELECT id, node_names FROM sessions "
+                                           "ORDER BY id DESC LIMIT 4").fetchall():
+                names = json.loads(nodes)
+                for node, tick in conn.execute(
+                        "SELECT node, MAX(tick) FROM pis WHERE session = ? AND tick "
+                        "BETWEEN ? AND ? GROUP BY node", (sid, lo, hi)):
+                    if isinstance(node, int) and 0 <= node < len(names):
+                        out[names[node]] = max(out.get(names[node], -1), int(tick))
+        except (sqlite3.Error, ValueError, TypeError) as exc:
+            log.warning("replay DB %s: the ticks stored by earlier sessions are unknown "
+                        "(%s): an agent's resent frames may be stored twice",
+                        self.cfg.daemon.db, exc)
+        return out
 
     def _open_sockets(self) -> tuple[str, str]:
         d = self.cfg.daemon

@@ -78,6 +78,8 @@ class Ingest:
     may_speak: Callable[[str | None, str], bool] = lambda key, node: True   # key binding
     liveness_s: float = 15.0              # heard from this recently: the node is live
     peer_alive: Callable[[NodeStream], bool] = lambda stream: False  # its connection is up
+    # node -> newest tick an earlier daemon stored for it: resends of those are dropped
+    resume_ticks: dict[str, int] = field(default_factory=dict)
     streams: dict[str, NodeStream] = field(default_factory=dict)
     pi_names: list[str] = field(default_factory=list)      # the session's PI layout
     node_names: list[str] = field(default_factory=list)    # the session's node layout
@@ -110,6 +112,7 @@ class Ingest:
             if len(self.streams) >= self.max_nodes:
                 return Outcome(drop="too_many_nodes")
             stream = self.streams[msg.node] = NodeStream(msg.node, DeltaDecoder(msg.node), key)
+            stream.last_tick = self.resume_ticks.pop(msg.node, -1)
         elif stream.key != key:
             return Outcome(stream=stream, drop="auth")   # another key speaks for this node
         elif identity != stream.identity and self._live(stream, now):

@@ -9,8 +9,17 @@ Ticks are wall-clock based, ``tick = int(time.time() / tick_seconds)``, so every
 of a cluster numbers the same second alike without talking to the others; the agent
 sleeps until the next tick boundary. It never blocks on the daemon: sends are
 non-blocking on a socket with a small high-water mark that only queues on a live
-connection (ZMQ_IMMEDIATE), so while the daemon is away frames are dropped and
-counted, and the next frame after a drop is a full one. ZeroMQ reconnects by itself.
+connection (ZMQ_IMMEDIATE). ZeroMQ reconnects by itself.
+
+Nothing is lost at a daemon restart (within ``monitor.resend_s``): the agent keeps the
+PI vectors of its last ``resend_s`` seconds (:class:`Outbox`). A frame the socket cannot
+take now (daemon away, queue full) waits there and goes out, in tick order, as soon as
+the socket can take it; and on every (re)connection, seen as the socket monitor's
+``HANDSHAKE_SUCCEEDED``, every kept frame is sent again, starting with a full frame with
+names, so a restarted daemon needs no FullRequest round trip and gets the frames its
+killed predecessor received but never committed. The daemon drops ticks it already
+stored (history is append-only). Frames that leave the window before they could be sent
+are counted as lost.
 
 Light by design: no torch, no NumPy; the only work per tick is the collectors' reads
 and one small encode.
@@ -20,9 +29,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from capes.common import curve
 from capes.common.config import ConfigError
@@ -57,7 +68,10 @@ class MonitorCounters:
     sent: int = 0
     bytes_sent: int = 0
     full_frames: int = 0
-    dropped: int = 0               # daemon away or its queue full
+    dropped: int = 0               # not sent at its tick (daemon away, queue full): kept
+    resent: int = 0                # kept frames sent again after a reconnect
+    lost: int = 0                  # left the resend window before they could be sent
+    connects: int = 0              # handshakes with a daemon (the first one included)
     full_requests: int = 0
     bad_messages: int = 0          # undecodable or unexpected messages from the daemon
     collector_errors: dict[str, int] = field(default_factory=dict)
@@ -106,6 +120,70 @@ class Sampler:
             col.close()
 
 
+class Outbox:
+    """One node's outgoing frames: the PI vectors of the last ``keep`` ticks, sent in
+    tick order through ``encoder`` on ``sock``, never blocking. A frame the socket cannot
+    take now stays pending for :meth:`flush`; :meth:`resend` (after a reconnect) makes
+    every kept frame pending again, from a full frame with names. Used by the monitoring
+    agent and by the soak benchmark's fleet."""
+
+    MAX_KEEP = 36_000
+
+    def __init__(self, encoder: DeltaEncoder, sock: zmq.Socket, keep: int,
+                 counters: MonitorCounters | None = None):
+        self.encoder, self.sock = encoder, sock
+        self.keep = max(1, min(int(keep), self.MAX_KEEP))
+        self.kept: deque[list] = deque()      # [tick, values, sent at least once]
+        self.pending = 0                      # the newest `pending` kept frames go out next
+        self.counters = counters if counters is not None else MonitorCounters()
+
+    def add(self, tick: int, values) -> None:
+        """Keep the frame of ``tick`` (a tick not newer than the last one is ignored;
+        the same tick again, still pending, takes the newer values)."""
+        if self.kept and tick <= self.kept[-1][0]:
+            if tick == self.kept[-1][0] and self.pending:
+                self.kept[-1][1] = list(values)
+            return
+        self.kept.append([tick, list(values), False])
+        self.pending += 1
+        if len(self.kept) > self.keep:
+            _, _, was_sent = self.kept.popleft()
+            if self.pending > len(self.kept):
+                self.pending = len(self.kept)
+                if not was_sent:
+                    self.counters.lost += 1
+
+    def flush(self) -> list[int]:
+        """Send the pending frames, oldest first, until the socket would block; return
+        the ticks that went out for the first time."""
+        c, first = self.counters, []
+        while self.pending:
+            entry = self.kept[-self.pending]
+            msg = self.encoder.message(entry[0], entry[1])
+            frame = encode(msg)
+            try:
+                self.sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:
+                self.encoder.request_full()   # the daemon misses this one: resync after
+                return first
+            self.pending -= 1
+            c.sent += 1
+            c.bytes_sent += len(frame)
+            c.full_frames += msg.full
+            if entry[2]:
+                c.resent += 1
+            else:
+                entry[2] = True
+                first.append(entry[0])
+        return first
+
+    def resend(self) -> None:
+        """A (re)connection: every kept frame goes out again, from a full frame with
+        names (a restarted daemon may not have committed them; it drops ticks it has)."""
+        self.pending = len(self.kept) if self.keep > 1 else self.pending
+        self.encoder.request_full()
+
+
 class MonitorAgent:
     """One node's monitoring agent. ``run()`` loops until SIGTERM/SIGINT or ``stop``."""
 
@@ -129,6 +207,10 @@ class MonitorAgent:
         self.ctx = context or zmq.Context(1)
         self.sock = curve.client_socket(self.ctx, zmq.DEALER, cfg.keys, hwm=self.SEND_HWM)
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        keep = 1 + math.ceil(self.mon.resend_s / self.tick_seconds)
+        self.outbox = Outbox(self.encoder, self.sock, keep, self.counters)
         self.sock.connect(self.mon.daemon)
 
     @property
@@ -139,21 +221,34 @@ class MonitorAgent:
         return int(time.time() / self.tick_seconds)
 
     def send_tick(self, tick: int) -> bool:
-        """Collect and send the frame of ``tick``; False when it had to be dropped."""
-        values = self.sampler.sample()
-        msg = self.encoder.message(tick, values)
-        frame = encode(msg)
+        """Collect the frame of ``tick`` and send what is pending; False when this
+        frame could not go out now (it is kept and sent when the socket can take it)."""
+        self.outbox.add(tick, self.sampler.sample())
         self.counters.ticks += 1
-        try:
-            self.sock.send(frame, zmq.NOBLOCK)
-        except zmq.Again:
+        self.handle_monitor()
+        self.outbox.flush()
+        if self.outbox.pending:
             self.counters.dropped += 1
-            self.encoder.request_full()    # the daemon missed a delta: resync on the next
             return False
-        self.counters.sent += 1
-        self.counters.bytes_sent += len(frame)
-        self.counters.full_frames += msg.full
         return True
+
+    def handle_monitor(self) -> None:
+        """Connection events: on every handshake with a daemon, send the kept frames
+        again (a restarted daemon lost what it had not committed)."""
+        while True:
+            try:
+                event = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.counters.connects += 1
+                if self.counters.connects > 1:
+                    log.info("reconnected to %s: sending the last %d frames again",
+                             self.mon.daemon, len(self.outbox.kept))
+                self.outbox.resend()
+                self.outbox.flush()
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                log.info("disconnected from %s", self.mon.daemon)
 
     def handle_incoming(self) -> None:
         """Drain messages from the daemon; a FullRequest makes the next frame full."""
@@ -178,6 +273,7 @@ class MonitorAgent:
         """Send one frame per tick until ``stop`` is set (or ``max_ticks`` frames)."""
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
         poller.register(stop.fileno(), zmq.POLLIN)
         next_tick = self.current_tick() + 1
         log.info("monitoring agent %s: %d PIs every %g s to %s", self.mon.node,
@@ -185,9 +281,18 @@ class MonitorAgent:
         while not stop.is_set():
             delay = next_tick * self.tick_seconds - time.time()
             if delay > 0:
-                for sock, _ in poller.poll(delay * 1000.0):
+                # pending frames: wake when the socket can take them (no connection:
+                # never writable, so no busy loop)
+                poller.modify(self.sock, zmq.POLLIN | (zmq.POLLOUT if self.outbox.pending
+                                                       else 0))
+                for sock, ev in poller.poll(delay * 1000.0):
                     if sock is self.sock:
-                        self.handle_incoming()
+                        if ev & zmq.POLLIN:
+                            self.handle_incoming()
+                        if ev & zmq.POLLOUT:
+                            self.outbox.flush()
+                    elif sock is self.monitor:
+                        self.handle_monitor()
                     else:
                         stop.drain()
                 continue
@@ -202,6 +307,8 @@ class MonitorAgent:
 
     def close(self) -> None:
         self.sampler.close()
+        self.sock.disable_monitor()
+        self.monitor.close(linger=0)
         self.sock.close(linger=0)
         if self._own_context:
             self.ctx.term()
@@ -210,5 +317,6 @@ class MonitorAgent:
         c = self.counters
         return (f"{c.ticks} ticks, {c.sent} frames sent ({c.bytes_sent} B, {c.full_frames} "
                 f"full), {c.dropped} "
-                f"dropped, {c.full_requests} full requests, {c.bad_messages} bad messages, "
+                f"not sent at their tick, {c.resent} resent, {c.lost} lost, {c.connects} "
+                f"connections, {c.full_requests} full requests, {c.bad_messages} bad messages, "
                 f"{sum(c.collector_errors.values())} collector errors")

@@ -124,6 +124,10 @@ class MonitorConfig:
     # float32 mantissa bits kept on the wire: 23 is lossless; 15 (relative error
     # <= 1.5e-5, 3 bytes a value) is plenty for performance indicators
     mantissa_bits: int = 15
+    # frames of the last resend_s seconds are kept and sent again (as a fresh full frame
+    # and deltas) after every reconnect: a daemon killed before committing them, or
+    # away meanwhile, still gets them (it drops ticks it already stored); 0: none kept
+    resend_s: float = 10.0
     collectors: list[CollectorConfig] = field(
         default_factory=lambda: [CollectorConfig("host"), CollectorConfig("timeofday")])
 
@@ -135,6 +139,9 @@ class MonitorConfig:
         if not 1 <= self.full_frame_every <= 1_000_000:
             raise ValueError(f"full_frame_every: must lie in [1, 1000000] "
                              f"(got {self.full_frame_every})")
+        if not 0 <= self.resend_s <= 3600:       # also refuses NaN
+            raise ValueError(f"resend_s: must be a number of seconds in [0, 3600] "
+                             f"(got {self.resend_s})")
 
 
 @dataclass
