@@ -162,3 +162,26 @@ def test_n_step_returns_discount_n_rewards_and_look_n_ticks_ahead(tmp_path, make
     np.testing.assert_allclose(batch.rewards, 2 * (1 + 0.5 + 0.25))
     np.testing.assert_allclose(batch.discounts, 0.5 ** 3)    # the bootstrap's γⁿ
     np.testing.assert_array_equal(batch.next_obs[:, 12], batch.ticks + 3)
+
+
+def test_refresh_reads_only_new_rows_never_a_whole_index(tmp_path, make_session):
+    """Every query a refresh runs is a rowid range search (or a lookup), never a scan of
+    a table or index: its cost must not grow with the rows already stored."""
+    path = tmp_path / "r.db"
+    w, _ = make_session(path, ticks=2000)
+    r = ReplayReader(path)
+    w.add_pis(2000, 0, [1, 2])
+    w.add_action(2000, 1, [10, 4])
+    w.commit()
+    statements: list[str] = []
+    r.conn.set_trace_callback(statements.append)
+    assert r.refresh() == 2
+    r.conn.set_trace_callback(None)
+    grouped = [s for s in statements if "GROUP BY session" in s]
+    assert grouped, statements
+    for sql in statements:
+        if not sql.lstrip().upper().startswith("SELECT") or "FROM pis" not in sql and \
+                "FROM actions" not in sql:
+            continue
+        plan = " | ".join(row[-1] for row in r.conn.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "SCAN pis" not in plan and "SCAN actions" not in plan, (sql, plan)

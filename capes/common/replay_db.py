@@ -483,11 +483,19 @@ class ReplayReader:
         self.refresh()
 
     def _reserve(self, table: str, last_rowid: int) -> None:
-        """Size each session's arrays for the rows past ``last_rowid`` before loading."""
+        """Size each session's arrays for the rows past ``last_rowid`` before loading.
+
+        ``NOT INDEXED``: without it SQLite answers the GROUP BY by scanning the whole
+        covering index ``(session, tick, node)`` (``SCAN ... USING COVERING INDEX``), so
+        every refresh cost O(rows stored) — ~50 ms a tick after 600 ticks at 1,000 nodes
+        and growing; with it the query is a rowid range search over the new rows only
+        (``SEARCH ... USING INTEGER PRIMARY KEY (rowid>?)``), and a refresh costs the
+        same at any DB size (``benchmarks/bench_cluster_engine.py --part replay``)."""
         if len(self.sessions) == 0:
             return
         rows = self.conn.execute(f"SELECT session, MIN(tick), MAX(tick), COUNT(*) FROM {table}"
-                                 f" WHERE rowid > ? GROUP BY session", (last_rowid,))
+                                 f" NOT INDEXED WHERE rowid > ? GROUP BY session",
+                                 (last_rowid,))
         for sid, lo, hi, count in rows:
             data = self.sessions.get(sid)
             # only when the rows fill the span: a stray far tick must not size the arrays
