@@ -429,7 +429,7 @@ class Disk:
 
 # ------------------------------------------------------------------------ the soak
 def write_config(path: Path, work: Path, db: Path, ports: dict, tick_s: float,
-                 fleet: list[str], max_pis: int) -> None:
+                 fleet: list[str], max_pis: int, game_ticks: int = 3600) -> None:
     nodes = ", ".join(f'"{n}"' for n in ["sim0", "rogue0", *fleet])
     path.write_text(f"""
 tick_seconds = {tick_s}
@@ -484,6 +484,7 @@ pis = ["throughput"]
 type = "diff"
 [game]
 noise = 0.01
+time_limit_ticks = {game_ticks}
 """)
 
 
@@ -506,7 +507,10 @@ def soak(args) -> dict:
     ports = {k: free_port() for k in ("ingest", "control", "grpc", "metrics")}
     fleet_names = [f"f{i:02d}" for i in range(args.agents)]
     cfg = work / "soak.toml"
-    write_config(cfg, work, db, ports, tick_s, fleet_names, args.max_pis_per_node)
+    # the simulator plays (--keep-running) until its time limit: longer than the soak,
+    # or its exit at 3600 ticks (6 min at 0.1 s) would count as a crash
+    game_ticks = min(10**9, int(args.minutes * 60 / tick_s) + 36_000)
+    write_config(cfg, work, db, ports, tick_s, fleet_names, args.max_pis_per_node, game_ticks)
     keys = work / "keys"
     curve.generate(keys, ["monitor", "control", "engine", "fleet", "rogue"])
     curve.bind(keys, "fleet", fleet_names)
