@@ -13,7 +13,9 @@ relative to the file, not to the current directory; those given with ``--set`` a
 relative to the current directory.
 
 ``Settings`` *is a* ``DeploymentConfig`` (the components take it as one), with the
-engine, reward and game sections typed instead of raw tables.
+engine, reward and game sections typed instead of raw tables; ``[cluster]`` poses the
+cluster game and ``[cluster_engine]`` holds the cluster engine's model and behaviour
+(``drl_engine.cluster_config.NodeModelConfig``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Iterable
 from capes.common import config as cfgmod
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig, resolve_config_paths
+from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from storagegamesim.cluster import ClusterConfig
 from storagegamesim.game import GameConfig
@@ -35,6 +38,7 @@ class Settings(DeploymentConfig):
     reward: RewardConfig = field(default_factory=RewardConfig)
     game: GameConfig = field(default_factory=GameConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    cluster_engine: NodeModelConfig = field(default_factory=NodeModelConfig)
 
 
 def load_settings(path: str | Path | None, overrides: Iterable[str] = (),

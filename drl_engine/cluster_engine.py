@@ -14,9 +14,9 @@ second for the whole cluster. This engine keeps the engine's interface (``update
 * **Data**: the replay DB's rows, one per node and tick. ``update()`` refreshes a
   :class:`~capes.common.replay_db.ReplayReader` and copies new ticks into a ring of the
   last ticks (``replay_mb`` of memory); or the caller feeds the same rows with
-  ``ingest(tick, pis)`` — at 1,000 nodes the reader's per-row Python loop costs ~19 ms a
-  tick, more than everything else together (measured: ``benchmarks/bench_cluster_engine.py``),
-  so the converge harness feeds the rows it has just committed there. Each node's
+  ``ingest(tick, pis)`` — at 1,000 nodes a refresh costs ~4-8 ms a tick in the reader's
+  per-row decode loop (``benchmarks/bench_cluster_engine.py --part replay``), so the
+  converge harness feeds the rows it has just committed there above 64 nodes. Each node's
   action at t is read back from its knob PIs (value at t+1 − value at t, one step of one
   knob; anything else is "unknown" and not trained on): the replay DB's action table
   holds one row per tick for the whole system and has no room for per-node actions.
@@ -39,7 +39,10 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   objective does not depend on do not random-walk away. ``explore="random"``: one
   uniform random action. ε follows the engine's schedule (:func:`drl_engine.dqn.epsilon`).
 * **Greedy moves**: a node moves only when its best action's Q beats NULL's by
-  ``act_margin`` (tie noise would otherwise make every node dither); a node that moved
+  ``act_margin`` (tie noise would otherwise make every node dither), scaled by
+  ``margin_nodes / N`` above ``margin_nodes`` nodes: the reward is the cluster's, so a
+  node's own Q advantage shrinks like 1/N (at 1,000 nodes the unscaled margin kept every
+  greedy node at NULL through the first phase); a node that moved
   no data over its whole window is idle and keeps its knobs (``idle_hold``: its
   transitions carry no information about them, and an idle node's knobs would drift and
   hurt when it resumes).
@@ -56,9 +59,31 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   and the raw throughput alarms often (measured: ~13 false alarms per simulated hour at
   64 nodes against ~3-6 for the share); the share is blind to a change that scales every
   node alike (a uniformly slower back end): ``detect_signal="throughput"`` sees those.
+  The residuals are relative, and their robust scale has a floor,
+  ``detect_scale_floor`` = 0.2: a node's share also moves by a few % when its
+  neighbours move (contention), which at the 1 % noise's own scale hits the ±5 σ
+  winsorising as hard as a workload change that halves or doubles it; with the floor a
+  shift must exceed ~k · 0.2 = 10 % of a node's level to accumulate (measured on the
+  stationary cluster game, 3 seeds: 13.5 → 0.3 false alarms per simulated hour at 8
+  nodes, 2.5 → 0 at 64; on the phased game 5 of 6 changes found at 8 nodes, 6 of 6 at
+  64, 4 of 4 at 1,000, median delay 3 s). The thresholds are the engine's own
+  (``detect_threshold``, ``detect_drift``), not the detector's defaults.
   An alarm raises ε to ``workload_epsilon``, annealed back over ``bump_ticks`` —
   locally: probes stay around each node's current setting and inside the trust region,
   never uniform over the range. Alarms are logged and counted (``alarm_ticks``).
+* **Rollback**: the best-known setting is per workload (an alarm forgets it; it is
+  tracked afresh over windows that start after the change has settled). When the
+  objective's ``best_window``-tick average stays below ``rollback_fraction`` of the
+  best-known level for ``rollback_ticks`` ticks, every node's dynamic knobs jump back to
+  it at once (``ClusterDecision.rolled_back``; counted in ``rollback_ticks``) and holds
+  there for ``settle_ticks`` + ``best_window`` ticks to measure it; still below then,
+  that best is no longer reachable (a change the detector missed, or a transient): it
+  is dropped and counted (``stale_bests``).
+* **Cost categories** (seed 000, table 9.1): a knob's ``cost`` (``dynamic``,
+  ``remount``, ``reboot``, ``reformat``; read as ``getattr(spec, "cost", "dynamic")``)
+  — only dynamic knobs are moved online (exploration, greedy actions, the trust region
+  and rollback skip the others); :meth:`ClusterEngine.recommendations` reports the
+  others with the objective's mean level at each value the ring has seen.
 """
 from __future__ import annotations
 
@@ -76,16 +101,31 @@ import torch
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
+from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.dqn import pick_device
-from drl_engine.node_model import NodeDQN, NodeModelConfig
+from drl_engine.node_model import NodeDQN
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
 log = logging.getLogger("capes.cluster_engine")
 
 CHECKPOINT_KIND = "node_model"
 CHECKPOINT_VERSION = 1
+
+
+COSTS = ("dynamic", "remount", "reboot", "reformat")   # seed 000, table 9.1 (categories 0-3)
+
+
+def knob_cost(spec: ParameterSpec) -> str:
+    """A knob's cost category: ``dynamic`` (changed live: tuned online), ``remount``,
+    ``reboot`` or ``reformat`` (reported as recommendations, never changed online).
+    Read with a default until :class:`ParameterSpec` carries the field."""
+    cost = getattr(spec, "cost", "dynamic")
+    if cost not in COSTS:
+        raise ValueError(f"{spec.name}: cost must be one of {', '.join(COSTS)} "
+                         f"(got {cost!r})")
+    return cost
 
 
 @dataclass
@@ -96,6 +136,7 @@ class ClusterDecision:
     epsilon: float
     explored: np.ndarray     # (N,) bool: the node's action came from exploration
     q_max: float | None      # mean over greedy nodes of their max Q (None: none greedy)
+    rolled_back: bool = False  # values are the best-known setting (a jump, actions NULL)
 
     @property
     def action(self) -> int:  # for code that logs the single-node Decision
@@ -317,10 +358,23 @@ class ClusterEngine:
         self.probe_dwell = np.zeros(nodes, np.int64)
         self.probe_origin = np.zeros(nodes, np.int64)
         self.probe_back = np.zeros(nodes, bool)
+        # cost categories: only dynamic knobs move online
+        self.costs = [knob_cost(s) for s in params]
+        self.dynamic = np.array([c == "dynamic" for c in self.costs], bool)
+        self.allowed = np.concatenate([[True], np.repeat(self.dynamic, 2)])   # (A,)
         # trust region around the best-known setting
         self.best_level: float | None = None
         self.best_idx: np.ndarray | None = None     # (N, K) grid indices
+        self.best_tick: int | None = None           # when it was set
         self.guarded = 0                            # moves the guard turned back
+        # rollback to the best-known setting
+        self.level: float | None = None             # the objective's best_window average
+        self.below = 0                              # ticks in a row below the fraction
+        self.rollback_ticks: list[int] = []
+        self.stale_bests = 0                        # bests dropped: a rollback did not help
+        self._rollback_due = False
+        self._hold_until: int | None = None         # after a rollback: hold until this tick
+        self._best_from: int | None = None          # best windows start here or later
         # change detection
         self.alarm_ticks: list[int] = []
         self.detector: SettingResidualDetector | None = None
@@ -333,14 +387,25 @@ class ClusterEngine:
         if self.mcfg.detect:
             k = len(self._det_nodes)
             vote = max(2, math.ceil(self.mcfg.detect_vote * k)) if k >= 2 else 1
-            self.detector = SettingResidualDetector(
-                ChangeDetectorConfig(delay=dqn.settle_ticks, min_streams=vote), streams=k)
+            m = self.mcfg
+            self.detector = SettingResidualDetector(ChangeDetectorConfig(
+                delay=dqn.settle_ticks, min_streams=vote, threshold=m.detect_threshold,
+                drift=m.detect_drift, scale_floor=m.detect_scale_floor), streams=k)
         self._node_obj = np.array(self.replay.obj_cols)
 
     # -- shape ------------------------------------------------------------------------
     @property
     def weights(self) -> int:
         return self.dqn.weights
+
+    @property
+    def act_margin(self) -> float:
+        """The greedy margin on this cluster: ``act_margin`` up to ``margin_nodes``
+        nodes, shrinking like 1/N above (a node's share of the cluster reward)."""
+        m = self.mcfg
+        if not m.margin_nodes or self.nodes <= m.margin_nodes:
+            return m.act_margin
+        return m.act_margin * m.margin_nodes / self.nodes
 
     @property
     def epsilon(self) -> float:
@@ -399,16 +464,46 @@ class ClusterEngine:
                 with np.errstate(invalid="ignore", divide="ignore"):
                     x = x / np.nanmean(x)
             d = self._det_nodes
-            x = x[d]
             keys = list(map(tuple, rep.knobs[s][d].tolist()))
-            if self.detector.update_many(x, keys):
+            if self.detector.update_many(x[d], keys):
                 self._alarm(tick)
         self._track_best(tick)
+        self._watch_level(int(tick))
         if self.mean is None and rep.ingested >= self.mcfg.stats_ticks:
             self._fit_stats()
         if self.p_scale is None and rep.ingested >= min(self.mcfg.stats_ticks,
                                                         max(self.mcfg.learn_start, 8)):
             self._fit_scale()
+
+    def _watch_level(self, tick: int) -> None:
+        """Rollback: count the ticks in a row that the objective's level stays below
+        ``rollback_fraction`` of the best-known level; after ``rollback_ticks`` of them
+        the next ``act`` puts every node back on the best-known setting and holds it
+        there (no moves, no probes) for ``settle_ticks`` + ``best_window`` ticks, long
+        enough to measure it. Still below the floor then: that best is no longer
+        reachable (the workload moved without an alarm, or the best was a transient):
+        it is dropped (``stale_bests``) and tracked afresh."""
+        f = self.mcfg.rollback_fraction
+        if not f or self.best_level is None or self.level is None or self.best_idx is None:
+            self.below = 0
+            return
+        floor = self.best_level - (1.0 - f) * abs(self.best_level)
+        if self._hold_until is not None:
+            if tick < self._hold_until:
+                return
+            self._hold_until = None
+            self.below = 0
+            if self.level < floor:
+                log.info("tick %d: back at the best-known setting the level is %.4g, "
+                         "below %.4g: that best is dropped", tick, self.level, floor)
+                self.stale_bests += 1
+                self.best_level = self.best_idx = self.best_tick = None
+            return
+        self.below = self.below + 1 if self.level < floor else 0
+        if self.below < self.mcfg.rollback_ticks or self._rollback_due:
+            return
+        self.below = 0
+        self._rollback_due = True
 
     def _fit_stats(self) -> None:
         rep = self.replay
@@ -429,13 +524,20 @@ class ClusterEngine:
         self.alarm_ticks.append(int(tick))
         log.info("workload change detected at tick %d (alarm %d): exploration raised to "
                  "ε %.2f", tick, len(self.alarm_ticks), self.cfg.workload_epsilon)
+        self._forget_best(tick)
+
+    def _forget_best(self, tick: int | None = None) -> None:
+        """A new workload: raise ε, forget the best-known setting, and track it afresh
+        only over windows that start after the change has settled."""
         self.bumped_at = self.action_ticks
-        self.best_level = self.best_idx = None
+        self.best_level = self.best_idx = self.best_tick = None
+        self.below, self._rollback_due, self._hold_until = 0, False, None
+        tick = self.replay.last if tick is None else tick
+        self._best_from = None if tick is None else int(tick) + self.cfg.settle_ticks
 
     def workload_changed(self) -> None:
         """Told of a new workload (the control plane's notice): as an alarm, uncounted."""
-        self.bumped_at = self.action_ticks
-        self.best_level = self.best_idx = None
+        self._forget_best()
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """z-scores of log1p PI windows (..., S·P); NaN (missing) becomes 0, the mean."""
@@ -463,6 +565,12 @@ class ClusterEngine:
         cur = np.where(np.isfinite(cur), cur, self.lo)
         idx = np.clip(np.rint((cur - self.lo) / self.step), 0, self.n_steps).astype(np.int64)
         eps = self.epsilon
+        if self._rollback_due:
+            return self._rollback(int(tick), cur, present, eps)
+        if self._hold_until is not None and tick < self._hold_until:
+            self.action_ticks += 1                       # measuring the rolled-back setting
+            return ClusterDecision(int(tick), np.zeros(self.nodes, np.int16), cur, eps,
+                                   np.zeros(self.nodes, bool), None)
         explore, actions = self._explore(idx, eps)
         q_max = None
         greedy = ~explore & present
@@ -471,9 +579,11 @@ class ClusterEngine:
             x = self.features(rep.window(tick, self.stack))
             abar = rep.mean_field(tick - 1) if self.mcfg.mean_field else None
             q = self.dqn.q_values(x, present, abar)
+            if not self.allowed.all():           # knobs that are not dynamic never move
+                q = np.where(self.allowed, q, -np.inf)
             best = q.argmax(axis=1)
             # move only for an expected gain: NULL unless the best beats it by the margin
-            best = np.where(q.max(axis=1) - q[:, 0] > self.mcfg.act_margin, best, 0)
+            best = np.where(q.max(axis=1) - q[:, 0] > self.act_margin, best, 0)
             actions = np.where(greedy, best, actions)
             q_max = float(q.max(axis=1)[greedy].mean())
         if self.mcfg.idle_hold and have_history:
@@ -491,6 +601,63 @@ class ClusterEngine:
         return ClusterDecision(int(tick), actions.astype(np.int16), values, eps,
                                explore & present, q_max)
 
+    def _rollback(self, tick: int, cur: np.ndarray, present: np.ndarray,
+                  eps: float) -> ClusterDecision:
+        """Every present node's dynamic knobs back to the best-known setting at once
+        (probes end); counted in ``rollback_ticks``."""
+        self._rollback_due = False
+        self._hold_until = tick + self.cfg.settle_ticks + self.mcfg.best_window + 1
+        best = self.lo + self.best_idx * self.step
+        move = present[:, None] & self.dynamic[None, :]
+        values = np.where(move, best, cur)
+        self.probe_knob[:] = -1
+        self.rollback_ticks.append(tick)
+        log.info("rollback at tick %d (rollback %d): the objective's level %.4g stayed "
+                 "below %.0f %% of the best-known %.4g for %d ticks", tick,
+                 len(self.rollback_ticks), math.nan if self.level is None else self.level,
+                 100 * self.mcfg.rollback_fraction, self.best_level, self.mcfg.rollback_ticks)
+        self.action_ticks += 1
+        return ClusterDecision(tick, np.zeros(self.nodes, np.int16), values, eps,
+                               np.zeros(self.nodes, bool), None, rolled_back=True)
+
+    def recommendations(self) -> list[dict]:
+        """The knobs that are not dynamic (their cost category says remount, reboot or
+        reformat), which the engine never changes online: for each, the value in effect
+        (median over the nodes), the best-known setting's, and the objective's mean level
+        at each value the ring holds (a value held by the median node over at least
+        ``best_window`` ticks). ``suggest``: the value with the best mean level when the
+        ring holds more than one (they were set by an operator: remounts between
+        workloads confound it, which is why it is a recommendation), else None with
+        ``evidence = "not varied"``."""
+        out = []
+        rep = self.replay
+        for k in np.flatnonzero(~self.dynamic):
+            spec = self.params[k]
+            item = {"name": spec.name, "cost": self.costs[k], "current": None,
+                    "best_known": None, "levels": {}, "suggest": None,
+                    "evidence": "no data"}
+            if rep.last is not None:
+                ticks = np.arange(rep.oldest, rep.last + 1)
+                s = ticks % rep.capacity
+                with np.errstate(all="ignore"):
+                    med = np.nanmedian(rep.knobs[s][:, :, k], axis=1)
+                item["current"] = None if not np.isfinite(med[-1]) else float(med[-1])
+                ok = np.isfinite(med) & np.isfinite(rep.pobj[s])
+                vals, counts = np.unique(med[ok], return_counts=True)
+                levels = {float(v): float(rep.pobj[s][ok][med[ok] == v].mean())
+                          for v, c in zip(vals, counts) if c >= self.mcfg.best_window}
+                item["levels"] = levels
+                if len(levels) > 1:
+                    item["suggest"] = max(levels, key=levels.get)
+                    item["evidence"] = f"{len(levels)} values seen"
+                elif levels:
+                    item["evidence"] = "not varied"
+            if self.best_idx is not None:
+                item["best_known"] = float(self.lo[k] + np.median(self.best_idx[:, k]) *
+                                           self.step[k])
+            out.append(item)
+        return out
+
     def _explore(self, idx: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
         """Which nodes explore this tick and their actions (0 for the others).
 
@@ -500,14 +667,18 @@ class ClusterEngine:
         for good, so knobs the objective does not depend on do not drift."""
         n = self.nodes
         actions = np.zeros(n, np.int64)
+        tunable = np.flatnonzero(self.dynamic)
         if self.mcfg.explore == "random":
             explore = self.rng.random(n) < eps
-            actions[explore] = self.rng.integers(0, self.n_actions, int(explore.sum()))
+            choices = np.flatnonzero(self.allowed)
+            actions[explore] = choices[self.rng.integers(0, len(choices), int(explore.sum()))]
             return explore, actions
         start = (self.probe_knob < 0) & (self.rng.random(n) < self._start_probability(eps))
+        if len(tunable) == 0:
+            start[:] = False
         if start.any():
             who = np.flatnonzero(start)
-            k = self.rng.integers(0, len(self.params), len(who))
+            k = tunable[self.rng.integers(0, len(tunable), len(who))]
             jump = np.rint(self.rng.normal(0.0, self.mcfg.probe_steps, len(who)))
             jump = np.where(jump == 0, np.where(self.rng.random(len(who)) < 0.5, 1, -1), jump)
             target = np.clip(idx[who, k] + jump, 0, self.n_steps[k]).astype(np.int64)
@@ -559,12 +730,13 @@ class ClusterEngine:
         after = idx.copy()
         rows = np.arange(len(actions))
         after[rows, k] += sign
-        d_after = np.abs(after - best).max(axis=1)
-        d_now = np.abs(idx - best).max(axis=1)
+        dyn = self.dynamic[None, :]       # a knob that never moves online is not guarded
+        d_after = np.where(dyn, np.abs(after - best), 0).max(axis=1)
+        d_now = np.where(dyn, np.abs(idx - best), 0).max(axis=1)
         bad = (actions != 0) & (d_after > g) & (d_after >= d_now)
         if not bad.any():
             return actions
-        rel = np.abs(best - idx) / np.maximum(self.n_steps, 1)
+        rel = np.where(dyn, np.abs(best - idx) / np.maximum(self.n_steps, 1), -1.0)
         kk = rel.argmax(axis=1)
         diff = (best - idx)[rows, kk]
         back = np.where(diff > 0, 1 + 2 * kk, np.where(diff < 0, 2 + 2 * kk, 0))
@@ -581,12 +753,16 @@ class ClusterEngine:
         even without an alarm; an alarm forgets it."""
         rep, W = self.replay, self.mcfg.best_window
         ticks = np.arange(tick - W + 1, tick + 1)
-        if ticks[0] < rep.oldest:
+        if ticks[0] < rep.oldest or (self._best_from is not None and
+                                     ticks[0] < self._best_from):
+            self.level = None
             return
         p = rep.pobj[ticks % rep.capacity]
         if not np.isfinite(p).all():
+            self.level = None
             return
         level = float(p.mean())
+        self.level = level
         if self.best_level is not None:
             self.best_level -= self.mcfg.best_decay * abs(self.best_level)
         if self.best_level is None or level > self.best_level + \
@@ -596,6 +772,7 @@ class ClusterEngine:
             if not np.isfinite(knobs).all():
                 return
             self.best_level = level
+            self.best_tick = int(tick)
             self.best_idx = np.clip(np.rint((knobs - self.lo) / self.step), 0,
                                     self.n_steps).astype(np.int64)
 
@@ -704,7 +881,9 @@ class ClusterEngine:
                 "nodes_trained": self.nodes, "weights": self.weights,
                 "action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "bumped_at": self.bumped_at, "pretrained": self.pretrained,
-                "alarm_ticks": list(self.alarm_ticks), "rng": self.rng.bit_generator.state}
+                "alarm_ticks": list(self.alarm_ticks),
+                "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
+                "rng": self.rng.bit_generator.state}
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint atomically (temp file + rename)."""
@@ -746,12 +925,15 @@ class ClusterEngine:
         self.bumped_at = state["bumped_at"]
         self.pretrained = state.get("pretrained", False)
         self.alarm_ticks = list(state.get("alarm_ticks", []))
+        self.rollback_ticks = list(state.get("rollback_ticks", []))
+        self.stale_bests = int(state.get("stale_bests", 0))
         self.rng.bit_generator.state = state["rng"]
 
     def counters(self) -> dict:
         return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "epsilon": self.epsilon, "alarms": len(self.alarm_ticks),
-                "guarded": self.guarded,
+                "guarded": self.guarded, "rollbacks": len(self.rollback_ticks),
+                "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
                 "alarm_ticks": list(self.alarm_ticks), "weights": self.weights,
                 "replay_capacity_ticks": self.replay.capacity}
 

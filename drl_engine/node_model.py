@@ -44,80 +44,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
+from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-
-
-@dataclass
-class NodeModelConfig:
-    """Shape of the per-node model and what the cluster engine does around it."""
-    embed: int = 64                   # width of a node's embedding e_i
-    hidden: int = 64                  # width of the hidden layers of φ and ψ
-    encoder_layers: int = 2           # layers of φ (the last one outputs e_i)
-    head_layers: int = 2              # layers of ψ (the last one outputs the Q-values)
-    pool: Literal["mean_std", "mean_max"] = "mean_std"
-    dueling: bool = True
-    mean_field: bool = True           # the head also reads the others' action distribution
-    loss_nodes: int = 16              # nodes per sampled tick in a minibatch (0: all)
-    gamma: float = 0.0                # 0: the engine's [engine] gamma
-    # replay ring and input statistics
-    replay_mb: int = 256              # memory of the ring of PIs, in MiB
-    stats_ticks: int = 200            # ticks of data that fix the input statistics
-    std_floor: float = 0.25           # lowest std of a log1p feature (z-scores)
-    learn_start: int = 64             # ticks of transitions before training starts
-    recent_fraction: float = 0.5      # share of a minibatch's ticks drawn from ...
-    recent_ticks: int = 300           # ... the newest ticks (the rest: the whole ring)
-    act_margin: float = 0.1           # greedy moves only when Q beats NULL's by this
-    idle_hold: bool = True            # a node that moved no data keeps its knobs
-    best_window: int = 10             # ticks of the objective's moving average (best-known)
-    best_decay: float = 0.0001        # the best level's decay per tick
-    best_margin: float = 0.0          # a new best must beat the old by this share
-    epsilon_start: float = 0.0        # 0: the engine's epsilon_start
-    # exploration: probes (local, temporally extended) or one random action
-    explore: Literal["probe", "random"] = "probe"
-    probe_steps: float = 4.0          # spread of a probe's target, in steps of the knob
-    probe_dwell: int = 4              # ticks a probe holds its target
-    probe_return: bool = True         # then walks back to where it started
-    # workload-change detection (SettingResidualDetector, per-node streams with a vote)
-    detect: bool = True
-    detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
-    detect_nodes: int = 128           # streams: a fixed random sample of this many (0: all)
-    detect_signal: Literal["throughput", "share"] = "share"   # per-node stream
-    bump_ticks: int = 200             # ε anneals back from workload_epsilon this long
-
-    def validate(self) -> None:
-        for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
-                     "stats_ticks", "probe_dwell", "bump_ticks"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        if not 0 <= self.recent_fraction <= 1:
-            raise ValueError(f"recent_fraction: must lie in [0, 1] (got {self.recent_fraction})")
-        if self.recent_ticks < 1 or self.act_margin < 0:
-            raise ValueError("recent_ticks must be >= 1 and act_margin >= 0")
-        for name in ("loss_nodes", "learn_start"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
-        if self.pool not in ("mean_std", "mean_max"):
-            raise ValueError(f"pool: must be 'mean_std' or 'mean_max' (got {self.pool!r})")
-        if self.explore not in ("probe", "random"):
-            raise ValueError(f"explore: must be 'probe' or 'random' (got {self.explore!r})")
-        if not 0 <= self.gamma < 1:
-            raise ValueError(f"gamma: must lie in [0, 1) (got {self.gamma})")
-        if not self.std_floor > 0 or not self.probe_steps > 0:
-            raise ValueError("std_floor and probe_steps must be > 0")
-        if self.detect_signal not in ("throughput", "share"):
-            raise ValueError(f"detect_signal: must be 'throughput' or 'share' "
-                             f"(got {self.detect_signal!r})")
-        if not 0 <= self.epsilon_start <= 1:
-            raise ValueError(f"epsilon_start: must lie in [0, 1] (got {self.epsilon_start})")
-        if not 0 < self.detect_vote <= 1:
-            raise ValueError(f"detect_vote: must lie in (0, 1] (got {self.detect_vote})")
 
 
 def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:

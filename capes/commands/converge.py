@@ -58,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", metavar="DIR",
                    help="write per-tick scalars of every run (throughput, parameters, ε, "
                         "loss) for TensorBoard (needs the tensorboard extra)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="where the runs go: local (--jobs processes here) or ray (Ray "
+                        "tasks; needs the ray extra; cluster configs only)")
+    p.add_argument("--ray-address", metavar="ADDR", default=None,
+                   help="with --backend ray: an existing Ray cluster (auto, "
+                        "ray://host:10001); default: a local Ray of --jobs CPUs")
     p.add_argument("--tuner", default="capes", metavar="NAME",
                    help="capes (the DRL engine) or a baseline in the same harness: "
                         "random, hill, bo, cma (default: capes)")
@@ -72,6 +78,10 @@ def run(args) -> int:
     if is_cluster_config(args.config):            # a [cluster] table: the cluster game
         from capes.experiments.cluster_test import main as cluster_main
         return cluster_main(args)
+    if getattr(args, "backend", "local") != "local":
+        print("capes converge-test: --backend ray runs cluster configs (a [cluster] "
+              "table) only; use --jobs for the single-node grid", file=sys.stderr)
+        return 2
     from drl_engine.dqn import pick_device
     try:
         device = str(pick_device(args.device))

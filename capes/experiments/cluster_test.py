@@ -28,8 +28,14 @@ delay and false alarms) and the wall time.
 ``feed``: ``reader`` (the engine refreshes a ReplayReader: the whole read path) or
 ``rows`` (the harness hands the engine the rows it has just committed). ``auto`` picks
 ``reader`` up to 64 nodes and ``rows`` above: at 1,000 nodes a ReplayReader refresh
-costs ~19 ms a tick in its per-row Python loop (``benchmarks/bench_cluster_engine.py
---part replay``), more than the simulator, the engine and the writer together.
+costs ~4-8 ms a tick in its per-row decode loop (``benchmarks/bench_cluster_engine.py
+--part replay``; it was ~50 ms and growing after 600 ticks while its sizing query
+scanned the whole index).
+
+For the engine the report also has its rollbacks to the best-known setting
+(``rollbacks``, ``rollback_ticks``, ``stale_bests``; ``RB/h`` in the table) and the
+recommendations for knobs whose cost category keeps them from being tuned online.
+``backend="ray"`` sends the runs to Ray (:mod:`capes.experiments.ray_backend`).
 """
 from __future__ import annotations
 
@@ -47,10 +53,10 @@ import numpy as np
 
 from capes.common import config as cfgmod
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
+from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.cluster_engine import ClusterDecision, ClusterEngine
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
-from drl_engine.node_model import NodeModelConfig
 from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
 
@@ -82,33 +88,11 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
     from capes.settings import load_settings
     path = Path(path) if path else DEFAULT_CONFIG
     s = load_settings(path, overrides, preset)
-    return ClusterTestConfig(cluster=s.cluster, engine=s.engine, reward=s.reward)
+    return ClusterTestConfig(cluster=s.cluster, engine=s.engine, reward=s.reward,
+                             model=s.cluster_engine)
 
 
 # -- one run ------------------------------------------------------------------------------
-
-class ClusterReplayReader(ReplayReader):
-    """A :class:`ReplayReader` whose pre-load sizing query reads only the new rows.
-
-    ``ReplayReader._reserve`` groups ``pis WHERE rowid > ?`` by session, and SQLite
-    answers that by scanning the whole covering index ``pis_key`` (EXPLAIN QUERY PLAN:
-    ``SCAN pis USING COVERING INDEX pis_key``): every refresh costs O(rows stored), so an
-    hour at 64 nodes spends ~25 s there and it grows without bound. ``NOT INDEXED``
-    makes it a rowid range search. Workaround until ``capes/common/replay_db.py`` has
-    the same one-word fix."""
-
-    def _reserve(self, table: str, last_rowid: int) -> None:
-        if len(self.sessions) == 0:
-            return
-        rows = self.conn.execute(f"SELECT session, MIN(tick), MAX(tick), COUNT(*) FROM "
-                                 f"{table} NOT INDEXED WHERE rowid > ? GROUP BY session",
-                                 (last_rowid,))
-        for sid, lo, hi, count in rows:
-            data = self.sessions.get(sid)
-            if data is not None and count > 1024 and hi - lo < 2 * count and \
-                    data.plausible(lo) and data.plausible(hi):
-                data.reserve(lo, hi)
-
 
 class ClusterSource:
     """The simulator as the tick loop's source: each tick every node's PIs are written
@@ -182,7 +166,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
         session = writer.begin_session(SessionInfo(
             pi_names=list(PI_NAMES), node_names=sim.node_names, params=specs,
             label=f"cluster converge seed={seed} nodes={ccfg.nodes} tuner={tuner}"))
-        reader = ClusterReplayReader(path) if (not is_engine or feed == "reader") else None
+        reader = ReplayReader(path) if (not is_engine or feed == "reader") else None
         if is_engine:
             player = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, ccfg.nodes,
                                    model=cfg.model, reader=reader, device=device,
@@ -235,6 +219,10 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
            "final_rate_limit_mean": float(sim.rate_limit.mean())}
     if is_engine:
         out.update(weights=player.weights, feed=feed, init_model=init_model,
+                   rollbacks=len(player.rollback_ticks),
+                   rollback_ticks=list(player.rollback_ticks),
+                   stale_bests=player.stale_bests,
+                   recommendations=player.recommendations(),
                    **_detections(player.alarm_ticks, starts, len(tp)))
     if trace is not None:
         out["trace"] = trace
@@ -299,26 +287,41 @@ def aggregate(runs: list[dict]) -> dict:
                    changes=sum(len(r["detection_delays"]) for r in runs),
                    median_detection_delay=_median(delays),
                    false_alarms_per_hour=float(np.mean([r["false_alarms_per_hour"]
-                                                        for r in runs])))
+                                                        for r in runs])),
+                   rollbacks_per_hour=float(np.mean([r.get("rollbacks", 0) * 3600 /
+                                                     max(1, r["ticks"]) for r in runs])),
+                   recommendations=runs[0].get("recommendations", []))
     return out
 
 
 def run_tuners(cfg: ClusterTestConfig, tuners: list[str], seeds: int, first_seed: int = 0,
-               jobs: int = 1, progress=sys.stderr, **kw) -> dict:
+               jobs: int = 1, progress=sys.stderr, backend: str = "local",
+               ray_address: str | None = None, **kw) -> dict:
+    """Every tuner × seed run; ``backend="local"``: ``jobs`` processes on this machine,
+    ``"ray"``: Ray tasks (:mod:`capes.experiments.ray_backend`; a local Ray of ``jobs``
+    CPUs, or the cluster at ``ray_address``). The report is the same either way."""
+    if backend not in ("local", "ray"):
+        raise ValueError(f"backend: must be 'local' or 'ray' (got {backend!r})")
     plan = [(cfg, first_seed + s, t, kw) for t in tuners for s in range(seeds)]
     results: list[dict] = []
     t0 = time.perf_counter()
 
     def report(i, r):
         if progress is not None:
-            extra = (f", alarms {r['alarm_ticks']}" if "alarm_ticks" in r else "")
+            extra = (f", alarms {r['alarm_ticks']}, rollbacks {r['rollback_ticks']}"
+                     if "alarm_ticks" in r else "")
             print(f"[{i + 1}/{len(plan)}] {r['tuner']} nodes={r['nodes']} seed={r['seed']}: "
                   f"median tp {r['median_relative']:.3f}, mean {r['mean_relative']:.3f} of "
                   f"the best static, in band {r['in_band_share']:.2f}{extra}, "
                   f"{r['wall_s']:.1f} s wall (elapsed {time.perf_counter() - t0:.0f} s)",
                   file=progress, flush=True)
 
-    if jobs > 1:
+    if backend == "ray":
+        from capes.experiments.ray_backend import map_ray
+        for i, r in enumerate(map_ray(_run_job, plan, ray_address, num_cpus=jobs)):
+            results.append(r)
+            report(i, r)
+    elif jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for i, r in enumerate(pool.map(_run_job, plan)):
                 results.append(r)
@@ -346,7 +349,8 @@ def format_table(report: dict) -> str:
              f"phases start at {report['phase_starts']}; medians over seeds; relative: "
              f"noise-free objective / the phase's best static (shared) setting",
              f"{'tuner':>8} {'med tp':>7} {'mean tp':>7} {'in-band':>7} {'won':>6} "
-             f"{'weights':>8} {'detected':>8} {'delay s':>7} {'FA/h':>5} {'wall s':>7}"]
+             f"{'weights':>8} {'detected':>8} {'delay s':>7} {'FA/h':>5} {'RB/h':>5} "
+             f"{'wall s':>7}"]
     for name, a in report["tuners"].items():
         det = f"{a['detections']}/{a['changes']}" if "weights" in a else "-"
         lines.append(f"{name:>8} {_fmt(a['median_relative'], '.3f'):>7} "
@@ -354,6 +358,7 @@ def format_table(report: dict) -> str:
                      f"{a['phases_won']:>2}/{a['phases']:<3} {a.get('weights', '-'):>8} "
                      f"{det:>8} {_fmt(a.get('median_detection_delay'), '.0f'):>7} "
                      f"{_fmt(a.get('false_alarms_per_hour'), '.1f'):>5} "
+                     f"{_fmt(a.get('rollbacks_per_hour'), '.1f'):>5} "
                      f"{_fmt(a['wall_s_per_run'], '.1f'):>7}")
     lines.append("per phase: recovered runs, median recovery s, in-band share, mean / "
                  "median throughput relative to the phase's best static")
@@ -365,6 +370,13 @@ def format_table(report: dict) -> str:
                          f"{_fmt(p['in_band_share'], '.2f')} "
                          f"{_fmt(p['mean_relative'], '.3f')}/{_fmt(p['median_relative'], '.3f')}")
         lines.append(f"{name:>8}  " + " | ".join(cells))
+    for name, a in report["tuners"].items():
+        for rec in a.get("recommendations") or []:
+            levels = ", ".join(f"{v:g}: {lv:.4g}" for v, lv in rec["levels"].items())
+            lines.append(f"{name:>8}  recommendation ({rec['cost']}, not tuned online): "
+                         f"{rec['name']} = {_fmt(rec['suggest'], 'g')} (in effect "
+                         f"{_fmt(rec['current'], 'g')}; {rec['evidence']}; mean objective "
+                         f"by value: {levels or '-'})")
     return "\n".join(lines)
 
 
@@ -410,12 +422,19 @@ def main(args) -> int:
     except RuntimeError as exc:
         print(f"capes converge-test: {exc}", file=sys.stderr)
         return 2
+    backend = getattr(args, "backend", "local")
+    if backend == "ray":
+        from capes.experiments.ray_backend import RAY_MISSING, ray_available
+        if not ray_available():
+            print(f"capes converge-test: {RAY_MISSING}", file=sys.stderr)
+            return 2
     cfg = load_config(args.config, overrides, args.preset)
     tuners = [t.strip() for t in args.tuner.split(",") if t.strip()]
     print(f"cluster converge test: {cfg.cluster.nodes} nodes, tuners {', '.join(tuners)}, "
           f"{args.seeds} seed(s), preset {cfg.engine.preset}", file=sys.stderr)
     report = run_tuners(cfg, tuners, args.seeds, args.first_seed, args.jobs,
                         progress=None if args.quiet else sys.stderr,
+                        backend=backend, ray_address=getattr(args, "ray_address", None),
                         init_model=args.init_model, device=device)
     report = _clean(report)
     print(format_table(report))

@@ -1,0 +1,119 @@
+"""The cluster engine's settings (``[cluster_engine]`` in a config file), torch-free.
+
+:class:`NodeModelConfig` is the shape of the per-node model
+(:mod:`drl_engine.node_model`) and what :class:`~drl_engine.cluster_engine.ClusterEngine`
+does around it: exploration, the trust region, change detection and rollback. It lives
+here, not beside the network, so that validating a config file (``capes.settings``)
+never imports torch. Every field is optional in the file; a bad key or value is one
+``ConfigError`` line naming ``cluster_engine.<key>``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+
+@dataclass
+class NodeModelConfig:
+    """Shape of the per-node model and what the cluster engine does around it."""
+    embed: int = 64                   # width of a node's embedding e_i
+    hidden: int = 64                  # width of the hidden layers of φ and ψ
+    encoder_layers: int = 2           # layers of φ (the last one outputs e_i)
+    head_layers: int = 2              # layers of ψ (the last one outputs the Q-values)
+    pool: Literal["mean_std", "mean_max"] = "mean_std"
+    dueling: bool = True
+    mean_field: bool = True           # the head also reads the others' action distribution
+    loss_nodes: int = 16              # nodes per sampled tick in a minibatch (0: all)
+    gamma: float = 0.0                # 0: the engine's [engine] gamma
+    # replay ring and input statistics
+    replay_mb: int = 256              # memory of the ring of PIs, in MiB
+    stats_ticks: int = 200            # ticks of data that fix the input statistics
+    std_floor: float = 0.25           # lowest std of a log1p feature (z-scores)
+    learn_start: int = 64             # ticks of transitions before training starts
+    recent_fraction: float = 0.5      # share of a minibatch's ticks drawn from ...
+    recent_ticks: int = 300           # ... the newest ticks (the rest: the whole ring)
+    act_margin: float = 0.1           # greedy moves only when Q beats NULL's by this ...
+    # ... on up to margin_nodes nodes, and by act_margin · margin_nodes / N on N > that
+    # (0: never scaled): the reward is the cluster's, so one node's own move, and its Q
+    # advantage, shrinks like 1/N; at 1,000 nodes an unscaled 0.1 held every greedy node
+    # at NULL (phase 0 at 80 % of the best static for 1,200 s; 0.02 or 0: recovered in
+    # 270-290 s)
+    margin_nodes: int = 64
+    idle_hold: bool = True            # a node that moved no data keeps its knobs
+    best_window: int = 10             # ticks of the objective's moving average (best-known)
+    best_decay: float = 0.0001        # the best level's decay per tick
+    best_margin: float = 0.0          # a new best must beat the old by this share
+    epsilon_start: float = 0.0        # 0: the engine's epsilon_start
+    # exploration: probes (local, temporally extended) or one random action
+    explore: Literal["probe", "random"] = "probe"
+    probe_steps: float = 4.0          # spread of a probe's target, in steps of the knob
+    probe_dwell: int = 4              # ticks a probe holds its target
+    probe_return: bool = True         # then walks back to where it started
+    # workload-change detection (SettingResidualDetector, per-node streams with a vote)
+    detect: bool = True
+    detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
+    detect_nodes: int = 128           # streams: a fixed random sample of this many (0: all)
+    detect_signal: Literal["throughput", "share"] = "share"   # per-node stream
+    detect_threshold: float = 10.0    # CUSUM h, robust standard deviations
+    detect_drift: float = 0.5         # CUSUM k, robust standard deviations
+    # lowest robust scale of a node's relative residual: with 1 % noise the scale is
+    # ~1 %, and the few-% shifts of a node's share that its neighbours' moves cause
+    # (contention) hit the ±5 σ winsorising as hard as a workload change that halves
+    # or doubles it; at 0.2 a shift must exceed ~k · 0.2 = 10 % of the level to count
+    detect_scale_floor: float = 0.2
+    bump_ticks: int = 200             # ε anneals back from workload_epsilon this long
+    # rollback: when the cluster objective's best_window-tick average stays below
+    # rollback_fraction × the best-known level for rollback_ticks ticks, every node's
+    # (dynamic) knobs go back to the best-known setting at once (0: never)
+    rollback_fraction: float = 0.9
+    rollback_ticks: int = 60
+
+    # upper bounds: beyond these a value is a typo (a network or a ring this large would
+    # exhaust memory at start instead of failing here with the key's name)
+    MOST: ClassVar[dict[str, float]] = {
+        "embed": 1 << 16, "hidden": 1 << 16, "encoder_layers": 64, "head_layers": 64,
+        "loss_nodes": 1 << 24, "margin_nodes": 1 << 24, "replay_mb": 1 << 20,
+        "stats_ticks": 10**9, "learn_start": 10**9, "recent_ticks": 10**9,
+        "act_margin": 1e6, "best_window": 10**6, "probe_steps": 1e6, "probe_dwell": 10**6,
+        "detect_nodes": 1 << 24, "detect_threshold": 1e6, "detect_scale_floor": 1e6,
+        "std_floor": 1e6, "bump_ticks": 10**12, "rollback_ticks": 10**9, "best_margin": 1e6}
+
+    def validate(self) -> None:
+        for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
+                     "stats_ticks", "probe_dwell", "bump_ticks", "best_window",
+                     "rollback_ticks", "recent_ticks"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        for name in ("loss_nodes", "learn_start", "detect_nodes", "act_margin",
+                     "best_margin", "margin_nodes"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        for name in ("recent_fraction", "epsilon_start", "best_decay"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name}: must lie in [0, 1] (got {getattr(self, name)})")
+        if not 0 <= self.rollback_fraction < 1:
+            raise ValueError(f"rollback_fraction: must lie in [0, 1) (0: no rollback) "
+                             f"(got {self.rollback_fraction})")
+        if self.pool not in ("mean_std", "mean_max"):
+            raise ValueError(f"pool: must be 'mean_std' or 'mean_max' (got {self.pool!r})")
+        if self.explore not in ("probe", "random"):
+            raise ValueError(f"explore: must be 'probe' or 'random' (got {self.explore!r})")
+        if not 0 <= self.gamma < 1:
+            raise ValueError(f"gamma: must lie in [0, 1) (got {self.gamma})")
+        for name in ("std_floor", "probe_steps", "detect_threshold", "detect_scale_floor"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if not 0 <= self.detect_drift < 5:       # the detector winsorises at ±5
+            raise ValueError(f"detect_drift: must lie in [0, 5) (got {self.detect_drift})")
+        if self.detect_signal not in ("throughput", "share"):
+            raise ValueError(f"detect_signal: must be 'throughput' or 'share' "
+                             f"(got {self.detect_signal!r})")
+        if not 0 < self.detect_vote <= 1:
+            raise ValueError(f"detect_vote: must lie in (0, 1] (got {self.detect_vote})")
+        for name, most in self.MOST.items():
+            if getattr(self, name) > most:
+                raise ValueError(f"{name}: must be at most {most:g} "
+                                 f"(got {getattr(self, name)})")
+
+
+__all__ = ["NodeModelConfig"]
