@@ -124,9 +124,13 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
         return None
     engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
     if ckpt.exists():
-        engine.load(ckpt)
-        log.info("resumed from %s (action tick %d, %d training steps)", ckpt,
-                 engine.action_ticks, engine.train_steps)
+        try:
+            engine.load(ckpt)
+        except ValueError as exc:    # another layout, or unreadable: never a crash loop
+            engine.restore_error = str(exc)      # trains afresh; the file is kept aside
+        else:
+            log.info("resumed from %s (action tick %d, %d training steps)", ckpt,
+                     engine.action_ticks, engine.train_steps)
     elif opts.init_model:
         engine.load(opts.init_model, weights_only=True)
         log.info("started from the model in %s", opts.init_model)

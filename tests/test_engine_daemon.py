@@ -69,3 +69,22 @@ def test_engine_daemon_acts_bumps_epsilon_on_workload_change_and_checkpoints(tmp
             engine.kill()
         ctx.destroy(linger=0)
         daemon.stop()
+
+
+def test_a_checkpoint_of_another_layout_found_with_data_starts_afresh(tmp_path, make_session):
+    """The soak's engine crash-looped (kill -9, restart, "checkpoint was trained on
+    another layout"): its checkpoint held the layout of the first session as it was
+    when the engine first read it, and the session had grown since. Resuming on a DB
+    that already has data must start afresh too (the observer keeps the old file)."""
+    from capes.common.replay_db import ReplayReader
+    from drl_engine.config import DQNConfig, RewardConfig
+    from drl_engine.daemon import EngineDaemonOptions, _start_engine
+    from drl_engine.engine import Engine
+    cfg, reward = DQNConfig(stack=4, exploration_ticks=10), RewardConfig(pis=["tp"])
+    make_session(tmp_path / "a.db", ticks=20)
+    ckpt = Engine(cfg, reward, ReplayReader(tmp_path / "a.db"), device="cpu").save(
+        tmp_path / "engine-latest.pt")
+    make_session(tmp_path / "b.db", ticks=20, nodes=("n0",))
+    eng = _start_engine(tmp_path / "b.db", cfg, reward, EngineDaemonOptions(device="cpu"), ckpt)
+    assert eng is not None and eng.dqn is not None and eng.action_ticks == 0
+    assert "another layout" in (eng.restore_error or "")
