@@ -50,7 +50,11 @@ class DQNConfig:
     best_refresh_ticks: int = 3        # recompute the best-known setting this often
     probe_local_steps: float = 3.0     # spread of local probe targets around the best, steps
     probe_dwell: int = 3               # ticks a probe holds its target
-    global_fraction: float = 0.05      # global probes during this share of exploration
+    global_fraction: float = 0.5       # global probes during this share of exploration
+    probe_model: bool = False          # probe targets from a GP's upper bound, not at random
+    model_length: float = 0.25         # the GP's length scale, as a share of each range
+    model_beta: float = 0.5            # UCB = mean + β·sd (standardised objective) ...
+    model_travel: float = 0.02         # ... − this per tick of walking to the target
     guard_steps: int = 3               # trust region around the best-known setting, steps
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
 
@@ -74,8 +78,11 @@ class DQNConfig:
         for name in ("kernel_steps", "best_refresh_ticks", "probe_local_steps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        if not self.lcb_kappa >= 0:
-            raise ValueError(f"lcb_kappa: must be >= 0 (got {self.lcb_kappa})")
+        for name in ("lcb_kappa", "model_beta", "model_travel"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        if not 0 < self.model_length <= 10:
+            raise ValueError(f"model_length: must lie in (0, 10] (got {self.model_length})")
         for name in ("hidden_width", "workload_ticks", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
@@ -90,14 +97,16 @@ class DQNConfig:
             "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
             "settle_ticks": 10**6, "probe_dwell": 10**6, "guard_steps": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
-            "probe_local_steps": 1e6, "lcb_kappa": 1e6, "grad_clip": 1e12}
+            "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
+            "grad_clip": 1e12}
 
 
 # What each preset changes from the dataclass defaults (which are the paper's values).
 PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
-                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True},
+                "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
+                "probe_model": True},
 }
 
 

@@ -46,6 +46,11 @@ class Decision:
     q_max: float | None      # the network's value estimate (None when explored)
 
 
+def tuned_online(spec) -> bool:
+    """Only knobs that take effect live are moved online (``ParameterSpec.cost``)."""
+    return getattr(spec, "cost", "dynamic") == "dynamic"
+
+
 def action_name(action: int, param_names) -> str:
     if action == 0:
         return "null"
@@ -160,6 +165,8 @@ class Engine:
             else:
                 q = self.dqn.q_values(obs[None])[0]
                 action, q_max = int(q.argmax()), float(q.max())
+        if action and not tuned_online(specs[(action - 1) // 2]):
+            action = 0            # a remount/reboot knob: never moved online (cost)
         values = apply_action(action, current, specs)
         self.action_ticks += 1
         return Decision(tick, action, values, eps, explored, q_max)
@@ -172,7 +179,8 @@ class Engine:
             lo = np.array([s.min for s in specs], np.float64)
             step = np.array([s.step for s in specs], np.float64)
             n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
-            guide = self.guide = Guide(lo, step, n, self.cfg, self.rng)
+            guide = self.guide = Guide(lo, step, n, self.cfg, self.rng,
+                                       frozen=np.array([not tuned_online(s) for s in specs]))
         d = self.experience.derived[session]
         if guide.credit(d.p, d.values, d.n):
             self.change_detected()
@@ -180,7 +188,7 @@ class Engine:
         cur = guide.grid(current)
         action = guide.probe_action(cur)
         if action is None and self.rng.random() < eps:
-            guide.start_probe(self.global_share)
+            guide.start_probe(self.global_share, cur)
             action = guide.probe_action(cur) or 0
         if action is not None:
             return action, True, None

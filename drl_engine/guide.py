@@ -14,9 +14,17 @@ and changes *which* actions are taken:
   does not become "the best".
 * **Probes.** An exploration decision starts a probe: a target setting, walked to one
   step per tick (temporally extended exploration, after Dabney et al.'s εz-greedy),
-  then held for ``probe_dwell`` ticks so its delayed effect is measured. With
-  probability ε the target is uniform over the whole range (global), otherwise drawn
-  around the best-known setting (``probe_local_steps`` steps, local).
+  then held for ``probe_dwell`` ticks so its delayed effect is measured. A global probe
+  (probability ``global_share``, 1 → 0 over ``global_fraction`` of the exploration
+  period) may go anywhere in the range, a local one stays around the best-known setting
+  (``probe_local_steps`` steps, inside the guard band).
+* **Model-proposed targets** (``probe_model``). A Gaussian process over the credited
+  per-setting means (:meth:`Guide.model_target`) picks each target: the highest upper
+  confidence bound (mean + ``model_beta`` sd) less ``model_travel`` per tick of walking
+  there; global probes score the whole grid (and are re-aimed every settle+1 steps of
+  their walk, as the walk's own ticks come in), local ones a handful of candidates around
+  the best. Without it targets are uniform (global) or Gaussian jitter (local). This is
+  what took the default game's median first win from ~250 to ~90 simulated s.
 * **Trust region.** A greedy action that would take a parameter more than
   ``guard_steps`` steps away from the best-known setting is replaced by a step back
   towards it; inside the region the Q-network decides. A workload change forgets the
@@ -40,14 +48,21 @@ from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDet
 class Probe:
     target: np.ndarray        # grid indices
     dwell_left: int
+    replan: bool = False      # a model probe: re-aimed while it walks, as data comes in
+    walked: int = 0
 
 
 class Guide:
     DENSE_CELLS = 1_000_000       # grids up to this many settings are kept as arrays
+    MODEL_MAX_CELLS = 100         # the GP sees at most this many (merged) settings
+    MODEL_MAX_CANDIDATES = 1024   # settings scored per proposal
+    LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
 
     def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
-                 rng: np.random.Generator):
+                 rng: np.random.Generator, frozen: np.ndarray | None = None):
         self.lo, self.step, self.n_steps = lo, step, n_steps   # per parameter
+        # parameters never moved online (a remount/reboot cost): probes keep their value
+        self.frozen = np.zeros(len(n_steps), bool) if frozen is None else frozen
         self.cfg, self.rng = cfg, rng
         self.shape = tuple(int(n) + 1 for n in n_steps)
         self.dense = int(np.prod(self.shape)) <= self.DENSE_CELLS
@@ -147,19 +162,95 @@ class Guide:
         self.best, self.probe, self._best_at = anchor, None, -1
         self.resets += 1
 
+    def _cells(self):
+        """The visited cells: grid indices (V, P) and their sums, sums of squares and
+        counts (unsmoothed)."""
+        if self.dense:
+            visited = self.grid_stats[2] > 0
+            keys = np.argwhere(visited)
+            s, sq, n = (self.grid_stats[i][visited] for i in range(3))
+            return keys, s, sq, n
+        if not self.sums:
+            return np.zeros((0, len(self.shape)), np.int64), *(np.zeros(0),) * 3
+        keys = np.array(list(self.sums), np.int64)
+        stats = np.array(list(self.sums.values()), np.float64)
+        return keys, stats[:, 0], stats[:, 1], stats[:, 2]
+
+    def model_target(self, current: np.ndarray,
+                     box: np.ndarray | None = None) -> np.ndarray | None:
+        """The setting a Gaussian process over the credited objective rates highest by
+        its upper confidence bound, less a cost per tick of walking there (None with
+        fewer than 3 settings seen).
+
+        The GP works on the standardised per-setting means: squared-exponential kernel
+        with a length scale of ``model_length`` of each parameter's range, signal
+        variance 1, and per-setting noise variance σ²/n (σ² pooled within settings).
+        Candidates are ``box`` (given: the settings a local probe may go to), else every
+        setting of small grids, else a random sample plus the neighbourhood of the
+        current one. Beyond ``MODEL_MAX_CELLS`` settings the GP sees them merged into
+        coarser cells, so a proposal costs the same after hours of data."""
+        keys, s, sq, n = self._cells()
+        if len(keys) < 3:
+            return None
+        keys, s, sq, n = _coarsen(keys.astype(np.float64), s, sq, n, self.MODEL_MAX_CELLS)
+        mean = s / n
+        y0, ysd = mean.mean(), mean.std()
+        repeats = n.sum() - len(n)
+        within = (max((sq - s * s / n).sum(), 0.0) / repeats if repeats > 0
+                  else ysd * ysd)
+        ysd = ysd if ysd > 0 else (np.sqrt(within) or 1.0)
+        scale = np.maximum(self.n_steps, 1) * self.cfg.model_length
+        x = keys / scale
+        noise = within / (ysd * ysd) / n
+        k = _rbf(x, x) + np.diag(noise + 1e-6)
+        chol_inv = np.linalg.inv(np.linalg.cholesky(k))                # L⁻¹, (V, V)
+        alpha = chol_inv.T @ (chol_inv @ ((mean - y0) / ysd))           # K⁻¹ y
+        cand = self._candidates(current) if box is None else box
+        ks = _rbf(cand / scale, x)                                     # (C, V)
+        mu = ks @ alpha
+        v = chol_inv @ ks.T                                            # var = 1 − |L⁻¹k|²
+        sd = np.sqrt(np.maximum(1.0 - (v * v).sum(0), 0.0))
+        travel = np.abs(cand - current).sum(1)
+        score = mu + self.cfg.model_beta * sd - self.cfg.model_travel * travel
+        return cand[int(np.argmax(score))]
+
+    def _candidates(self, current: np.ndarray) -> np.ndarray:
+        if self.dense and np.prod(self.shape) <= self.MODEL_MAX_CANDIDATES:
+            return np.indices(self.shape).reshape(len(self.shape), -1).T
+        rand = self.rng.integers(0, self.n_steps + 1,
+                                 size=(self.MODEL_MAX_CANDIDATES, len(self.shape)))
+        near = np.clip(current + self.rng.integers(-3, 4, size=(256, len(self.shape))),
+                       0, self.n_steps)
+        return np.concatenate([rand, near, current[None]])
+
     # -- actions ------------------------------------------------------------------------
-    def start_probe(self, global_share: float) -> None:
-        """A new probe: global (uniform over the range) with probability
-        ``global_share``, else local (around the best, inside the guard band)."""
+    def start_probe(self, global_share: float, current: np.ndarray | None = None) -> None:
+        """A new probe: global with probability ``global_share`` (to the model's
+        proposal, or uniform over the range), else local (around the best, inside the
+        guard band)."""
         best = self.best
+        replan = False
         if best is None or self.rng.random() < global_share:
-            target = self.rng.integers(0, self.n_steps + 1)
+            target = None
+            if self.cfg.probe_model and current is not None:
+                target = self.model_target(current)
+                replan = target is not None
+            if target is None:
+                target = self.rng.integers(0, self.n_steps + 1)
         else:
             g = self.cfg.guard_steps
             jitter = np.clip(np.rint(self.rng.normal(0.0, self.cfg.probe_local_steps,
-                                                     size=len(best))), -g, g)
-            target = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
-        self.probe = Probe(target, self.cfg.probe_dwell)
+                                                     size=(self.LOCAL_CANDIDATES, len(best)))),
+                             -g, g)
+            near = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
+            target = None
+            if self.cfg.probe_model and current is not None:
+                target = self.model_target(current, box=near)
+            if target is None:
+                target = near[0]
+        if current is not None:
+            target = np.where(self.frozen, current, target)
+        self.probe = Probe(target, self.cfg.probe_dwell, replan)
 
     def probe_action(self, current: np.ndarray) -> int | None:
         """The next action of the running probe (NULL while it dwells at its target);
@@ -168,6 +259,15 @@ class Guide:
         if probe is None:
             return None
         action = step_towards(current, probe.target, self.n_steps)
+        if action != 0 and probe.replan:
+            # every settle+1 steps of the walk the ticks it passed are credited: re-aim
+            # (a far target chosen on little data is often passed by the peak)
+            probe.walked += 1
+            if probe.walked % (self.cfg.settle_ticks + 1) == 0:
+                target = self.model_target(current)
+                if target is not None:
+                    probe.target = np.where(self.frozen, current, target)
+                    action = step_towards(current, target, self.n_steps)
         if action == 0:
             probe.dwell_left -= 1
             if probe.dwell_left < 0:
@@ -189,6 +289,28 @@ class Guide:
         if np.abs(after - best).max() < np.abs(current - best).max():
             return action
         return step_towards(current, best, self.n_steps)
+
+
+def _coarsen(keys, s, sq, n, most: int):
+    """Merge cells into blocks of 2, 4, 8 … steps per axis until at most ``most`` are
+    left; a block sits at its cells' count-weighted mean position."""
+    size = 1
+    out = keys, s, sq, n
+    while len(out[0]) > most:
+        size *= 2
+        block = np.floor_divide(keys, size).astype(np.int64)
+        flat = np.ravel_multi_index(block.T, tuple(block.max(0) + 1))
+        _, inv = np.unique(flat, return_inverse=True)
+        m = inv.max() + 1
+        agg = [np.bincount(inv, w, m) for w in (s, sq, n)]
+        pos = np.stack([np.bincount(inv, keys[:, j] * n, m) for j in range(keys.shape[1])], 1)
+        out = pos / agg[2][:, None], agg[0], agg[1], agg[2]
+    return out
+
+
+def _rbf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
+    return np.exp(-0.5 * np.maximum(d2, 0.0))
 
 
 def step_towards(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray) -> int:

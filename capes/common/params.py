@@ -29,6 +29,11 @@ changes of the parameter on a node. The daemon's action checker refuses an actio
 would change it sooner after its last change (counted as ``refused_dwell``), and the
 control agent re-checks the same locally. For knobs whose every change costs something
 (switching a GlusterFS translator on and off leaks FUSE client memory).
+
+**Cost** (``cost``, seed 000 table 9.1): ``dynamic`` (the default) knobs take effect
+live and are tuned online; ``remount``, ``reboot`` and ``reformat`` knobs need that
+much downtime, so the engines never move them and report the values seen to do best as
+recommendations instead.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from dataclasses import dataclass, field
 NAN = math.nan
 TOLERANCE = 1e-6            # of a step: how close counts as "on the grid" / "forbidden"
 MAX_MAGNITUDE = float(2 ** 53)   # |min|, |max|: beyond it floats skip integers
+COSTS = ("dynamic", "remount", "reboot", "reformat")   # what a change of the knob needs
 MAX_GRID_POINTS = 1e9            # (max − min) / step: finer grids defeat the tolerance
 
 
@@ -56,12 +62,15 @@ class ParameterSpec:
     name: str = ""
     values: list[str] = field(default_factory=list)  # categorical: the names; empty: numeric
     min_dwell_s: float = 0.0           # least time between two changes of it on a node
+    cost: str = "dynamic"              # dynamic | remount | reboot | reformat: see above
 
     @property
     def categorical(self) -> bool:
         return bool(self.values)
 
     def validate(self) -> None:
+        if self.cost not in COSTS:
+            raise ValueError(f"cost: must be one of {', '.join(COSTS)} (got {self.cost!r})")
         if self.values:
             self._validate_categorical()
         else:
