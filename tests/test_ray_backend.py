@@ -29,10 +29,27 @@ def test_without_ray_the_command_says_so_in_one_line(monkeypatch, capsys):
     assert rc == 2 and len(err) == 1 and "capes[ray]" in err[0], err
 
 
-def test_the_single_node_grid_refuses_the_ray_backend(capsys):
+def test_the_single_node_grid_without_ray_says_so_in_one_line(monkeypatch, capsys):
     from capes.cli import main
+    monkeypatch.setattr(ray_backend, "ray_available", lambda: False)
     rc = main(["converge-test", "--backend", "ray", "--quiet"])
-    assert rc == 2 and "cluster configs" in capsys.readouterr().err
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 1 and "capes[ray]" in err[0], err
+
+
+def test_ray_runs_the_single_node_grid_and_gives_the_local_report():
+    ray = pytest.importorskip("ray")
+    from capes.experiments.converge_test import load_config as load_game, run_grid
+    cfg = load_game(None, ["game.time_limit_ticks=120"], "default")
+    local = run_grid(cfg, [0.1], ["diff"], seeds=2, progress=None)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = run_grid(cfg, [0.1], ["diff"], seeds=2, progress=None, backend="ray")
+    finally:
+        ray.shutdown()
+    keep = ("seed", "won", "ticks", "train_steps", "final_window", "final_rate_limit")
+    assert [{k: r[k] for k in keep} for r in remote["runs"]] == \
+        [{k: r[k] for k in keep} for r in local["runs"]]
 
 
 def test_ray_runs_the_sweep_and_gives_the_local_report():

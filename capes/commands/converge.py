@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "loss) for TensorBoard (needs the tensorboard extra)")
     p.add_argument("--backend", choices=["local", "ray"], default="local",
                    help="where the runs go: local (--jobs processes here) or ray (Ray "
-                        "tasks; needs the ray extra; cluster configs only)")
+                        "tasks; needs the ray extra)")
     p.add_argument("--ray-address", metavar="ADDR", default=None,
                    help="with --backend ray: an existing Ray cluster (auto, "
                         "ray://host:10001); default: a local Ray of --jobs CPUs")
@@ -78,10 +78,12 @@ def run(args) -> int:
     if is_cluster_config(args.config):            # a [cluster] table: the cluster game
         from capes.experiments.cluster_test import main as cluster_main
         return cluster_main(args)
-    if getattr(args, "backend", "local") != "local":
-        print("capes converge-test: --backend ray runs cluster configs (a [cluster] "
-              "table) only; use --jobs for the single-node grid", file=sys.stderr)
-        return 2
+    backend = getattr(args, "backend", "local")
+    if backend == "ray":
+        from capes.experiments.ray_backend import RAY_MISSING, ray_available
+        if not ray_available():
+            print(f"capes converge-test: {RAY_MISSING}", file=sys.stderr)
+            return 2
     from drl_engine.dqn import pick_device
     try:
         device = str(pick_device(args.device))
@@ -103,7 +105,8 @@ def run(args) -> int:
     report = run_grid(cfg, noises, rewards, args.seeds, args.first_seed, args.jobs,
                       args.init_model, keep_traces=1 if args.plot else 0,
                       progress=None if args.quiet else sys.stderr, device=device,
-                      play_on=args.play_on, tuner=args.tuner, tensorboard=args.tensorboard)
+                      play_on=args.play_on, tuner=args.tuner, tensorboard=args.tensorboard,
+                      backend=backend, ray_address=getattr(args, "ray_address", None))
     print(format_table(report))
     if args.json:
         write_json(report, args.json)

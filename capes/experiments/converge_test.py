@@ -267,8 +267,10 @@ def summarise(runs: list[RunResult]) -> dict:
 def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int = 0,
              jobs: int = 1, init_model: str | None = None, keep_traces: int = 0,
              progress=sys.stderr, device: str = "cpu", play_on: bool = True,
-             tuner: str = "capes", tensorboard: str | None = None) -> dict:
-    """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report."""
+             tuner: str = "capes", tensorboard: str | None = None,
+             backend: str = "local", ray_address: str | None = None) -> dict:
+    """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report.
+    ``backend="ray"``: the runs are Ray tasks (``capes.experiments.ray_backend``)."""
     plan = [(noise, reward, first_seed + s) for noise in noises for reward in rewards
             for s in range(seeds)]
     jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces,
@@ -285,7 +287,12 @@ def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int 
                   f"seed={res.seed}: {status}, {res.wall_s:.1f} s wall "
                   f"(elapsed {time.perf_counter() - t0:.0f} s)", file=progress, flush=True)
 
-    if jobs > 1:
+    if backend == "ray":
+        from capes.experiments.ray_backend import map_ray
+        for i, res in enumerate(map_ray(_run_job, jobs_in, ray_address, jobs)):
+            results.append(res)
+            report(i, res)
+    elif jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for i, res in enumerate(pool.map(_run_job, jobs_in)):
                 results.append(res)
