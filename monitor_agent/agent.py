@@ -14,9 +14,9 @@ connection (ZMQ_IMMEDIATE). ZeroMQ reconnects by itself.
 Nothing is lost at a daemon restart (within ``monitor.resend_s``): the agent keeps the
 PI vectors of its last ``resend_s`` seconds (:class:`Outbox`). A frame the socket cannot
 take now (daemon away, queue full) waits there and goes out, in tick order, as soon as
-the socket can take it; and on every (re)connection, seen as the socket monitor's
-``HANDSHAKE_SUCCEEDED``, every kept frame is sent again, starting with a full frame with
-names, so a restarted daemon needs no FullRequest round trip and gets the frames its
+the socket can take it; and on every reconnection (a socket-monitor
+``HANDSHAKE_SUCCEEDED`` after the first one), every kept frame is sent again, starting
+with a full frame with names, so a restarted daemon needs no FullRequest round trip and gets the frames its
 killed predecessor received but never committed. The daemon drops ticks it already
 stored (history is append-only). Frames that leave the window before they could be sent
 are counted as lost.
@@ -243,9 +243,12 @@ class MonitorAgent:
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self.counters.connects += 1
                 if self.counters.connects > 1:
+                    # the first connection lost nothing: what was sent before its
+                    # handshake is queued on it (or still pending); resending it would
+                    # only show up as the daemon's "replayed" drops on a clean start
                     log.info("reconnected to %s: sending the last %d frames again",
                              self.mon.daemon, len(self.outbox.kept))
-                self.outbox.resend()
+                    self.outbox.resend()
                 self.outbox.flush()
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 log.info("disconnected from %s", self.mon.daemon)
