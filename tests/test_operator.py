@@ -233,8 +233,10 @@ def test_tensorboard_missing_is_one_clear_line(tmp_path):
 
 def _start_demo(work: Path) -> subprocess.Popen:
     log = open(work.parent / "demo.log", "wb")
+    # --hold: the demo keeps tuning after its win (which may come within seconds), so
+    # the tests' signals find it running
     return subprocess.Popen(CAPES + ["demo", "--workdir", str(work), "--timeout", "240",
-                                     "--plot", str(work.parent / "demo.png")],
+                                     "--hold", "600", "--plot", str(work.parent / "demo.png")],
                             cwd=work.parent, stdout=log, stderr=subprocess.STDOUT)
 
 
