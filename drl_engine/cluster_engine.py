@@ -20,6 +20,16 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   action at t is read back from its knob PIs (value at t+1 − value at t, one step of one
   knob; anything else is "unknown" and not trained on): the replay DB's action table
   holds one row per tick for the whole system and has no room for per-node actions.
+* **Nodes joining and leaving**: nothing in the model depends on N, so the same engine
+  and weights go on. A node that joins is a new node index, appended (the replay DB
+  appends its name to the session: the reader is opened with ``grow_nodes``; fed rows,
+  an (N + 1, P) array): the ring grows (:meth:`ClusterEngine.grow`), the change detector
+  starts afresh and the best-known setting is forgotten as on an alarm. A node that
+  stops sending is absent (its row all NaN): it gets no action and is left out of the
+  pool (the mask) and of the objective, which is over the nodes present; a reward, or a
+  level of the best-known setting, is taken only between ticks with the same nodes
+  present, and a best-known setting is forgotten once a whole ``best_window`` has run
+  with other nodes (a lost row is not a node leaving).
 * **Reward**: the ``[reward]`` plug-ins on the *cluster* objective p_t (total throughput
   by default), as a percentage of the objective's mean level over the first ticks
   (``r̃ = 100 · r / p̄``: the same scale at 8 and 1,000 nodes), the same r̃_t for every
@@ -159,13 +169,14 @@ class NodeBatch:
 
 class NodeReplay:
     """A ring of the last ``capacity`` ticks of every node's PIs (stored as
-    log1p(max(x, 0))), with the cluster objective p_t, the reward r_t of t → t+1 and each
-    node's action at t read back from its knob PIs. Observations are stacked at sample
-    time, never stored."""
+    log1p(max(x, 0))), with the cluster objective p_t over the nodes present at t, the
+    reward r_t of t → t+1 and each node's action at t read back from its knob PIs.
+    Observations are stacked at sample time, never stored."""
 
     def __init__(self, nodes: int, pi_names: list[str], params: list[ParameterSpec],
-                 capacity: int, reward: RewardConfig, missing_tolerance: float = 0.2):
+                 capacity: int, reward: RewardConfig):
         self.n, self.p = nodes, len(pi_names)
+        self.reward = reward
         self.pi_names = list(pi_names)
         self.params = list(params)
         self.capacity = max(16, int(capacity))
@@ -179,7 +190,6 @@ class NodeReplay:
         self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
         self.reward_fn = REWARD_TYPES.build(reward.type, reward.options)
         self.lookback = int(getattr(self.reward_fn, "lookback", 1))
-        self.tolerance = missing_tolerance
         C = self.capacity
         self.lp = np.full((C, nodes, self.p), np.nan, np.float32)
         self.present = np.zeros((C, nodes), bool)
@@ -227,16 +237,15 @@ class NodeReplay:
         with np.errstate(invalid="ignore"):
             self.lp[s] = np.log1p(np.maximum(x, 0.0))
         self.lp[s][np.isnan(x)] = np.nan
-        self.present[s] = ~np.isnan(x).all(axis=1)
+        present = self.present[s] = ~np.isnan(x).all(axis=1)
         self.tick_of[s] = tick
         self.knobs[s] = x[:, self.knob_cols]
         self.actions[s] = -1
         self.ahist[s] = 0.0
         self.r[s] = np.nan
-        pis = x[None][:, :, self.obj_cols]
-        self.pobj[s] = float(np.asarray(self.objective(pis), float)[0])
-        if not np.mean(self.present[s]) >= 1.0 - self.tolerance:
-            self.pobj[s] = np.nan
+        pis = x[present][None][:, :, self.obj_cols]
+        self.pobj[s] = float(np.asarray(self.objective(pis), float)[0]) if present.any() \
+            else np.nan
         prev = tick - 1
         if self.last == prev:
             ps = prev % self.capacity
@@ -244,14 +253,36 @@ class NodeReplay:
             a = self.actions[ps]
             self.ahist[ps] = np.bincount(a[a >= 0], minlength=self.n_actions)
             lo = max(self.oldest, tick - self.lookback - 1)
-            ticks = np.arange(lo, tick + 1)
-            p = np.where(self.tick_of[ticks % self.capacity] == ticks,
-                         self.pobj[ticks % self.capacity], np.nan)
-            r = np.asarray(self.reward_fn(p), float)
+            r = np.asarray(self.reward_fn(self.comparable(np.arange(lo, tick + 1), tick)),
+                           float)
             self.r[ps] = r[-2]
         self.last = tick
         self.ingested += 1
         return True
+
+    def comparable(self, ticks: np.ndarray, tick: int) -> np.ndarray:
+        """p at ``ticks``, NaN where the ring does not hold the tick or other nodes were
+        present than at ``tick``: a total over other nodes (one joined, left or lost a
+        row) is not comparable, and a reward across it would credit the nodes' actions
+        with the change of membership."""
+        s = ticks % self.capacity
+        same = (self.present[s] == self.present[tick % self.capacity]).all(axis=1)
+        return np.where((self.tick_of[s] == ticks) & same, self.pobj[s], np.nan)
+
+    def resized(self, nodes: int, capacity: int) -> "NodeReplay":
+        """This ring for ``nodes`` nodes (the new ones, appended, absent so far) and
+        ``capacity`` ticks, with the newest ticks that fit."""
+        new = NodeReplay(nodes, self.pi_names, self.params, capacity, self.reward)
+        if self.last is None:
+            return new
+        ticks = np.arange(max(self.oldest, self.last - new.capacity + 1), self.last + 1)
+        a, b, n = ticks % self.capacity, ticks % new.capacity, self.n
+        for name in ("lp", "present", "actions", "knobs"):
+            getattr(new, name)[b, :n] = getattr(self, name)[a]
+        for name in ("tick_of", "pobj", "r", "ahist"):
+            getattr(new, name)[b] = getattr(self, name)[a]
+        new.first, new.last, new.ingested = int(ticks[0]), self.last, self.ingested
+        return new
 
     def _clear(self, t: int) -> None:
         s = t % self.capacity
@@ -332,9 +363,11 @@ class ClusterEngine:
         self.n_step = dqn.n_step
         self.gamma = self.mcfg.gamma or dqn.gamma
         self.n_actions = 2 * len(params) + 1
+        if reader is not None and not reader.grow_nodes:
+            raise ValueError("the cluster engine reads a replay DB opened with "
+                             "grow_nodes=True (else a node joining is left out)")
         cap = NodeReplay.capacity_for(self.mcfg.replay_mb, nodes, len(pi_names), len(params))
-        self.replay = NodeReplay(nodes, self.pi_names, self.params, cap, reward,
-                                 dqn.missing_tolerance)
+        self.replay = NodeReplay(nodes, self.pi_names, self.params, cap, reward)
         self.in_dim = self.stack * len(pi_names)
         self.dqn = NodeDQN(self.in_dim, self.n_actions, dqn, self.mcfg, self.device, seed)
         self.mean: np.ndarray | None = None     # (P,) of the log1p PIs
@@ -366,6 +399,7 @@ class ClusterEngine:
         self.best_level: float | None = None
         self.best_idx: np.ndarray | None = None     # (N, K) grid indices
         self.best_tick: int | None = None           # when it was set
+        self.best_nodes: np.ndarray | None = None   # (N,) the nodes present then
         self.guarded = 0                            # moves the guard turned back
         # rollback to the best-known setting
         self.level: float | None = None             # the objective's best_window average
@@ -377,21 +411,25 @@ class ClusterEngine:
         self._best_from: int | None = None          # best windows start here or later
         # change detection
         self.alarm_ticks: list[int] = []
-        self.detector: SettingResidualDetector | None = None
-        # the detector's nodes: all, or a fixed random sample (its per-node tables are a
-        # Python loop: ~15 µs a node and tick; a change that moves a share of the
-        # cluster moves the same share of a random sample)
-        m = self.mcfg.detect_nodes
-        self._det_nodes = (np.sort(np.random.default_rng([seed, 7]).choice(nodes, m, False))
-                           if m and nodes > m else np.arange(nodes))
-        if self.mcfg.detect:
-            k = len(self._det_nodes)
-            vote = max(2, math.ceil(self.mcfg.detect_vote * k)) if k >= 2 else 1
-            m = self.mcfg
-            self.detector = SettingResidualDetector(ChangeDetectorConfig(
-                delay=dqn.settle_ticks, min_streams=vote, threshold=m.detect_threshold,
-                drift=m.detect_drift, scale_floor=m.detect_scale_floor), streams=k)
+        self._new_detector()
         self._node_obj = np.array(self.replay.obj_cols)
+
+    def _new_detector(self) -> None:
+        """The change detector, from scratch, over every node or a fixed random sample
+        of ``detect_nodes`` (its per-node tables are a Python loop: ~15 µs a node and
+        tick; a change that moves a share of the cluster moves the same share of a
+        random sample)."""
+        m, n = self.mcfg, self.nodes
+        self._det_nodes = (np.sort(np.random.default_rng([self.seed, 7]).choice(
+            n, m.detect_nodes, False)) if m.detect_nodes and n > m.detect_nodes
+            else np.arange(n))
+        self.detector: SettingResidualDetector | None = None
+        if m.detect:
+            k = len(self._det_nodes)
+            vote = max(2, math.ceil(m.detect_vote * k)) if k >= 2 else 1
+            self.detector = SettingResidualDetector(ChangeDetectorConfig(
+                delay=self.cfg.settle_ticks, min_streams=vote, threshold=m.detect_threshold,
+                drift=m.detect_drift, scale_floor=m.detect_scale_floor), streams=k)
 
     # -- shape ------------------------------------------------------------------------
     @property
@@ -430,28 +468,56 @@ class ClusterEngine:
             self._session, self._seen = sid, 0
         if data.first_tick is None:
             return n
-        if data.pis.shape[1] != self.nodes:
+        if data.pis.shape[1] < self.nodes:
             raise ValueError(f"replay DB session {sid} has {data.pis.shape[1]} nodes, "
                              f"this engine {self.nodes}")
         end = data.length
-        if end > self._seen and np.isnan(data.pis[end - 1]).all(axis=1).any():
-            end -= 1                                       # the newest tick is partial
+        if end > self._seen:
+            # the newest tick is partial while a node of the tick before has no row in it
+            # yet (a node that stopped sending holds it back once, not for good)
+            gone = np.isnan(data.pis[end - 1]).all(axis=1)
+            if end >= 2:
+                gone &= ~np.isnan(data.pis[end - 2]).all(axis=1)
+            end -= bool(gone.any())
         for i in range(self._seen, end):
             self.ingest(data.first_tick + i, data.pis[i])
         self._seen = max(self._seen, end)
         return n
 
     def new_session(self) -> None:
-        """A new session (e.g. nodes joined): a fresh ring and detector, the same model."""
+        """A new session: a fresh ring and detector, the same model."""
         self.replay = NodeReplay(self.nodes, self.pi_names, self.params,
-                                 self.replay.capacity, self.reward_cfg,
-                                 self.cfg.missing_tolerance)
-        if self.detector is not None:
-            self.detector = SettingResidualDetector(self.detector.config,
-                                                    len(self._det_nodes))
+                                 self.replay.capacity, self.reward_cfg)
+        self._new_detector()
+
+    def grow(self, nodes: int, tick: int | None = None) -> None:
+        """Nodes joined, appended as the replay DB appends them: the same model (its
+        size does not depend on N), the ring widened and resized to ``replay_mb``, the
+        new nodes not probing. The detector starts afresh (a node joining moves every
+        node's share) and the best-known setting is forgotten as on an alarm: it has no
+        row for the new nodes and was another cluster's best."""
+        if nodes <= self.nodes:
+            return
+        log.info("tick %s: %d node(s) joined, %d in all", tick, nodes - self.nodes, nodes)
+        cap = NodeReplay.capacity_for(self.mcfg.replay_mb, nodes, len(self.pi_names),
+                                      len(self.params))
+        self.replay = self.replay.resized(nodes, cap)
+        extra = nodes - self.nodes
+        for name in ("probe_knob", "probe_target", "probe_dwell", "probe_origin",
+                     "probe_back"):
+            a = getattr(self, name)
+            fill = -1 if name == "probe_knob" else 0
+            setattr(self, name, np.concatenate([a, np.full(extra, fill, a.dtype)]))
+        self.nodes = nodes
+        self._new_detector()
+        self._forget_best(tick)
 
     def ingest(self, tick: int, pis: np.ndarray) -> None:
-        """One tick of every node's PIs, (N, P) in ``pi_names`` order."""
+        """One tick of every node's PIs, (N, P) in ``pi_names`` order; more rows than
+        the engine has nodes: the last ones joined (:meth:`grow`), a node without a row
+        (all NaN) is absent: it left, or its row was lost."""
+        if len(pis) > self.nodes:
+            self.grow(len(pis), tick)
         rep = self.replay
         if not rep.ingest(tick, pis):
             return
@@ -750,29 +816,37 @@ class ClusterEngine:
         ``settle_ticks`` + half a window earlier) — replaced only by a level higher by
         ``best_margin`` (noise and flat directions do not move it). The best level decays by
         ``best_decay`` per tick, so a best that the workload no longer allows expires
-        even without an alarm; an alarm forgets it."""
+        even without an alarm; an alarm forgets it, and so does a whole window with other
+        nodes present (one left or came back: levels over other nodes do not compare)."""
         rep, W = self.replay, self.mcfg.best_window
         ticks = np.arange(tick - W + 1, tick + 1)
         if ticks[0] < rep.oldest or (self._best_from is not None and
                                      ticks[0] < self._best_from):
             self.level = None
             return
-        p = rep.pobj[ticks % rep.capacity]
+        p = rep.comparable(ticks, tick)
         if not np.isfinite(p).all():
             self.level = None
             return
         level = float(p.mean())
         self.level = level
+        now = rep.present[rep.slot(tick)]
+        if self.best_idx is not None and (self.best_nodes != now).any():
+            log.info("tick %d: other nodes present than at the best-known setting's "
+                     "tick %d: it is forgotten", tick, self.best_tick)
+            self._forget_best(tick)
+            return
         if self.best_level is not None:
             self.best_level -= self.mcfg.best_decay * abs(self.best_level)
         if self.best_level is None or level > self.best_level + \
                 self.mcfg.best_margin * abs(self.best_level):
             at = max(rep.oldest, tick - self.cfg.settle_ticks - W // 2)
             knobs = rep.knobs[at % rep.capacity].astype(np.float64)
-            if not np.isfinite(knobs).all():
+            if not np.isfinite(knobs[now]).all():
                 return
-            self.best_level = level
-            self.best_tick = int(tick)
+            # a node absent now is never moved or guarded: a placeholder until it is back
+            knobs[~now] = np.median(knobs[now], axis=0)
+            self.best_level, self.best_tick, self.best_nodes = level, int(tick), now.copy()
             self.best_idx = np.clip(np.rint((knobs - self.lo) / self.step), 0,
                                     self.n_steps).astype(np.int64)
 

@@ -43,7 +43,8 @@ standard deviation of the active clients' throughputs (thesis Eq. 3.1) when set.
 
 Workload phases (:class:`~storagegamesim.phases.ClusterPhase`) change the workload mix,
 the demand, the share of active clients, the noise, the servers' capacity or thrashing
-point at a given tick. :func:`best_static` finds the best static setting of a phase by
+point, or which clients are in the cluster at all (``absent``: a node joins or leaves)
+at a given tick. :func:`best_static` finds the best static setting of a phase by
 search (one setting shared by all nodes, or one per workload class), which is what
 :func:`~storagegamesim.phases.score_phases` compares a run against.
 
@@ -93,6 +94,7 @@ class ClusterConfig:
     rate_limit: ParameterSpec = field(default_factory=lambda: ParameterSpec(
         min=50, max=2000, step=50, default=2000))
     workloads: list[Workload] = field(default_factory=lambda: [Workload()])
+    absent: list[int] = field(default_factory=list)   # nodes not in the cluster (yet)
     phases: list[ClusterPhase] = field(default_factory=list)
 
     def validate(self) -> None:
@@ -136,6 +138,14 @@ class ClusterConfig:
                 ph.validate()
             except ValueError as exc:
                 raise ValueError(f"phases[{i}].{exc}") from None
+        for key, absent in [("absent", self.absent)] + [
+                (f"phases[{i}].absent", ph.absent) for i, ph in enumerate(self.phases)
+                if ph.absent is not None]:
+            if not all(0 <= i < self.nodes for i in absent):
+                raise ValueError(f"{key}: node indices must lie in [0, {self.nodes}) "
+                                 f"(got {absent})")
+            if len(set(absent)) == self.nodes:
+                raise ValueError(f"{key}: at least one node must be in the cluster")
 
     @property
     def n_servers(self) -> int:
@@ -159,7 +169,8 @@ class PhaseState:
     name: str
     workloads: list[Workload]
     klass: np.ndarray          # (N,) workload class of every node
-    active: np.ndarray         # (N,) bool
+    present: np.ndarray        # (N,) bool: in the cluster (an absent node sends no PIs)
+    active: np.ndarray         # (N,) bool: present and doing I/O
     demand: np.ndarray         # (N,) MB/s, 0 when idle
     write_fraction: np.ndarray  # (N,)
     h: np.ndarray              # (N,) server seconds per RPC of the node
@@ -184,7 +195,8 @@ class _Layout:
 
 def _phase_states(cfg: ClusterConfig, layout: _Layout) -> list[PhaseState]:
     cur = {"workloads": list(cfg.workloads), "demand_scale": 1.0, "active_fraction": 1.0,
-           "noise": cfg.noise, "capacity_scale": 1.0, "thrash_rpcs": cfg.thrash_rpcs}
+           "noise": cfg.noise, "capacity_scale": 1.0, "thrash_rpcs": cfg.thrash_rpcs,
+           "absent": list(cfg.absent)}
     out = []
     for k, ph in enumerate([None] + list(cfg.phases)):
         if ph is not None:
@@ -204,9 +216,12 @@ def _state(cfg: ClusterConfig, layout: _Layout, k: int, name: str, cur: dict) ->
     labels = np.repeat(np.arange(len(wls)), counts)
     klass = np.empty(n, np.int64)
     klass[layout.class_order] = labels
+    present = np.ones(n, bool)
+    present[cur["absent"]] = False
     active = np.zeros(n, bool)
     n_active = max(1, int(round(cur["active_fraction"] * n)))
     active[layout.active_order[:n_active]] = True
+    active &= present
     base = np.array([w.demand for w in wls], float)[klass]
     sigma = np.array([w.demand_spread for w in wls], float)[klass]
     scale = cur["demand_scale"]
@@ -218,7 +233,7 @@ def _state(cfg: ClusterConfig, layout: _Layout, k: int, name: str, cur: dict) ->
     cap = np.full(layout.s, cfg.server_capacity * cur["capacity_scale"])
     b = cfg.rpc_size_mb
     h = b * (1.0 + wf * (cfg.write_cost - 1.0)) / cap[layout.server]
-    return PhaseState(k, name, wls, klass, active, demand, wf, h, b / cap,
+    return PhaseState(k, name, wls, klass, present, active, demand, wf, h, b / cap,
                       float(cur["noise"]), float(cur["thrash_rpcs"]))
 
 
@@ -342,6 +357,12 @@ class ClusterSim:
     def state(self) -> PhaseState:
         """The workload in force (phase state)."""
         return self._states[self.phase]
+
+    @property
+    def present(self) -> np.ndarray:
+        """(N,) bool: the nodes in the cluster now (:attr:`ClusterConfig.absent`, a
+        phase's ``absent``); an absent node does no I/O and its agent sends no PIs."""
+        return self.state.present
 
     @property
     def phase_names(self) -> list[str]:

@@ -14,6 +14,10 @@ the first ``at_tick``. In TOML::
     name = "half idle"
     active_fraction = 0.5
 
+    [[cluster.phases]]            # client 7 leaves at tick 2,000 (it sends no PIs)
+    at_tick = 2000
+    absent = [7]
+
 The change takes effect in the tick numbered ``at_tick``: the throughput the game reports
 for that tick is the new workload's (knob changes are delayed, workload changes are not).
 
@@ -89,7 +93,10 @@ class ClusterPhase:
     clients doing I/O at all (the others are idle: no demand, no RPCs); ``noise`` is the
     measurement noise; ``capacity_scale`` multiplies every server's capacity (a degraded
     or upgraded back end); ``thrash_rpcs`` moves the servers' thrashing point, and with it
-    the optimal window (the cluster's "peak")."""
+    the optimal window (the cluster's "peak"); ``absent`` replaces the list of nodes
+    (indices) that are not in the cluster: a node leaves when it is added to it, joins
+    when it is taken out (``ClusterConfig.absent``: those absent from tick 0). Idle is
+    not absent: an idle node still reports its PIs, an absent one reports none."""
     at_tick: int
     name: str = ""
     workloads: list[Workload] | None = None
@@ -98,6 +105,7 @@ class ClusterPhase:
     noise: float | None = None
     capacity_scale: float | None = None
     thrash_rpcs: float | None = None
+    absent: list[int] | None = None
 
     def validate(self) -> None:
         if self.workloads is not None and not self.workloads:

@@ -31,7 +31,7 @@ import struct
 import time
 import uuid
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import lz4.block
@@ -464,18 +464,25 @@ def _grow(arr: np.ndarray, cap: int, fill) -> np.ndarray:
 
 
 class ReplayReader:
-    """Read-only view of a replay DB with an incrementally refreshed in-memory cache."""
+    """Read-only view of a replay DB with an incrementally refreshed in-memory cache.
+
+    ``grow_nodes``: a node that a session appends to its layout (a node joining
+    mid-session, :meth:`ReplayWriter.update_layout`) is appended to the reader's layout
+    too, every session's arrays widened, instead of being left out. For consumers whose
+    model does not depend on the node count (the cluster engine); the single-node
+    engine's network has one input per node, so it reads a fixed layout."""
 
     # rows fetched per round trip: bounds the memory a big first load needs beside
     # the cache itself (Python row objects cost about twice the float32 they carry)
     FETCH_ROWS = 20_000
 
     def __init__(self, path: str | Path, layout: Layout | None = None,
-                 max_gap: int | None = None):
+                 max_gap: int | None = None, grow_nodes: bool = False):
         self.path = Path(path)
         self.conn = connect(self.path, readonly=True)
         _check_schema(self.conn, self.path)
         self.layout = layout
+        self.grow_nodes = grow_nodes
         self.max_gap = max_gap    # None: sized by memory (see SessionData.GAP_BYTES)
         self.sessions: dict[int, SessionData] = {}
         self._last_pis_rowid = 0
@@ -521,6 +528,8 @@ class ReplayReader:
         for info in read_sessions(conn):
             if self.layout is None:
                 self.layout = Layout.of(info)
+            if self.grow_nodes:
+                self._add_nodes(info.node_names)
             known = self.sessions.get(info.id)
             if known is None:
                 known = self.sessions[info.id] = SessionData(info, self.layout, self.max_gap)
@@ -563,6 +572,18 @@ class ReplayReader:
             self._last_action_rowid = rows[-1][0]
             n += len(rows)
         return n
+
+    def _add_nodes(self, names: list[str]) -> None:
+        """Append the nodes of ``names`` that the layout lacks (NaN in every tick so far)."""
+        new = tuple(n for n in names if n not in self.layout.node_names)
+        if not new:
+            return
+        self.layout = replace(self.layout, node_names=self.layout.node_names + new)
+        for data in self.sessions.values():
+            t, _, p = data.pis.shape
+            data.pis = np.concatenate([data.pis, np.full((t, len(new), p), np.nan,
+                                                         np.float32)], axis=1)
+            data._remap(self.layout)
 
     def _action_maps(self, data: SessionData) -> bool:
         """Actions index parameters; they mean the same only if the order matches."""

@@ -97,12 +97,21 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
 class ClusterSource:
     """The simulator as the tick loop's source: each tick every node's PIs are written
     (one row per node) and committed, and, with ``feed``, handed to the engine; an action
-    sets the knobs (per node for the engine, one shared setting for a baseline)."""
+    sets the knobs (per node for the engine, one shared setting for a baseline).
+
+    A node absent from the cluster (:attr:`ClusterSim.present`) writes no rows; one that
+    joins is appended to the session's nodes, as the interface daemon appends a node it
+    first hears from: the session's (and the engine's) node order is the order of
+    joining, ``order`` the simulator's index of each."""
 
     def __init__(self, sim: ClusterSim, writer: ReplayWriter, session: int,
                  feed: ClusterEngine | None = None, tell_phases: bool = False):
         self.sim, self.writer, self.session, self.feed = sim, writer, session, feed
         self.tell = tell_phases
+        index = {name: i for i, name in enumerate(sim.node_names)}
+        self.order = np.array([index[n] for n in writer.session.node_names], np.int64)
+        self.member = np.zeros(sim.nodes, bool)
+        self.member[self.order] = True
         self.started = False
         self.true_obj: list[float] = []
         self.knob_names = list(sim.config.param_specs())       # action order
@@ -120,22 +129,30 @@ class ClusterSource:
         self.started = True
         if sim.ticks >= sim.config.time_limit_ticks:
             return None
-        x = self.matrix()
+        joined = np.flatnonzero(sim.present & ~self.member)
+        if len(joined):
+            self.order = np.concatenate([self.order, joined])
+            self.member[joined] = True
+            self.writer.update_layout(list(PI_NAMES), [sim.node_names[i] for i in self.order])
+        x = self.matrix()[self.order]
+        here = sim.present[self.order]
+        x[~here] = np.nan
         t0 = time.perf_counter()
-        for i in range(sim.nodes):
-            self.writer.add_pis(sim.ticks, i, x[i])
+        for i in np.flatnonzero(here):
+            self.writer.add_pis(sim.ticks, int(i), x[i])
         self.writer.commit()
         self.write_s += time.perf_counter() - t0
         if self.feed is not None:
             self.feed.ingest(sim.ticks, x)
-        current = np.column_stack([getattr(sim, n) for n in self.knob_names])
+        current = np.column_stack([getattr(sim, n) for n in self.knob_names])[self.order]
         return TickState(session=self.session, workload_epoch=sim.phase if self.tell else 0,
                          current=current[0].tolist() if self.tell else current)
 
     def apply(self, decision) -> None:
         if isinstance(decision, ClusterDecision):
             vals = decision.values
-            self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)})
+            self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)},
+                                nodes=self.order)
             return
         self.writer.add_action(self.sim.ticks, decision.action, decision.values)
         self.writer.commit()
@@ -163,12 +180,14 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
     with tempfile.TemporaryDirectory(prefix="capes-cluster-") as tmp:
         path = Path(db_path) if db_path else Path(tmp) / "replay.db"
         writer = ReplayWriter(path)
+        members = [sim.node_names[i] for i in np.flatnonzero(sim.present)]  # joining: appended
         session = writer.begin_session(SessionInfo(
-            pi_names=list(PI_NAMES), node_names=sim.node_names, params=specs,
+            pi_names=list(PI_NAMES), node_names=members, params=specs,
             label=f"cluster converge seed={seed} nodes={ccfg.nodes} tuner={tuner}"))
-        reader = ReplayReader(path) if (not is_engine or feed == "reader") else None
+        reader = ReplayReader(path, grow_nodes=is_engine) \
+            if (not is_engine or feed == "reader") else None
         if is_engine:
-            player = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, ccfg.nodes,
+            player = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, len(members),
                                    model=cfg.model, reader=reader, device=device,
                                    seed=engine_seed)
             if init_model:
