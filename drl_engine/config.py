@@ -54,7 +54,7 @@ class DQNConfig:
     probe_model: bool = False          # probe targets from a GP's upper bound, not at random
     model_length: float = 0.25         # the GP's length scale, as a share of each range
     model_beta: float = 0.5            # UCB = mean + β·sd (standardised objective) ...
-    model_travel: float = 0.02         # ... − this per tick of walking to the target
+    model_travel: float = 0.005        # ... − this per tick of walking to the target
     guard_steps: int = 3               # trust region around the best-known setting, steps
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
 

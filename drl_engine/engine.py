@@ -149,6 +149,8 @@ class Engine:
         effect now, when the caller knows them better than the DB does (a live daemon
         may not have committed the previous action yet)."""
         latest = self.experience.latest(session) if self.dqn is not None else None
+        if latest is None and self.cfg.guided and self.dqn is not None:
+            latest = self._newest_tick(session)      # the guide's probes need no stack
         if latest is None or (after_tick is not None and latest[0] <= after_tick):
             return None
         tick, obs = latest
@@ -171,9 +173,18 @@ class Engine:
         self.action_ticks += 1
         return Decision(tick, action, values, eps, explored, q_max)
 
+    def _newest_tick(self, session: int) -> tuple[int, None] | None:
+        """(newest tick, no observation) while the session's first stack fills up."""
+        data = self.experience.reader.sessions.get(session)
+        if data is None or data.length == 0:
+            return None
+        return data.first_tick + data.length - 1, None
+
     def _guided_action(self, session: int, obs, current, specs, eps: float):
         """The default preset's choice (drl_engine/guide.py): continue a probe, start one
-        with probability ε, else the greedy action inside the trust region."""
+        with probability ε (always before the first full observation, ``obs`` None: the
+        probes need none, the network does), else the greedy action inside the trust
+        region."""
         guide = self.guide
         if guide is None:
             lo = np.array([s.min for s in specs], np.float64)
@@ -187,7 +198,7 @@ class Engine:
         guide.best_setting(self.action_ticks)
         cur = guide.grid(current)
         action = guide.probe_action(cur)
-        if action is None and self.rng.random() < eps:
+        if action is None and (obs is None or self.rng.random() < eps):
             guide.start_probe(self.global_share, cur)
             action = guide.probe_action(cur) or 0
         if action is not None:

@@ -98,7 +98,11 @@ class Guide:
             if not np.isfinite(p[t]) or not np.isfinite(values[t - lag]).all():
                 continue
             key = tuple(self.grid(values[t - lag]))
-            if self.detector is not None and self.detector.update(p[t], key):
+            # the detector only hears ticks whose setting held over the whole lag: a knob
+            # that acts at once (a binding rate limit) would otherwise leave ``lag``
+            # residuals keyed to the wrong setting after every move, and alarm
+            held = (values[t - lag:t + 1] == values[t - lag]).all()
+            if self.detector is not None and held and self.detector.update(p[t], key):
                 alarm = True
                 self.alarms.append(t)
                 self.forget(anchor=np.array(key))

@@ -217,3 +217,15 @@ def test_a_layout_wider_than_max_inputs_is_refused_before_any_allocation(tmp_pat
     make_session(tmp_path / "a.db", ticks=20)
     with pytest.raises(ValueError, match="more than engine.max_inputs = 8"):
         make_engine(tmp_path / "a.db", max_inputs=8)
+
+
+def test_the_guide_probes_before_the_first_full_observation(tmp_path, make_session):
+    """The network needs ``stack`` ticks, the guide's probes none: the default preset
+    starts searching at the session's first tick, the paper's waits for a full stack."""
+    path = tmp_path / "r.db"
+    make_session(path, ticks=2)                          # stack is 4
+    guided = make_engine(path, guided=True, probe_model=True)
+    decision = guided.act(1)
+    assert decision is not None and decision.tick == 1 and decision.explored
+    assert decision.action != 0                          # walking to a probe's target
+    assert make_engine(path).act(1) is None

@@ -79,3 +79,24 @@ def test_the_engine_never_moves_a_knob_that_needs_a_reboot():
     rates, windows = result.trace["rate_limit"], result.trace["window"]
     assert set(rates) == {cfg.game.rate_limit.default}
     assert len(set(windows)) > 5                      # the dynamic knob is tuned
+
+
+def test_moves_of_a_knob_that_acts_at_once_raise_no_alarm():
+    """The game's rate limit acts at once, its window ``settle`` ticks late; the guide
+    credits both as if late. Residuals of the ticks right after a move would then be
+    keyed to the wrong setting: the detector only hears ticks whose setting held."""
+    g = guide_with_samples(0, 0)
+    rng = np.random.default_rng(7)
+    ticks = 3600
+    values = np.empty((ticks, 2))
+    p = np.empty(ticks)
+    rate, window = 100.0, 50.0
+    for t in range(ticks):
+        if t % 15 == 0:                                # a stationary game, explored:
+            rate = float(rng.choice([50.0, 70.0, 100.0, 150.0]))   # binding or not
+            window = float(rng.integers(40, 61))
+        values[t] = rate, window
+        late = values[max(t - 3, 0), 1]                # the window acts 3 ticks late
+        p[t] = game_throughput(rate, late) * (1 + 0.01 * rng.normal())
+    assert not g.credit(p, values, ticks)
+    assert g.alarms == []
