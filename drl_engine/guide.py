@@ -24,14 +24,16 @@ and changes *which* actions are taken:
   there; global probes score the whole grid (and are re-aimed every settle+1 steps of
   their walk, as the walk's own ticks come in), local ones a handful of candidates around
   the best. Without it targets are uniform (global) or Gaussian jitter (local). This is
-  what took the default game's median first win from ~250 to ~90 simulated s.
+  what took the default game's median first win from ~250 to ~120 simulated s.
 * **Trust region.** A greedy action that would take a parameter more than
   ``guard_steps`` steps away from the best-known setting is replaced by a step back
   towards it; inside the region the Q-network decides. A workload change forgets the
   statistics (the optimum may have moved).
 * **Change detection.** Each credited p_t also feeds a CUSUM on its residual against the
   expected level of the setting that produced it (``drl_engine.change_detection``), so
-  the agent's own moves are not mistaken for a new workload. An alarm forgets the
+  the agent's own moves are not mistaken for a new workload; only ticks whose setting
+  held over the whole settle time count (a knob that acts at once would key residuals
+  to the wrong setting after every move). An alarm forgets the
   statistics, keeps the current setting as the anchor of the trust region and lets the
   engine raise ε — exploration restarts locally, not uniformly.
 """
