@@ -59,7 +59,27 @@ def epsilon(action_ticks: int, cfg: DQNConfig, bumped_at: int | None = None,
     return eps
 
 
-class DQN:
+class TargetNetworkLearner:
+    """What every Q-learner here does after computing its loss: one optimiser step on the
+    online network θ (gradient norm clipped to ``cfg.grad_clip`` when set), then the soft
+    target update. Needs ``cfg``, ``optimizer``, ``_q_params`` and ``_t_params``."""
+
+    def descend(self, loss: torch.Tensor) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.grad_clip:
+            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.soft_update()
+        return loss.detach()
+
+    @torch.no_grad()
+    def soft_update(self) -> None:
+        """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
+        torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
+
+
+class DQN(TargetNetworkLearner):
     """The online and target Q-networks, their optimiser, and one training step."""
 
     def __init__(self, obs_dim: int, n_actions: int, cfg: DQNConfig,
@@ -101,19 +121,7 @@ class DQN:
         """One minibatch of Eq. 2.1 plus the soft target update; returns the loss."""
         y = self.td_target(rewards, discounts, next_obs)
         q = self.q(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
-        loss = self.loss_fn(q, y)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.grad_clip:
-            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip)
-        self.optimizer.step()
-        self.soft_update()
-        return loss.detach()
-
-    @torch.no_grad()
-    def soft_update(self) -> None:
-        """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
-        torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
+        return self.descend(self.loss_fn(q, y))
 
     def to_tensors(self, *arrays):
         return tuple(torch.as_tensor(a, device=self.device) for a in arrays)

@@ -51,6 +51,7 @@ from torch import nn
 
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
+from drl_engine.dqn import TargetNetworkLearner
 
 
 def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:
@@ -121,7 +122,7 @@ def weight_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class NodeDQN:
+class NodeDQN(TargetNetworkLearner):
     """Online and target :class:`NodeQNetwork`, RMSProp, and the training step."""
 
     def __init__(self, in_dim: int, n_actions: int, dqn: DQNConfig,
@@ -186,19 +187,7 @@ class NodeDQN:
         else:
             per = err * err
         w = valid.to(per.dtype)
-        loss = (per * w).sum() / w.sum().clamp_min(1.0)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.grad_clip:
-            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip)
-        self.optimizer.step()
-        self.soft_update()
-        return loss.detach()
-
-    @torch.no_grad()
-    def soft_update(self) -> None:
-        """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
-        torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
+        return self.descend((per * w).sum() / w.sum().clamp_min(1.0))
 
     def state_dict(self) -> dict:
         return {"q": self.q.state_dict(), "target": self.target.state_dict(),
