@@ -40,6 +40,9 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   reward is still informative: each tick is a regression of r̃_t on the N actions with
   one shared coefficient, whose error falls like 1/√ticks whatever N is (the other
   nodes' moves are noise of order √N, the signal of N moves is of order N·β).
+  An action's n-step return starts ``settle_ticks`` after it, when its effect shows up
+  (:meth:`ClusterEngine.sample`): unshifted, nodes that all move together and alternate
+  have every move credited with the previous moves' effect, the opposite of its own.
 * **Exploration**: per node. ε is the share of nodes exploring at a time: a node not
   already probing starts a probe (``explore="probe"``, the guide's temporally extended
   exploration) with the probability that keeps that share: a target for one knob drawn
@@ -872,14 +875,27 @@ class ClusterEngine:
                max_rounds: int = 20) -> NodeBatch | None:
         """B ticks drawn uniformly among those with a full transition (S ticks of
         history, n rewards, the node present at t and t+n, its action known), M nodes
-        each (all when N ≤ ``loss_nodes``)."""
+        each (all when N ≤ ``loss_nodes``).
+
+        The return of the action at t is r_{t+d} + … + γ^(n−1) r_{t+d+n−1} with
+        d = ``settle_ticks``: the objective's changes from when the action's effect
+        shows up (the delay the best-known setting and the change detector assume too),
+        not r_t … r_{t+n−1}, which are mostly the effect of the d actions before it.
+        Unshifted, a policy whose nodes all move together and alternate (+, −, +, …)
+        sees each move credited with the opposite of its own effect (with d = 3 and
+        n = 5 the return is the true gain of −a_t), learns to reverse every move and so
+        keeps alternating: issue 11, seed 2 at 64 nodes sat at ~0.80 of the best static
+        for the whole of phase 1, its policy pushing the window down (to ~22, best 50)
+        against the trust region. The bootstrap stays Q(s_{t+n}), whose return starts
+        at r_{t+n+d}: nothing is counted twice."""
         rng = rng or self.rng
         rep = self.replay
         if rep.last is None or self.mean is None or self.p_scale is None:
             return None
-        S, n = self.stack, self.n_step
+        S, n, d = self.stack, self.n_step, self.cfg.settle_ticks
         mf = self.mcfg.mean_field
-        lo, hi = rep.oldest + S - 1, rep.last - n - (1 if mf else 0)
+        # the rewards of t + d … t + d + n − 1 must be known (r of tick u needs tick u + 1)
+        lo, hi = rep.oldest + S - 1, rep.last - n - max(d, 1 if mf else 0)
         if hi - lo + 1 < max(1, self.mcfg.learn_start):
             return None
         picked: list[np.ndarray] = []
@@ -890,7 +906,7 @@ class ClusterEngine:
             if self.mcfg.recent_fraction > 0:
                 newer = rng.random(2 * batch) < self.mcfg.recent_fraction
                 t = np.where(newer, rng.integers(recent, hi + 1, 2 * batch), t)
-            r = rep.r[(t[:, None] + np.arange(n)[None]) % rep.capacity]
+            r = rep.r[(t[:, None] + d + np.arange(n)[None]) % rep.capacity]
             ok = np.isfinite(r).all(axis=1)
             t = t[ok]
             if len(t):
@@ -909,7 +925,7 @@ class ClusterEngine:
             nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
         s0, s1 = rep.slot(t), rep.slot(t + n)
         disc = self.gamma ** np.arange(n)
-        r = rep.r[(t[:, None] + np.arange(n)[None]) % rep.capacity] / self.p_scale
+        r = rep.r[(t[:, None] + d + np.arange(n)[None]) % rep.capacity] / self.p_scale
         mask = rep.present[s0[:, None], nodes]
         next_mask = rep.present[s1[:, None], nodes]
         acts = rep.actions[s0[:, None], nodes].astype(np.int64)

@@ -122,6 +122,26 @@ def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
     assert eng.train(2) is not None and eng.train_steps == 2
 
 
+def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it():
+    # issue 11, seed 2: every node moves together, alternating window +/- each tick, and
+    # the throughput follows the window settle_ticks (3) late. A move's return must carry
+    # its own effect: positive for the window+ that raises the throughput, negative for
+    # the window-. (Credited with r_t ... r_{t+4}, each move got the effect of the moves
+    # before it, the opposite sign, and the policy learned to reverse every move.)
+    eng = engine(2)
+    assert eng.cfg.settle_ticks == 3 and eng.n_step == 5
+    w = lambda u: 20.0 + (u % 2)                      # noqa: E731 -- the window at tick u
+    for u in range(120):
+        x = np.full((2, len(PI_NAMES)), 5.0, np.float32)
+        x[:, 0] = 10.0 * w(u - 3)                     # throughput: the window 3 ticks ago
+        x[:, 4], x[:, 5] = w(u), 2000                 # knob PIs: window, rate_limit
+        eng.ingest(u, x)
+    b = eng.sample(64)
+    acts, ret = b.actions[:, 0], b.returns
+    assert b.valid.all() and set(acts.tolist()) == {3, 4}   # window+ and window- only
+    assert (ret[acts == 3] > 0).all() and (ret[acts == 4] < 0).all()
+
+
 # -- acting ----------------------------------------------------------------------------------
 
 def feed_ticks(eng, n, rng, base=None, start=0):
