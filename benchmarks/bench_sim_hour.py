@@ -12,8 +12,7 @@ import argparse
 import statistics
 import sys
 
-import torch
-
+from capes.common.one_core import use_one_core
 from capes.experiments.converge_test import load_config, run_one
 
 
@@ -23,7 +22,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--noise", type=float, default=0.1)
     args = p.parse_args()
-    torch.set_num_threads(1)
+    use_one_core()
     cfg = load_config(None, [f"game.noise={args.noise}", "game.win_hold_ticks=100000"],
                       args.preset)
     walls = []

@@ -33,6 +33,7 @@ from capes.common.deployment import DeploymentConfig
 from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, MetricSpec,
                                   fmt, iso, registry_for, serve_metrics,
                                   tensorboard_available, tensorboard_writer, tick_text)
+from capes.common.one_core import single_thread_blas
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
 from drl_engine.config import DQNConfig
@@ -122,6 +123,7 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
     except ReplayDBError as exc:
         log.error("%s", exc)
         return None
+    single_thread_blas()
     engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
     if ckpt.exists():
         try:

@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from capes.common import config as cfgmod
+from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.cluster_engine import ClusterDecision, ClusterEngine
@@ -268,8 +269,7 @@ def _detections(alarms: list[int], starts: list[int], ticks: int) -> dict:
 
 def _run_job(job):
     cfg, seed, tuner, kw = job
-    import torch
-    torch.set_num_threads(1)
+    use_one_core()
     return run_one(cfg, seed, tuner, **kw)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from capes.common import config as cfgmod
+from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from capes.common.stats import median_ci, wilson_ci
 from drl_engine.config import DQNConfig
@@ -221,8 +222,7 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
 
 def _run_job(job):
     cfg, seed, init_model, keep_trace, device, play_on, tuner, tensorboard = job
-    import torch
-    torch.set_num_threads(1)
+    use_one_core()
     return run_one(cfg, seed, init_model=init_model, device=device, keep_trace=keep_trace,
                    play_on=play_on, tuner=tuner, tensorboard=tensorboard)
 

@@ -1,0 +1,25 @@
+"""Keep numeric work on one thread per process.
+
+The engine's matrices are small (a 100 × 20 grid, a 32-row minibatch). Threaded BLAS
+only adds hand-offs there, and when the cores are busy (two converge-test jobs on two
+cores, a daemon beside a storage server) it is ruinous. OpenBLAS's threads spin while
+waiting for a core, so a 0.1 ms ``tensordot`` took 12 ms at load 2. Runs that are meant
+to use one core call :func:`use_one_core` once, before any work.
+"""
+from __future__ import annotations
+
+from threadpoolctl import threadpool_limits
+
+
+def use_one_core() -> None:
+    """One thread for PyTorch's intra-op pool and for every BLAS/OpenMP pool numpy,
+    scipy or torch loaded (threadpoolctl sets them for the whole process)."""
+    import torch
+    torch.set_num_threads(1)
+    threadpool_limits(limits=1)
+
+
+def single_thread_blas() -> None:
+    """One thread for numpy's BLAS only (the guide's small matrices), leaving PyTorch's
+    pool alone: a daemon training a large model on CPU keeps its cores for that."""
+    threadpool_limits(limits=1, user_api="blas")
