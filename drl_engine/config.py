@@ -55,7 +55,8 @@ class DQNConfig:
     model_length: float = 0.25         # the GP's length scale, as a share of each range
     model_beta: float = 0.5            # UCB = mean + β·sd (standardised objective) ...
     model_travel: float = 0.005        # ... − this per tick of walking to the target
-    guard_steps: int = 3               # trust region around the best-known setting, steps
+    guard_steps: int = 3               # local probes stay this close to the best-known setting
+    greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
 
     def validate(self) -> None:
@@ -70,7 +71,8 @@ class DQNConfig:
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
-        for name in ("settle_ticks", "probe_dwell", "guard_steps", "best_min_samples"):
+        for name in ("settle_ticks", "probe_dwell", "guard_steps", "greedy_guard_steps",
+                     "best_min_samples"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 0 <= self.global_fraction <= 1:
@@ -96,6 +98,7 @@ class DQNConfig:
             "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
             "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
             "settle_ticks": 10**6, "probe_dwell": 10**6, "guard_steps": 10**6,
+            "greedy_guard_steps": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
             "grad_clip": 1e12}

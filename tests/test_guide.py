@@ -100,3 +100,28 @@ def test_moves_of_a_knob_that_acts_at_once_raise_no_alarm():
         p[t] = game_throughput(rate, late) * (1 + 0.01 * rng.normal())
     assert not g.credit(p, values, ticks)
     assert g.alarms == []
+
+
+@pytest.mark.parametrize("greedy_steps, allowed", [(1, False), (3, True)])
+def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
+    # best known: rate index 5, window index 50; the agent sits one window step above it
+    # and the Q-network asks for one more (+window = action 3)
+    cfg = DQNConfig(guided=True, guard_steps=3, greedy_guard_steps=greedy_steps)
+    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+              np.random.default_rng(0))
+    g.best = np.array([5, 50])
+    current = np.array([5, 51])
+    out = g.guard(3, current)
+    if allowed:
+        assert out == 3
+    else:
+        k, sign = divmod(out - 1, 2)
+        after = current.copy()
+        after[k] += 1 if sign == 0 else -1
+        assert np.abs(after - g.best).max() < np.abs(current - g.best).max()
+    assert g.guard(4, current) == 4               # a step back towards the best always passes
+
+
+def test_greedy_guard_steps_is_validated():
+    with pytest.raises(ValueError, match="greedy_guard_steps"):
+        DQNConfig(greedy_guard_steps=-1).validate()
