@@ -612,7 +612,7 @@ class CMAES(OptunaTuner):
 
     def make_sampler(self, optuna):
         if not have_cmaes():
-            raise ImportError("the cma tuner needs the cmaes package: pip install cmaes")
+            raise ImportError("the cma tuner needs the cmaes package: pip install capes[tune]")
         o = self.opts
         return optuna.samplers.CmaEsSampler(
             seed=self.seed, n_startup_trials=o.startup, popsize=o.popsize or None,
