@@ -119,6 +119,28 @@ class Agent:
         self.sock.close(linger=0)
 
 
+def free_port_below_ephemeral() -> int:
+    """A free loopback TCP port below the kernel's ephemeral range, for a test that
+    closes a port and binds it again while clients keep reconnecting: a client that
+    reconnects to a closed port inside that range can be given that port as its own
+    source and connect to itself (TCP self-connect), and the port is then in use."""
+    import random
+    import socket
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 def wait_for(predicate, timeout: float = 10.0, every: float = 0.05):
     deadline = time.monotonic() + timeout
     while True:

@@ -19,6 +19,7 @@ from capes.common.protocol import Ack, Action, DeltaDecoder, FullRequest, Indica
 from capes.common.stop_signal import StopSignal
 from control_agent.agent import ControlAgent
 from monitor_agent.agent import MonitorAgent
+from daemon_harness import free_port_below_ephemeral
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -239,7 +240,8 @@ def test_control_agent_process_restores_when_the_daemon_is_gone(tmp_path):
     When it comes back, the agent says hello again and applies its actions."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    port = free_port_below_ephemeral()                # closed and bound again below
+    sock.bind(f"tcp://127.0.0.1:{port}")
     knobs = knob_dir(tmp_path)
     proc = start("control-agent", "--config",
                  str(deployment_toml(tmp_path, knobs, port, restore_after_s=0.5)))
@@ -310,7 +312,8 @@ def test_monitor_agent_never_blocks_and_resyncs_after_drops(tmp_path):
     gets through afterwards is a full one with names."""
     ctx = zmq.Context()
     probe = ctx.socket(zmq.ROUTER)
-    port = probe.bind_to_random_port("tcp://127.0.0.1")
+    port = free_port_below_ephemeral()
+    probe.bind(f"tcp://127.0.0.1:{port}")
     probe.close(linger=0)                                 # a port with nobody on it
     knobs = knob_dir(tmp_path)
     cfg = load(deployment_toml(tmp_path, knobs, port))

@@ -25,7 +25,8 @@ from capes.common.deployment import KeysConfig, load_deployment
 from capes.common.params import ParameterSpec
 from capes.common.protocol import Ack, Action, DeltaEncoder, decode, encode
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
-from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
+from daemon_harness import (ROOT, Agent, DaemonProcess, free_port_below_ephemeral, wait_for,
+                            write_config)
 
 PIS = ["cpu", "mem", "disk.sda.read_bps"]
 TICK_S = 0.05                       # the harness's tick
@@ -788,20 +789,13 @@ class _Counter:
         pass
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_no_frame_is_lost_at_a_daemon_kill_9(deployment):
     """A monitoring agent keeps its last seconds and sends them again when it reconnects:
     the frames the killed daemon had received but not committed, and those of its
     downtime, are stored by the restarted one; what was committed is not stored twice."""
     import threading
     from monitor_agent.agent import MonitorAgent
-    port = _free_port()
+    port = free_port_below_ephemeral()          # the restarted daemon binds it again
     ingest = f"tcp://127.0.0.1:{port}"
     cfg = write_config(deployment, ingest=ingest, max_clock_skew_s=300, commit_every_s=1.0)
     cfg.write_text(cfg.read_text() + f'\n[monitor]\nnode = "n1"\ndaemon = "{ingest}"\n')
