@@ -290,13 +290,11 @@ class Guide:
         best = self.best
         if best is None or action == 0:
             return action
-        steps = self.cfg.greedy_guard_steps
         k, sign = divmod(action - 1, 2)
         after = current.copy()
         after[k] += 1 if sign == 0 else -1
-        if np.abs(after - best).max() <= steps:
-            return action
-        if np.abs(after - best).max() < np.abs(current - best).max():
+        distance = np.abs(after - best).max()
+        if distance <= self.cfg.greedy_guard_steps or distance < np.abs(current - best).max():
             return action
         return step_towards(current, best, self.n_steps)
 
