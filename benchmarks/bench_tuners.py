@@ -18,7 +18,9 @@ the first win (won runs); in-band = share of ticks 1,800–3,600 s whose noise-f
 throughput is within the win band (median, mean over runs); tp hour / tp late = mean
 noise-free throughput as a fraction of ideal over the hour / over 1,800–3,600 s (mean over
 runs); min tp = lowest throughput fraction after tick 300 (median over runs); s/run =
-wall seconds per run (one core each).
+wall seconds per run (one core each). Under each table, with ``capes`` among the tuners:
+CAPES minus each baseline, paired by seed, for tp hour and tp late (mean and 95 % t
+interval; an interval that holds 0 is a tie at this number of seeds).
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ import time
 import numpy as np
 
 from capes.experiments.baselines import have_cmaes, parse_tuner
-from capes.experiments.converge_test import load_config, run_grid, write_json
+from capes.experiments.converge_test import (load_config, paired_difference, run_grid,
+                                             write_json)
 
 VARIANTS = {
     "narrow": ["game.curve_width=8"],
@@ -92,6 +95,32 @@ def format_rows(title: str, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+PAIRED_KEYS = ("tp_frac_hour", "tp_frac_late")
+
+
+def paired_rows(reports: dict, base: str = "capes") -> dict:
+    """{baseline: {metric: paired difference}}: ``base`` minus each other tuner."""
+    if base not in reports:
+        return {}
+    return {t: {k: paired_difference(rep["runs"], reports[base]["runs"], k)
+                for k in PAIRED_KEYS}
+            for t, rep in reports.items() if t != base}
+
+
+def format_paired(paired: dict, base: str = "capes") -> str:
+    lines = []
+    for tuner, metrics in paired.items():
+        parts = []
+        for k, d in metrics.items():
+            parts.append(f"{k.replace('tp_frac_', 'tp ')} -" if d is None else
+                         f"{k.replace('tp_frac_', 'tp ')} {d['mean']:+.4f} "
+                         f"[{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]")
+        lines.append(f"  {base} - {tuner}: " + ", ".join(parts)
+                     + (f" (n={next(iter(metrics.values()))['n']})"
+                        if next(iter(metrics.values())) else ""))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20, help="runs per game and tuner")
@@ -143,11 +172,14 @@ def main(argv=None) -> int:
                  f"{args.seeds} seeds from {args.first_seed}, reward {base.reward.type}, "
                  f"capes preset {base.engine.preset}"
                  + (f", {' '.join(overrides)}" if overrides else ""))
+        paired = paired_rows(reports)
         print(format_rows(title, rows), flush=True)
+        if paired:
+            print("paired by seed, 95 % t interval:\n" + format_paired(paired), flush=True)
         print(flush=True)
         out["games"].append({"game": label, "noise": noise, "overrides": overrides,
                              "ideal": g.ideal_throughput, "rows": rows,
-                             "reports": reports})
+                             "paired": paired, "reports": reports})
     wall = time.perf_counter() - t0
     out["wall_s"] = wall
     print(f"wall {wall:.0f} s for {len(plan)} games x {len(tuners)} tuners x "

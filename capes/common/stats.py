@@ -1,4 +1,5 @@
-"""Small, dependency-free statistics for reporting results honestly."""
+"""Small statistics for reporting results honestly (the t interval needs scipy, the
+optional extra ``stats``; the rest is dependency-free)."""
 from __future__ import annotations
 
 import math
@@ -40,3 +41,20 @@ def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> tuple[float, 
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_mean_ci(a, b, confidence: float = 0.95) -> tuple[float, float, float] | None:
+    """Mean of the paired differences ``b[i] − a[i]`` and its Student t interval (None
+    with fewer than two pairs). Pairing (same seed, two tuners) removes the run-to-run
+    spread they share, which is most of it in a seeded simulator."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length ({len(a)} and {len(b)})")
+    n = len(a)
+    if n < 2:
+        return None
+    from scipy import stats
+    d = [y - x for x, y in zip(a, b)]
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half

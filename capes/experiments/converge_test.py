@@ -27,7 +27,7 @@ import numpy as np
 from capes.common import config as cfgmod
 from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
-from capes.common.stats import median_ci, wilson_ci
+from capes.common.stats import median_ci, paired_mean_ci, wilson_ci
 from drl_engine.config import DQNConfig
 from drl_engine.engine import Decision, Engine
 from drl_engine.loop import TickRecord, TickState, run_ticks
@@ -262,6 +262,19 @@ def summarise(runs: list[RunResult]) -> dict:
             "wall_s": sum(r.wall_s for r in runs),
             "wall_s_per_sim_hour": (sum(r.wall_s for r in runs) /
                                     max(1, sum(r.ticks for r in runs)) * 3600)}
+
+
+def paired_difference(runs_a: list[dict], runs_b: list[dict], key: str,
+                      confidence: float = 0.95) -> dict | None:
+    """``key`` of B minus A over the seeds both played (runs as in a report's
+    ``runs``): mean, its t interval and the number of pairs; None under two pairs."""
+    a = {r["seed"]: r.get(key) for r in runs_a}
+    pairs = [(a[r["seed"]], r.get(key)) for r in runs_b
+             if r["seed"] in a and a[r["seed"]] is not None and r.get(key) is not None]
+    ci = paired_mean_ci([x for x, _ in pairs], [y for _, y in pairs], confidence)
+    if ci is None:
+        return None
+    return {"mean": ci[0], "ci": [ci[1], ci[2]], "n": len(pairs)}
 
 
 def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int = 0,
