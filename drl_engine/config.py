@@ -44,6 +44,7 @@ class DQNConfig:
     # random actions, and a trust region around the best-known setting.
     guided: bool = False
     settle_ticks: int = 3              # credit p_t to the setting in effect this long before
+    learn_lags: bool = False           # ... or, per knob, as long as its moves take to show
     kernel_steps: float = 1.5          # smoothing of the per-setting means, in steps
     lcb_kappa: float = 0.5             # best = highest mean − κ standard errors
     best_min_samples: int = 3          # (kernel-weighted) samples before a setting counts
@@ -109,7 +110,7 @@ PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
-                "probe_model": True},
+                "probe_model": True, "learn_lags": True},
 }
 
 

@@ -6,8 +6,12 @@ dithers around the optimum. The guide keeps the RL action space (one ±step acti
 NULL per tick, so every transition is a normal Algorithm-2 transition in the replay DB)
 and changes *which* actions are taken:
 
-* **Best-known setting.** Every tick's objective p_t is credited to the setting that was
-  in effect ``settle_ticks`` earlier (the system's reaction delay). Per setting (values
+* **Best-known setting.** Every tick's objective p_t is credited to the setting that
+  produced it: each knob's value ``settle_ticks`` earlier (the system's reaction delay),
+  or, once the guide has learned a knob's own delay (``learn_lags``,
+  :meth:`Guide._learn_lags`), that many ticks earlier — a rate limit acts at once, a
+  window after the queue drains, and crediting a rate limit's cliff to the setting it
+  left sent probes further down the cliff. Per setting (values
   on the step grid) the guide keeps the sum and count; a setting's score is the
   kernel-smoothed mean over its neighbours (Gaussian, ``kernel_steps`` steps wide) minus
   ``lcb_kappa`` standard errors — a lower confidence bound, so one lucky noisy sample
@@ -61,6 +65,7 @@ class Guide:
     DENSE_CELLS = 1_000_000       # grids up to this many settings are kept as arrays
     MODEL_MAX_CELLS = 100         # the GP sees at most this many (merged) settings
     MODEL_MAX_CANDIDATES = 1024   # settings scored per proposal
+    LAG_T = 5.0                   # t statistic a knob's own lag needs before it is used
     LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
 
     def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
@@ -83,6 +88,11 @@ class Guide:
         self.detector = (SettingResidualDetector(ChangeDetectorConfig())
                          if cfg.detect_changes else None)
         self.alarms: list[int] = []                  # ticks (session indices) of alarms
+        # the least-squares sums behind each knob's learned reaction delay (_learn_lags)
+        width = 1 + len(n_steps) * (cfg.settle_ticks + 1)
+        self.lag_xx, self.lag_xy = np.zeros((width, width)), np.zeros(width)
+        self.lag_yy, self.lag_n, self._lag_seen = 0.0, 0, 0
+        self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
 
     # -- statistics ---------------------------------------------------------------------
     def grid(self, values) -> np.ndarray:
@@ -99,10 +109,14 @@ class Guide:
         lag = self.cfg.settle_ticks
         start = max(self.seen_until, lag)
         alarm = False
+        if self.cfg.learn_lags:
+            self._learn_lags(p, values, n)
+        cols = np.arange(values.shape[1])
         for t in range(start, n):
-            if not np.isfinite(p[t]) or not np.isfinite(values[t - lag]).all():
+            setting = values[t - self.lags, cols]     # each knob as it was its lag ago
+            if not np.isfinite(p[t]) or not np.isfinite(setting).all():
                 continue
-            key = tuple(self.grid(values[t - lag]))
+            key = tuple(self.grid(setting))
             # the detector only hears ticks whose setting held over the whole lag: a knob
             # that acts at once (a binding rate limit) would otherwise leave ``lag``
             # residuals keyed to the wrong setting after every move, and alarm
@@ -121,6 +135,51 @@ class Guide:
                 s[2] += 1
         self.seen_until = max(self.seen_until, n)
         return alarm
+
+    def _learn_lags(self, p: np.ndarray, values: np.ndarray, n: int) -> None:
+        """Each knob's reaction delay, learned: a least-squares fit of the objective's
+        tick-to-tick change |Δp_t| on indicators "knob k moved l ticks ago" (every knob,
+        l = 0..settle, and a constant), so moves in a row are told apart. A knob's lag is
+        the l with the largest coefficient once its t statistic reaches ``LAG_T``; until
+        then (no effect seen, or noise hides it) the knob keeps ``settle_ticks``.
+        Sign-free, since a move helps on one side of an optimum and hurts on the other.
+        A rate limit acts at once, a window only after the queue drains: crediting both
+        ``settle`` ticks back would pin the rate limit's effect on the setting it left."""
+        L, P = self.cfg.settle_ticks, len(self.lags)
+        t0 = max(self._lag_seen, L + 1)
+        if n <= t0:
+            return
+        ts = np.arange(t0, n)
+        y = np.abs(p[ts] - p[ts - 1])
+        x = np.ones((len(ts), 1 + P * (L + 1)))
+        for lag in range(L + 1):
+            x[:, 1 + lag * P:1 + (lag + 1) * P] = values[ts - lag] != values[ts - lag - 1]
+        ok = np.isfinite(y) & np.isfinite(x).all(1)
+        x, y = x[ok], y[ok]
+        self.lag_xx += x.T @ x
+        self.lag_xy += x.T @ y
+        self.lag_yy += float(y @ y)
+        self.lag_n += len(y)
+        self._lag_seen = n
+        dof = self.lag_n - x.shape[1]
+        if dof < 5:
+            return
+        # a ridge (1 per coefficient, none on the constant): along a walk a knob moves
+        # every tick and its lags cannot be told apart; those coefficients stay small
+        # and uncertain instead of making the fit singular
+        ridge = np.eye(len(self.lag_xx))
+        ridge[0, 0] = 0.0
+        inv = np.linalg.inv(self.lag_xx + ridge + 1e-9 * np.eye(len(ridge)))
+        beta = inv @ self.lag_xy
+        rss = self.lag_yy - 2.0 * beta @ self.lag_xy + beta @ self.lag_xx @ beta
+        se = np.sqrt(np.maximum(np.diag(inv) * max(rss, 0.0) / dof, 1e-300))
+        t = (beta / se)[1:].reshape(L + 1, P)                   # (lag, knob)
+        b = beta[1:].reshape(L + 1, P)
+        for k in range(P):
+            best = int(np.argmax(b[:, k]))
+            if t[best, k] >= self.LAG_T:       # kept once found: a knob whose moves stop
+                self.lags[k] = best            # showing (a cap no longer binding) has
+                                               # not changed its delay
 
     def best_setting(self, now: int) -> np.ndarray | None:
         """Grid indices of the best-known setting by its lower confidence bound,

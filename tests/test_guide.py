@@ -125,3 +125,59 @@ def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
 def test_greedy_guard_steps_is_validated():
     with pytest.raises(ValueError, match="greedy_guard_steps"):
         DQNConfig(greedy_guard_steps=-1).validate()
+
+
+def knob_series(seed, n=400, noise=0.1, delays=(0, 3)):
+    """Two knobs on 0..19 moved at random (one per tick, or none) and an objective that
+    follows knob 0 at once and knob 1 ``delays[1]`` ticks late (slopes 10 and 5)."""
+    rng = np.random.default_rng(seed)
+    values = np.zeros((n, 2))
+    values[0] = (10, 10)
+    for t in range(1, n):
+        values[t] = values[t - 1]
+        if rng.random() < 0.6:
+            k = rng.integers(2)
+            values[t, k] = np.clip(values[t, k] + rng.choice((-1, 1)), 0, 19)
+    a = values[np.maximum(np.arange(n) - delays[0], 0), 0]
+    b = values[np.maximum(np.arange(n) - delays[1], 0), 1]
+    p = 10 * a + 5 * b + noise * rng.normal(size=n)
+    return p, values
+
+
+def lag_guide(seed=0, **cfg):
+    cfg = DQNConfig(guided=True, settle_ticks=3, **{"learn_lags": True, **cfg})
+    return Guide(np.zeros(2), np.ones(2), np.array([19, 19]), cfg, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_each_knob_s_reaction_delay_is_learned(seed):
+    p, values = knob_series(seed)
+    g = lag_guide(seed)
+    for n in range(10, len(p) + 1, 7):          # ticks arrive a few at a time
+        g.credit(p, values, n)
+    assert g.lags.tolist() == [0, 3]
+
+
+def test_credit_goes_to_the_setting_each_knob_had_when_it_acted():
+    p, values = knob_series(0)
+    g = lag_guide()
+    g.credit(p, values, 200)                   # learns the lags
+    before = g.grid_stats.copy()
+    g.credit(p, values, 201)
+    t = 200
+    key = (int(values[t, 0]), int(values[t - 3, 1]))
+    assert g.grid_stats[2][key] == before[2][key] + 1
+    assert g.grid_stats[0][key] - before[0][key] == pytest.approx(p[t])
+
+
+def test_without_evidence_every_knob_keeps_the_settle_time():
+    # noise far above the knobs' effects: nothing is learned, settle_ticks stands
+    p, values = knob_series(0, noise=500.0)
+    g = lag_guide()
+    g.credit(p, values, len(p))
+    assert g.lags.tolist() == [3, 3]
+    # and with learning off, not even a clear effect moves them
+    p, values = knob_series(0)
+    g = lag_guide(learn_lags=False)
+    g.credit(p, values, len(p))
+    assert g.lags.tolist() == [3, 3]
