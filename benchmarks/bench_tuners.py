@@ -110,14 +110,16 @@ def paired_rows(reports: dict, base: str = "capes") -> dict:
 def format_paired(paired: dict, base: str = "capes") -> str:
     lines = []
     for tuner, metrics in paired.items():
-        parts = []
+        parts, n = [], None
         for k, d in metrics.items():
-            parts.append(f"{k.replace('tp_frac_', 'tp ')} -" if d is None else
-                         f"{k.replace('tp_frac_', 'tp ')} {d['mean']:+.4f} "
-                         f"[{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]")
+            name = k.replace("tp_frac_", "tp ")
+            if d is None:
+                parts.append(f"{name} -")
+                continue
+            n = d["n"]
+            parts.append(f"{name} {d['mean']:+.4f} [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]")
         lines.append(f"  {base} - {tuner}: " + ", ".join(parts)
-                     + (f" (n={next(iter(metrics.values()))['n']})"
-                        if next(iter(metrics.values())) else ""))
+                     + (f" (n={n})" if n is not None else ""))
     return "\n".join(lines)
 
 

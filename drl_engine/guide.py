@@ -154,7 +154,7 @@ class Guide:
         x = np.ones((len(ts), 1 + P * (L + 1)))
         for lag in range(L + 1):
             x[:, 1 + lag * P:1 + (lag + 1) * P] = values[ts - lag] != values[ts - lag - 1]
-        ok = np.isfinite(y) & np.isfinite(x).all(1)
+        ok = np.isfinite(y)                    # x holds 0/1 indicators, always finite
         x, y = x[ok], y[ok]
         self.lag_xx += x.T @ x
         self.lag_xy += x.T @ y

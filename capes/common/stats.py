@@ -1,9 +1,15 @@
-"""Small statistics for reporting results honestly (the t interval needs scipy, the
-optional extra ``stats``; the rest is dependency-free)."""
+"""Small statistics for reporting results honestly: intervals for a median, a success
+rate and a mean (the t intervals import scipy, the optional extra ``stats``, when
+called)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from statistics import NormalDist
+
+import numpy as np
+
+NAN = float("nan")
 
 
 def binom_cdf(k: int, n: int, p: float = 0.5) -> float:
@@ -43,18 +49,45 @@ def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> tuple[float, 
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+@dataclass
+class MeanCI:
+    n: int
+    mean: float
+    sd: float
+    low: float
+    high: float
+
+    @property
+    def rel_half_width(self) -> float:
+        if not (math.isfinite(self.low) and self.mean):
+            return NAN
+        return (self.high - self.low) / 2 / abs(self.mean)
+
+
+def mean_ci(x, confidence: float = 0.95) -> MeanCI:
+    """The mean and its Student t confidence interval (NaN bounds below 2 samples)."""
+    x = np.asarray(x, dtype=float)
+    n = x.size
+    if n == 0:
+        return MeanCI(0, NAN, NAN, NAN, NAN)
+    m = float(x.mean())
+    if n < 2:
+        return MeanCI(1, m, NAN, NAN, NAN)
+    sd = float(x.std(ddof=1))
+    if sd == 0.0:
+        return MeanCI(n, m, 0.0, m, m)
+    from scipy import stats
+    lo, hi = stats.t.interval(confidence, n - 1, loc=m, scale=sd / math.sqrt(n))
+    return MeanCI(n, m, sd, float(lo), float(hi))
+
+
 def paired_mean_ci(a, b, confidence: float = 0.95) -> tuple[float, float, float] | None:
     """Mean of the paired differences ``b[i] − a[i]`` and its Student t interval (None
     with fewer than two pairs). Pairing (same seed, two tuners) removes the run-to-run
     spread they share, which is most of it in a seeded simulator."""
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length ({len(a)} and {len(b)})")
-    n = len(a)
-    if n < 2:
+    if len(a) < 2:
         return None
-    from scipy import stats
-    d = [y - x for x, y in zip(a, b)]
-    mean = sum(d) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return mean, mean - half, mean + half
+    ci = mean_ci([y - x for x, y in zip(a, b)], confidence)
+    return ci.mean, ci.low, ci.high

@@ -53,6 +53,8 @@ import numpy as np
 from scipy import signal as sps_signal
 from scipy import stats
 
+from capes.common.stats import MeanCI, mean_ci  # noqa: F401 (re-exported)
+
 log = logging.getLogger(__name__)
 
 NAN = float("nan")
@@ -192,37 +194,6 @@ def independent_samples(groups, threshold: float = 0.1, min_batches: int = 5,
         return Samples(rep_means, "repetition", size, raw, float(r_rep), p, 1.0)
     values = np.concatenate(batches)
     return Samples(values, "subsession", size, raw, r, p, values.size / len(groups))
-
-
-@dataclass
-class MeanCI:
-    n: int
-    mean: float
-    sd: float
-    low: float
-    high: float
-
-    @property
-    def rel_half_width(self) -> float:
-        if not (math.isfinite(self.low) and self.mean):
-            return NAN
-        return (self.high - self.low) / 2 / abs(self.mean)
-
-
-def mean_ci(x, confidence: float = 0.95) -> MeanCI:
-    """The mean and its Student t confidence interval (NaN bounds below 2 samples)."""
-    x = np.asarray(x, dtype=float)
-    n = x.size
-    if n == 0:
-        return MeanCI(0, NAN, NAN, NAN, NAN)
-    m = float(x.mean())
-    if n < 2:
-        return MeanCI(1, m, NAN, NAN, NAN)
-    sd = float(x.std(ddof=1))
-    if sd == 0.0:
-        return MeanCI(n, m, 0.0, m, m)
-    lo, hi = stats.t.interval(confidence, n - 1, loc=m, scale=sd / math.sqrt(n))
-    return MeanCI(n, m, sd, float(lo), float(hi))
 
 
 def fieller_ratio_ci(mean_a: float, var_a: float, mean_b: float, var_b: float,
