@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from capes.common.actions import MAX_STEPS
 from capes.common.config import ConfigError
 
 
@@ -38,6 +39,8 @@ class DQNConfig:
     normalise_inputs: bool = False
     scale_rewards: bool = False
     grad_clip: float = 0.0             # max gradient norm; 0: no clipping
+    action_steps: int = 1              # probe walks move up to this many steps per tick
+                                       # (the Q-network keeps one-step actions)
     max_inputs: int = 20_000           # refuse a wider observation (a PI-name flood, a
                                        # layout error) instead of allocating its network
     # The guide (drl_engine/guide.py): probes to target settings instead of uniform
@@ -76,6 +79,9 @@ class DQNConfig:
                      "best_min_samples"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        if not 1 <= self.action_steps <= MAX_STEPS:
+            raise ValueError(f"action_steps: must lie in [1, {MAX_STEPS}] "
+                             f"(got {self.action_steps})")
         if not 0 <= self.global_fraction <= 1:
             raise ValueError(f"global_fraction: must lie in [0, 1] (got {self.global_fraction})")
         for name in ("kernel_steps", "best_refresh_ticks", "probe_local_steps"):
@@ -110,7 +116,7 @@ PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
-                "probe_model": True, "learn_lags": True},
+                "probe_model": True, "learn_lags": True, "action_steps": 2},
 }
 
 

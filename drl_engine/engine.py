@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from capes.common import actions
 from capes.common.atomic import atomic_write, remove_stale_temps
 from capes.common.replay_db import ReplayReader
 from drl_engine.config import DQNConfig, RewardConfig
@@ -39,7 +40,8 @@ def remove_stale_checkpoint_temps(path: str | Path) -> list[Path]:
 @dataclass
 class Decision:
     tick: int
-    action: int              # 0 = NULL, 1 + 2k = increase param k, 2 + 2k = decrease it
+    action: int              # 0 = NULL, 1 + 2k = increase param k, 2 + 2k = decrease it,
+                             # above 2P the same by 2, 3 … steps (capes.common.actions)
     values: list[float]      # every parameter's value after the action
     epsilon: float
     explored: bool
@@ -51,20 +53,17 @@ def tuned_online(spec) -> bool:
     return getattr(spec, "cost", "dynamic") == "dynamic"
 
 
-def action_name(action: int, param_names) -> str:
-    if action == 0:
-        return "null"
-    k, sign = divmod(action - 1, 2)
-    return f"{param_names[k]}{'+' if sign == 0 else '-'}"
+action_name = actions.name
 
 
 def apply_action(action: int, values, specs) -> list[float]:
-    """New parameter values after ``action``: moved by one step, kept in range, over
+    """New parameter values after ``action``: moved by its steps, kept in range, over
     forbidden values (``ParameterSpec.next_value``, as the daemon's step rule)."""
     out = [float(v) for v in values]
-    if action:
-        k, down = divmod(action - 1, 2)
-        out[k] = specs[k].next_value(out[k], -1 if down else 1)
+    move = actions.decode(action, len(specs))
+    if move is not None:
+        k, steps = move
+        out[k] = actions.moved(specs[k], out[k], steps)
     return out
 
 
@@ -167,7 +166,7 @@ class Engine:
             else:
                 q = self.dqn.q_values(obs[None])[0]
                 action, q_max = int(q.argmax()), float(q.max())
-        if action and not tuned_online(specs[(action - 1) // 2]):
+        if action and not tuned_online(specs[actions.decode(action, len(specs))[0]]):
             action = 0            # a remount/reboot knob: never moved online (cost)
         values = apply_action(action, current, specs)
         self.action_ticks += 1

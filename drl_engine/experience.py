@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from capes.common import actions
 from capes.common.replay_db import ReplayReader, SessionData
 from drl_engine.config import RewardConfig
 from drl_engine.normaliser import Normaliser
@@ -78,7 +79,8 @@ class Experience:
 
     @property
     def n_actions(self) -> int:
-        return 2 * len(self.layout.param_names) + 1
+        """The Q-network's outputs: the thesis' 2P + 1 one-step actions."""
+        return actions.count(len(self.layout.param_names))
 
     def param_specs(self):
         """Specs of the layout's parameters, taken from the newest session that has them."""
@@ -223,7 +225,9 @@ class Experience:
             data, d = self.reader.sessions[sid], self.derived[sid]
             obs.append(self.observations(sid, i))
             nxt.append(self.observations(sid, i + self.n_step))
-            act.append(data.actions[i].astype(np.int64))
+            # a move of several steps (a probe's walk) is learned as its direction
+            act.append(actions.direction(data.actions[i].astype(np.int64),
+                                         len(self.layout.param_names)))
             rew.append(self._returns(d, i))
             ss.append(np.full(len(i), sid))
             ts.append(i + data.first_tick)

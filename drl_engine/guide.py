@@ -2,9 +2,9 @@
 
 Uniform ε-greedy over ±step actions is a random walk: it needs ~d² ticks to travel d
 steps, drops production wherever it wanders, and a greedy policy on a noisy Q-network
-dithers around the optimum. The guide keeps the RL action space (one ±step action or
-NULL per tick, so every transition is a normal Algorithm-2 transition in the replay DB)
-and changes *which* actions are taken:
+dithers around the optimum. The guide keeps the RL action space (one move of one
+parameter or NULL per tick, so every transition is a normal Algorithm-2 transition in the
+replay DB) and changes *which* actions are taken:
 
 * **Best-known setting.** Every tick's objective p_t is credited to the setting that
   produced it: each knob's value ``settle_ticks`` earlier (the system's reaction delay),
@@ -16,21 +16,22 @@ and changes *which* actions are taken:
   kernel-smoothed mean over its neighbours (Gaussian, ``kernel_steps`` steps wide) minus
   ``lcb_kappa`` standard errors — a lower confidence bound, so one lucky noisy sample
   does not become "the best".
-* **Probes.** An exploration decision starts a probe: a target setting, walked to one
-  step per tick (temporally extended exploration, after Dabney et al.'s εz-greedy),
-  then held for ``probe_dwell`` ticks so its delayed effect is measured. A global probe
+* **Probes.** An exploration decision starts a probe: a target setting, walked to by
+  moves of up to ``action_steps`` steps per tick (temporally extended exploration, after
+  Dabney et al.'s εz-greedy; two steps halve the walk, which was most of the early
+  loss), then held for ``probe_dwell`` ticks so its delayed effect is measured. A global probe
   (probability ``global_share``, 1 → 0 over ``global_fraction`` of the exploration
   period) may go anywhere in the range, a local one stays around the best-known setting
   (``probe_local_steps`` steps, inside the guard band).
 * **Model-proposed targets** (``probe_model``). A Gaussian process over the credited
   per-setting means (:meth:`Guide.model_target`) picks each target: the highest upper
   confidence bound (mean + ``model_beta`` sd) less ``model_travel`` per tick of walking
-  there; global probes score the whole grid (and are re-aimed every settle+1 steps of
+  there; global probes score the whole grid (and are re-aimed every settle+1 moves of
   their walk, as the walk's own ticks come in), local ones a handful of candidates around
   the best. Without it targets are uniform (global) or Gaussian jitter (local). This is
   what took the default game's median first win from ~250 to ~120 simulated s.
 * **Trust region.** A greedy action that would take a parameter more than
-  ``greedy_guard_steps`` steps away from the best-known setting is replaced by a step
+  ``greedy_guard_steps`` steps away from the best-known setting is replaced by one step
   back towards it; inside the region the Q-network decides. Local probes may go
   further (``guard_steps``): a noisy Q-network left to wander ±3 steps cost more than
   the probes did (1 % noise, seeds 0–7: 6.1 vs 1.4 ideal-seconds lost in the last half
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from capes.common import actions
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
 
@@ -326,16 +328,17 @@ class Guide:
         probe = self.probe
         if probe is None:
             return None
-        action = step_towards(current, probe.target, self.n_steps)
+        most = self.cfg.action_steps
+        action = step_towards(current, probe.target, self.n_steps, most)
         if action != 0 and probe.replan:
-            # every settle+1 steps of the walk the ticks it passed are credited: re-aim
+            # every settle+1 moves of the walk the ticks it passed are credited: re-aim
             # (a far target chosen on little data is often passed by the peak)
             probe.walked += 1
             if probe.walked % (self.cfg.settle_ticks + 1) == 0:
                 target = self.model_target(current)
                 if target is not None:
                     probe.target = np.where(self.frozen, current, target)
-                    action = step_towards(current, target, self.n_steps)
+                    action = step_towards(current, target, self.n_steps, most)
         if action == 0:
             probe.dwell_left -= 1
             if probe.dwell_left < 0:
@@ -349,9 +352,9 @@ class Guide:
         best = self.best
         if best is None or action == 0:
             return action
-        k, sign = divmod(action - 1, 2)
+        k, steps = actions.decode(action, len(current))
         after = current.copy()
-        after[k] += 1 if sign == 0 else -1
+        after[k] += steps
         distance = np.abs(after - best).max()
         if distance <= self.cfg.greedy_guard_steps or distance < np.abs(current - best).max():
             return action
@@ -380,11 +383,21 @@ def _rbf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.exp(-0.5 * np.maximum(d2, 0.0))
 
 
-def step_towards(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray) -> int:
-    """The ±step action that most reduces the largest relative distance to ``target``
-    (0, NULL, when there)."""
-    diff = target - current
+def step_towards(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray,
+                 most: int = 1) -> int:
+    """The action that most reduces the largest relative distance to ``target``: that
+    parameter moved by up to ``most`` steps, while it stays the farthest (0, NULL, when
+    there): the same path as one step per tick, taken in fewer ticks."""
+    diff = np.array(target - current)
+    scale = np.maximum(n_steps, 1)
     if not diff.any():
         return 0
-    k = int(np.argmax(np.abs(diff) / np.maximum(n_steps, 1)))
-    return 1 + 2 * k + (0 if diff[k] > 0 else 1)
+    k = int(np.argmax(np.abs(diff) / scale))
+    sign = 1 if diff[k] > 0 else -1
+    steps = 1
+    while steps < most:
+        diff[k] -= sign
+        if diff[k] == 0 or int(np.argmax(np.abs(diff) / scale)) != k:
+            break
+        steps += 1
+    return actions.encode(k, sign * steps, len(current))

@@ -6,9 +6,10 @@ Forbidden values come from each ``[parameters.NAME] forbidden = [...]`` and from
 ``[daemon.forbidden] NAME = [...]``. The control agents re-check with the same
 ``ParameterSpec.check_value``; this is the first of the two fences.
 
-:meth:`ActionChecker.check_step` also holds the engine to its own action set: an action
-moves one parameter by one step (NULL moves none), so the label recorded for training
-always matches the change, and no action jumps across the range.
+:meth:`ActionChecker.check_step` also holds the engine to its own action set
+(``capes.common.actions``): an action moves one parameter by the few steps it names (NULL
+moves none), so the label recorded for training always matches the change, and no action
+jumps across the range.
 
 :meth:`ActionChecker.check_dwell` holds each parameter to its ``min_dwell_s``: an action
 that would change it sooner after its last change (:meth:`ActionChecker.changed`, called
@@ -21,6 +22,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from capes.common import actions
 from capes.common.params import TOLERANCE, ParameterSpec
 
 
@@ -55,8 +57,9 @@ class ActionChecker:
         """Check an engine action: ``values`` are absolute new values (parameters left
         out keep their ``current`` value). All or nothing: one bad value refuses it."""
         now = {n: float(current[n]) for n in self.order}
-        if not isinstance(action, int) or not 0 <= action <= 2 * len(self.order):
-            return Verdict(now, f"action {action} outside [0, {2 * len(self.order)}]", "action")
+        if not actions.valid(action, len(self.order)):
+            most = actions.count(len(self.order), actions.MAX_STEPS) - 1
+            return Verdict(now, f"action {action} outside [0, {most}]", "action")
         new = dict(now)
         for name, value in values.items():
             spec = self.specs.get(name)
@@ -83,23 +86,25 @@ class ActionChecker:
 
     def check_step(self, action: int, verdict: Verdict, current: dict[str, float]) -> Verdict:
         """Check that an accepted ``verdict`` is the change ``action`` stands for: action
-        1 + 2k raises parameter k by its step, 2 + 2k lowers it (both clamped to the
-        range, and stepping over forbidden values to the next allowed one, as the
-        engine's ``ParameterSpec.next_value``), 0 changes nothing, and no other
-        parameter moves. The returned values are
-        snapped to the exact step (the engine's may have passed through float32)."""
+        1 + 2k raises parameter k by its step, 2 + 2k lowers it, the actions above 2P
+        do the same by 2, 3 … steps (``capes.common.actions``; each step clamped to the
+        range and over forbidden values to the next allowed one, as the engine's
+        ``ParameterSpec.next_value``), 0 changes nothing, and no other parameter
+        moves. The returned values are snapped to the exact step (the engine's may have
+        passed through float32)."""
         if not verdict.ok:
             return verdict
         now = {n: float(current[n]) for n in self.order}
         target = action_target(action, self.order)
         expect = dict(now)
-        if target is not None:               # one step, over forbidden values
-            name, sign = target
-            expect[name] = self.specs[name].next_value(now[name], sign, self.forbidden[name])
+        if target is not None:               # its steps, each over forbidden values
+            name, steps = target
+            expect[name] = actions.moved(self.specs[name], now[name], steps,
+                                         self.forbidden[name])
         for name in self.order:
             got, want = verdict.values[name], expect[name]
             if not _close(got, want, self.specs[name].step):
-                label = "NULL" if target is None else f"{target[0]}{'+' if target[1] > 0 else '-'}"
+                label = "NULL" if target is None else actions.name(action, self.order)
                 return Verdict(now, f"action {action} ({label}) sets {name} to {want:g}, "
                                     f"not {got:g}", "step")
         if target is not None:                   # the snapped value must pass too
@@ -138,11 +143,9 @@ class ActionChecker:
 
 
 def action_target(action: int, order: list[str]) -> tuple[str, int] | None:
-    """(parameter, +1 or -1) that ``action`` moves; None for the NULL action."""
-    if action == 0:
-        return None
-    k, down = divmod(action - 1, 2)
-    return order[k], -1 if down else 1
+    """(parameter, signed steps) that ``action`` moves; None for the NULL action."""
+    move = actions.decode(action, len(order))
+    return None if move is None else (order[move[0]], move[1])
 
 
 def _close(got: float, want: float, step: float) -> bool:

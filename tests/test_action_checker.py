@@ -44,9 +44,23 @@ def test_bad_values_refuse_the_whole_action(checker, values, key):
     assert v.values == CURRENT                  # nothing changes
 
 
-@pytest.mark.parametrize("action", [-1, 5, 99])
+@pytest.mark.parametrize("action", [-1, 33, 99, True, 1.0])
 def test_action_index_must_exist(checker, action):
+    # 2 parameters, moves of up to MAX_STEPS = 8 steps: actions 0..32 exist
     assert checker.check(action, {}, CURRENT).key == "action"
+
+
+def test_a_multi_step_action_must_move_by_its_steps(checker):
+    # action 5 = rate +2 steps, 8 = window −2 steps (capes.common.actions)
+    step = lambda a, values, now=CURRENT: checker.check_step(  # noqa: E731
+        a, checker.check(a, values, now), now)
+    assert step(5, {"rate": 70}).values == {"rate": 70.0, "window": 10.0}
+    assert step(5, {"rate": 60}).key == "step"            # one step, labelled two
+    assert step(1, {"rate": 70}).key == "step"            # two steps, labelled one
+    assert step(8, {"window": 8}).ok
+    # each of the steps goes over forbidden values: 11 → 12 → (13 forbidden) 14
+    assert step(7, {"window": 14}, {"rate": 50.0, "window": 11.0}).ok
+    assert step(7, {"window": 13}, {"rate": 50.0, "window": 11.0}).key == "forbidden"
 
 
 def test_forbidden_for_unknown_parameter_is_a_config_error():

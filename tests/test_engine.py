@@ -21,6 +21,10 @@ def test_actions_are_two_per_parameter_plus_null():
     assert apply_action(2, [1, 4], specs) == [1, 4]            # clamped at min
     assert apply_action(3, [10, 10], specs) == [10, 10]        # clamped at max
     assert [action_name(a, ["a", "b"]) for a in range(5)] == ["null", "a+", "a-", "b+", "b-"]
+    # above 2P: the same moves by two steps (engine.action_steps = 2, capes.common.actions)
+    assert apply_action(5, [10, 4], specs) == [12, 4]          # a + 2 steps
+    assert apply_action(8, [10, 4], specs) == [10, 0]          # b − 2 steps of 2
+    assert action_name(5, ["a", "b"]) == "a+2"
 
 
 def test_epsilon_anneals_linearly_and_bumps_on_workload_change():

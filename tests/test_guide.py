@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from capes.common import actions
 from capes.common.params import ParameterSpec
 from capes.experiments.converge_test import load_config, run_one
 from drl_engine.config import DQNConfig
@@ -120,6 +121,36 @@ def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
         after[k] += 1 if sign == 0 else -1
         assert np.abs(after - g.best).max() < np.abs(current - g.best).max()
     assert g.guard(4, current) == 4               # a step back towards the best always passes
+
+
+@pytest.mark.parametrize("most", [1, 2, 3])
+def test_a_probe_walks_up_to_action_steps_per_tick_and_stops_on_its_target(most):
+    cfg = DQNConfig(guided=True, action_steps=most, probe_dwell=2)
+    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+              np.random.default_rng(0))
+    g.start_probe(1.0, np.array([4, 9]))
+    g.probe.target = np.array([5, 20])              # 1 rate step and 11 window steps
+    current, moves = np.array([4, 9]), 0
+    while (action := g.probe_action(current)) is not None:
+        move = actions.decode(action, 2)
+        if move is not None:
+            k, steps = move
+            assert 1 <= abs(steps) <= most
+            current[k] += steps
+            moves += 1
+    assert current.tolist() == [5, 20]
+    assert moves == 1 + -(-11 // most)              # the window walked ⌈11 / most⌉ ticks
+
+
+def test_the_guard_counts_every_step_of_a_larger_move():
+    cfg = DQNConfig(guided=True, greedy_guard_steps=1, action_steps=2)
+    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+              np.random.default_rng(0))
+    g.best = np.array([5, 50])
+    window_up_2 = actions.encode(1, 2, 2)
+    assert g.guard(window_up_2, np.array([5, 49])) == window_up_2   # lands at 51: inside
+    back = g.guard(window_up_2, np.array([5, 50]))                  # 52: outside
+    assert back == 0                                # already at the best: stay
 
 
 def test_greedy_guard_steps_is_validated():

@@ -4,9 +4,10 @@ import sqlite3
 import numpy as np
 import pytest
 
-from capes.common.replay_db import Layout, ReplayDBError, ReplayReader, SessionInfo
+from capes.common.replay_db import Layout, ReplayDBError, ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.experience import Experience
 from drl_engine.config import RewardConfig
+from conftest import two_params
 
 
 def test_round_trip_keeps_values_metadata_and_wal(tmp_path, make_session):
@@ -57,7 +58,7 @@ def test_bad_rows_are_refused(tmp_path, make_session):
     with pytest.raises(ReplayDBError):
         w.add_pis(1, 0, [1, 2, 3])           # more PIs than the layout
     with pytest.raises(ReplayDBError):
-        w.add_action(1, 9, [1, 2])           # 2 params -> actions 0..4
+        w.add_action(1, 33, [1, 2])          # 2 params -> actions 0..32 (moves of 1..8 steps)
 
 
 def test_not_a_replay_db_is_a_clear_error(tmp_path):
@@ -151,6 +152,25 @@ def test_transitions_without_an_action_are_not_sampled(tmp_path, make_session):
     make_session(path, ticks=40, action_every=2)
     batch = experience(path).sample(64, np.random.default_rng(0))
     assert (batch.ticks % 2 == 0).all()
+
+
+def test_a_move_of_several_steps_is_learned_as_its_direction(tmp_path):
+    """Probe walks move two steps a tick (actions 5..8 of 2 parameters): the replay DB
+    keeps the move made, the Q-network (2P + 1 outputs) learns it as its direction."""
+    path = tmp_path / "r.db"
+    w = ReplayWriter(path)
+    info = w.begin_session(SessionInfo(pi_names=["tp", "x"], node_names=["n0"],
+                                       params=two_params()))
+    for t in range(60):
+        w.add_pis(t, 0, [t, 2 * t])
+        w.add_action(t, t % 9, [10, 4])          # 0..8: NULL, one-step, two-step moves
+    w.commit()
+    assert ReplayReader(path).sessions[info.id].actions[:9].tolist() == list(range(9))
+    batch = experience(path).sample(256, np.random.default_rng(0))
+    learned_as = np.array([0, 1, 2, 3, 4, 1, 2, 3, 4])       # a + 2 steps -> a+, ...
+    np.testing.assert_array_equal(batch.actions, learned_as[batch.ticks % 9])
+    with pytest.raises(ReplayDBError, match="outside"):
+        w.add_action(60, 33, [10, 4])            # 2 parameters: 0..32 exist
 
 
 def test_n_step_returns_discount_n_rewards_and_look_n_ticks_ahead(tmp_path, make_session):

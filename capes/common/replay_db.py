@@ -37,6 +37,7 @@ from pathlib import Path
 import lz4.block
 import numpy as np
 
+from capes.common import actions
 from capes.common.params import ParameterSpec
 
 log = logging.getLogger("capes.replay_db")
@@ -279,8 +280,9 @@ class ReplayWriter:
         vals = np.asarray(values, dtype="<f4")
         if vals.shape != (len(s.params),):
             raise ReplayDBError(f"{len(vals)} parameter values for {len(s.params)} parameters")
-        if not 0 <= action <= 2 * len(s.params):
-            raise ReplayDBError(f"action {action} outside [0, {2 * len(s.params)}]")
+        if not actions.valid(action, len(s.params)):
+            most = actions.count(len(s.params), actions.MAX_STEPS) - 1
+            raise ReplayDBError(f"action {action} outside [0, {most}]")
         self._actions.append((s.id, int(tick), int(action), vals.tobytes()))
 
     def discard_actions(self) -> int:

@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from capes.common.actions import name as action_name
 from capes.common.atomic import atomic_write
 from capes.experiments.replay_info import describe
 from capes.common.replay_db import (
@@ -29,15 +30,6 @@ def _union(lists: Iterable[list[str]]) -> list[str]:
         for n in names:
             seen.setdefault(n, None)
     return list(seen)
-
-
-def action_label(action: int, param_names: list[str]) -> str:
-    if action == 0:
-        return "null"
-    k, sign = divmod(action - 1, 2)
-    if k >= len(param_names):
-        return str(action)
-    return f"{param_names[k]}{'+' if sign == 0 else '-'}"
 
 
 def export_csv(db: str | Path, out: str | Path, progress: Progress = None) -> int:
@@ -83,7 +75,7 @@ def _write_session_csv(conn, info: SessionInfo, w, pi_cols, param_cols) -> int:
             while pending is not None and pending[0] <= tick:
                 a_tick, action, vals = pending
                 if a_tick == tick:
-                    action_here = action_label(action, info.param_names)
+                    action_here = action_name(action, info.param_names)
                     break
                 for k, v in zip(param_pos, np.frombuffer(vals, "<f4")):
                     values[k] = _num(v)

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 import numpy as np
 
+from capes.common import actions
 from capes.common.atomic import fsync_dir
 from capes.common.replay_db import (
     SCHEMA,
@@ -361,14 +362,14 @@ def _copy_session(conn: sqlite3.Connection, plan: _Plan, by_uuid: dict) -> Merge
 
 
 def _reordered_actions(conn, src_sid: int, sid: int, order: list[int]):
-    """Actions rewritten for the reference's parameter order: increasing parameter j
-    of the source is increasing parameter order[j] of the output."""
+    """Actions rewritten for the reference's parameter order: moving parameter j of the
+    source by m steps is moving parameter order[j] of the output by m steps."""
     inverse = np.argsort(order)
     for tick, action, blob in conn.execute("SELECT tick, action, vals FROM src.actions "
                                            "WHERE session=? ORDER BY tick", (src_sid,)):
-        if action:
-            j, sign = divmod(action - 1, 2)
-            action = 1 + 2 * order[j] + sign
+        move = actions.decode(action, len(order))
+        if move is not None:
+            action = actions.encode(order[move[0]], move[1], len(order))
         vals = np.frombuffer(blob, "<f4")[inverse]
         yield sid, tick, action, vals.astype("<f4").tobytes()
 
