@@ -2,7 +2,8 @@
 
 * Q-network: an MLP with ``hidden_layers`` tanh layers as wide as the input and one
   linear output per action (2 × parameters + 1, the NULL action included; the
-  ``default`` preset adds the same moves by two steps, ``engine.action_steps``).
+  ``default`` preset's probe walks also move two steps a tick, ``engine.action_steps``,
+  and such a move is learned as its one-step direction).
 * Loss (Eq. 2.1): mean squared TD error  (r + γ · max_a' Q⁻(s', a') − Q(s, a))²,
   against a target network Q⁻ updated softly after every minibatch:
   θ⁻ ← (1 − α) · θ⁻ + α · θ.
@@ -12,7 +13,7 @@
 
 Tuning never ends, so no transition is terminal. Presets: ``paper`` is exactly the
 above; ``default`` adds Double DQN, the Huber loss, input normalisation, reward
-scaling, gradient clipping, 5-step returns, the guide and two-step moves, justified by
+scaling, gradient clipping, 5-step returns, the guide and two-step probe walks, justified by
 the converge test (README).
 The hyperparameters and presets live in the torch-free ``drl_engine.config``; the
 n-step return and its discount γⁿ come with each minibatch from ``drl_engine.experience``.
