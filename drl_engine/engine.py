@@ -11,7 +11,6 @@ newest observation), ``train(steps)`` (Algorithm 2 minibatches).
 from __future__ import annotations
 
 import dataclasses
-import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,22 +18,15 @@ import numpy as np
 import torch
 
 from capes.common import actions
-from capes.common.atomic import atomic_write, remove_stale_temps
 from capes.common.replay_db import ReplayReader
+from drl_engine import checkpoint
+from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
 from drl_engine.guide import Guide
 
-CHECKPOINT_VERSION = 1
-# temp names of a killed save: atomic_write's, and those of the code before it
-CHECKPOINT_TEMPS = (".{name}.*.tmp", "{name}*.tmp")
-
-
-def remove_stale_checkpoint_temps(path: str | Path) -> list[Path]:
-    """Delete the temp files that saves of ``path`` killed mid-write left beside it."""
-    path = Path(path)
-    return remove_stale_temps(path.parent, path.name, CHECKPOINT_TEMPS)
+CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
 
 
 @dataclass
@@ -87,6 +79,7 @@ class Engine:
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
         self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
+        self.guide_session: int | None = None  # the session the guide credits
         self._pending_state: dict | None = None
         self.restore_error: str | None = None   # why a checkpoint could not be used
         self.update()
@@ -186,11 +179,10 @@ class Engine:
         region."""
         guide = self.guide
         if guide is None:
-            lo = np.array([s.min for s in specs], np.float64)
-            step = np.array([s.step for s in specs], np.float64)
-            n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
-            guide = self.guide = Guide(lo, step, n, self.cfg, self.rng,
-                                       frozen=np.array([not tuned_online(s) for s in specs]))
+            guide = self.guide = self._new_guide(specs)
+        if self.guide_session is not None and session != self.guide_session:
+            guide.new_session()
+        self.guide_session = session
         d = self.experience.derived[session]
         if guide.credit(d.p, d.values, d.n):
             self.change_detected()
@@ -204,6 +196,13 @@ class Engine:
             return action, True, None
         q = self.dqn.q_values(obs[None])[0]
         return guide.guard(int(q.argmax()), cur), False, float(q.max())
+
+    def _new_guide(self, specs) -> Guide:
+        lo = np.array([s.min for s in specs], np.float64)
+        step = np.array([s.step for s in specs], np.float64)
+        n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
+        return Guide(lo, step, n, self.cfg, self.rng,
+                     frozen=np.array([not tuned_online(s) for s in specs]))
 
     # -- train --------------------------------------------------------------------------
     def train(self, steps: int | None = None) -> float | None:
@@ -238,7 +237,11 @@ class Engine:
                 "action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "bumped_at": self.bumped_at, "epsilon": self.epsilon,
                 "pretrained": self.pretrained,
-                "rng": self.rng.bit_generator.state}
+                "rng": self.rng.bit_generator.state,
+                # the controller: what a restart must not forget (best-known setting, ...)
+                "guide": self.guide.state() if self.guide is not None else None,
+                "guide_session": self.guide_session, "local_bump": self.local_bump,
+                "change_alarms": self.change_alarms}
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint atomically and durably (``capes.common.atomic``): a temp
@@ -249,9 +252,7 @@ class Engine:
         if path not in self._cleaned:
             remove_stale_checkpoint_temps(path)
             self._cleaned.add(path)
-        with atomic_write(path, "wb") as fh:
-            torch.save(self.state_dict(), fh)
-        return path
+        return checkpoint.write(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint: model, target, optimiser, counters and ε.
@@ -262,10 +263,7 @@ class Engine:
         if not weights_only and path not in self._cleaned:
             remove_stale_checkpoint_temps(path)
             self._cleaned.add(path)
-        try:
-            state = torch.load(path, map_location=self.device, weights_only=True)
-        except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-            raise ValueError(f"{path}: not a readable checkpoint ({exc})") from None
+        state = checkpoint.read(path, self.device)
         if state.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
                              f"expected {CHECKPOINT_VERSION}")
@@ -293,3 +291,9 @@ class Engine:
             self.bumped_at = state["bumped_at"]
             self.pretrained = state.get("pretrained", False)
             self.rng.bit_generator.state = state["rng"]
+            self.local_bump = state.get("local_bump", False)
+            self.change_alarms = state.get("change_alarms", 0)
+        if state.get("guide") is not None and self.cfg.guided:
+            guide = self._new_guide(self.experience.param_specs())
+            guide.load_state(state["guide"])
+            self.guide, self.guide_session = guide, state.get("guide_session")

@@ -47,11 +47,12 @@ replay DB) and changes *which* actions are taken:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from capes.common import actions
+from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
 
@@ -95,6 +96,36 @@ class Guide:
         self.lag_xx, self.lag_xy = np.zeros((width, width)), np.zeros(width)
         self.lag_yy, self.lag_n, self._lag_seen = 0.0, 0, 0
         self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
+
+    # -- checkpoints --------------------------------------------------------------------
+    # built from the parameter specs and the config, never kept in a checkpoint
+    STRUCTURE = ("lo", "step", "n_steps", "frozen", "shape", "dense", "probe")
+
+    def state(self) -> dict:
+        """What a restart must not forget: the per-setting statistics and the best-known
+        setting, the learned lags, the change detector, the running probe
+        (``drl_engine.checkpoint`` makes it loadable with ``weights_only``)."""
+        out = checkpoint.state_of(self, skip=self.STRUCTURE)
+        out["shape"] = list(self.shape)
+        out["probe"] = None if self.probe is None else checkpoint.encode(asdict(self.probe))
+        return out
+
+    def load_state(self, state: dict) -> None:
+        """Resume from :meth:`state`; ValueError when it was kept for another grid (other
+        parameter ranges or steps)."""
+        if list(state.get("shape", ())) != list(self.shape):
+            raise ValueError(f"the guide's state is for a grid of {state.get('shape')} "
+                             f"settings, these parameters make {list(self.shape)}")
+        checkpoint.restore_into(self, {k: v for k, v in state.items()
+                                       if k not in ("shape", "probe")})
+        probe = state.get("probe")
+        self.probe = None if probe is None else Probe(**checkpoint.decode(probe))
+
+    def new_session(self) -> None:
+        """Another session of the replay DB: its ticks are credited from its start (the
+        statistics, lags and best-known setting stay)."""
+        self.seen_until = self._lag_seen = 0
+        self.probe = None
 
     # -- statistics ---------------------------------------------------------------------
     def grid(self, values) -> np.ndarray:
