@@ -184,7 +184,11 @@ class Engine:
             guide.new_session()
         self.guide_session = session
         d = self.experience.derived[session]
-        if guide.credit(d.p, d.values, d.n):
+        first_action = None
+        if guide.await_action:
+            acted = self.experience.reader.sessions[session].actions[:d.n] >= 0
+            first_action = int(np.argmax(acted)) if acted.any() else None
+        if guide.credit(d.p, d.values, d.n, first_action):
             self.change_detected()
         guide.best_setting(self.action_ticks)
         cur = guide.grid(current)

@@ -96,6 +96,7 @@ class Guide:
         self.lag_xx, self.lag_xy = np.zeros((width, width)), np.zeros(width)
         self.lag_yy, self.lag_n, self._lag_seen = 0.0, 0, 0
         self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
+        self.await_action = False      # credit nothing before the session's first action
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
@@ -122,10 +123,13 @@ class Guide:
         self.probe = None if probe is None else Probe(**checkpoint.decode(probe))
 
     def new_session(self) -> None:
-        """Another session of the replay DB: its ticks are credited from its start (the
-        statistics, lags and best-known setting stay)."""
+        """Another session of the replay DB (the interface daemon restarted): the
+        statistics, lags and best-known setting stay; the session's ticks are credited
+        from its first action on, since before it the DB can only assume the
+        parameters' defaults, not the values the nodes kept (see :meth:`credit`)."""
         self.seen_until = self._lag_seen = 0
         self.probe = None
+        self.await_action = True
 
     # -- statistics ---------------------------------------------------------------------
     def grid(self, values) -> np.ndarray:
@@ -135,11 +139,19 @@ class Guide:
     def values(self, idx: np.ndarray) -> list[float]:
         return [float(v) for v in self.lo + idx * self.step]
 
-    def credit(self, p: np.ndarray, values: np.ndarray, n: int) -> bool:
+    def credit(self, p: np.ndarray, values: np.ndarray, n: int,
+               first_action: int | None = None) -> bool:
         """Credit objective values p[t] to the setting in effect at t − settle, for the
         ticks of the session not yet credited (``n``: ticks derived so far). True when
-        the change detector raised an alarm (the statistics are then forgotten)."""
+        the change detector raised an alarm (the statistics are then forgotten).
+        ``first_action``: the session's first tick with an action (None: none yet),
+        where a guide resumed into a new session starts crediting."""
         lag = self.cfg.settle_ticks
+        if self.await_action:
+            if first_action is None:
+                return False
+            self.seen_until = self._lag_seen = first_action + 1 + int(max(lag, *self.lags))
+            self.await_action = False
         start = max(self.seen_until, lag)
         alarm = False
         if self.cfg.learn_lags:
