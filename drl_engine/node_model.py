@@ -51,7 +51,7 @@ from torch import nn
 
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.dqn import TargetNetworkLearner
+from drl_engine.dqn import RMSprop, TargetNetworkLearner
 
 
 def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:
@@ -137,8 +137,8 @@ class NodeDQN(TargetNetworkLearner):
         self.q = NodeQNetwork(in_dim, n_actions, self.mcfg).to(self.device)
         self.target = copy.deepcopy(self.q)
         self.target.requires_grad_(False)
-        self.optimizer = torch.optim.RMSprop(self.q.parameters(), lr=dqn.learning_rate,
-                                             alpha=dqn.rmsprop_decay)
+        self.optimizer = RMSprop(self.q.parameters(), lr=dqn.learning_rate,
+                                 alpha=dqn.rmsprop_decay)
         self._q_params = list(self.q.parameters())
         self._t_params = list(self.target.parameters())
         self.huber = dqn.loss == "huber"
