@@ -40,6 +40,7 @@ from drl_engine.config import DQNConfig
 from drl_engine.engine import Decision, Engine, action_name
 from drl_engine.loop import TickRecord, TickState, WallClock, run_ticks
 from drl_engine.config import RewardConfig
+from drl_engine.per_node import PerNodeEngine, rows_of
 
 log = logging.getLogger("capes.drl_engine")
 
@@ -84,8 +85,7 @@ class LiveSource:
         self.epoch = 0
 
     def names(self) -> list[str]:
-        exp = self.engine.experience
-        return list(exp.layout.param_names) if exp.ready else []
+        return self.engine.param_names()
 
     def observe(self) -> TickState:
         try:
@@ -115,16 +115,27 @@ class LiveSource:
 
 
 def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
-                  ckpt: Path) -> Engine | None:
+                  ckpt: Path, deploy: DeploymentConfig | None = None) -> Engine | None:
     """The engine on the live DB, resumed from the latest checkpoint or started from
-    ``--init-model``; None (after one line in the log) when the DB cannot be read."""
+    ``--init-model``; None (after one line in the log) when the DB cannot be read.
+    Parameters named ``<node>/<knob>`` (per-node knobs) get the node-count-independent
+    engine (``drl_engine.per_node``), global ones the flat engine."""
+    rows = None
     try:
-        reader = ReplayReader(db)
-    except ReplayDBError as exc:
+        if deploy is not None:
+            rows = rows_of(deploy.param_specs())
+        if rows is not None:
+            engine = PerNodeEngine(dqn, reward, db, rows, getattr(deploy, "cluster_engine",
+                                                                  None),
+                                   device=opts.device, seed=opts.seed)
+        else:
+            reader = ReplayReader(db)
+    except (ReplayDBError, ValueError) as exc:
         log.error("%s", exc)
         return None
     single_thread_blas()
-    engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
+    if rows is None:
+        engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
     if ckpt.exists():
         try:
             engine.load(ckpt)
@@ -223,7 +234,7 @@ class EngineView:
     def _q(self, session: int) -> tuple[float | None, float | None]:
         """Q-values of the newest observation: their max and spread (max - min)."""
         engine = self.engine
-        if engine.dqn is None:
+        if engine.dqn is None or getattr(engine, "experience", None) is None:
             return None, None
         latest = engine.experience.latest(session)
         if latest is None:
@@ -232,6 +243,13 @@ class EngineView:
         return float(q.max()), float(q.max() - q.min())
 
     def _reward(self, session: int) -> tuple[float | None, float | None]:
+        if getattr(self.engine, "experience", None) is None:     # per-node: the ring's
+            rep = getattr(self.engine.engine, "replay", None)
+            if rep is None or rep.last is None:
+                return None, None
+            s = rep.slot(rep.last - 1)
+            p, r = float(rep.pobj[rep.slot(rep.last)]), float(rep.r[s])
+            return (r if math.isfinite(r) else None, p if math.isfinite(p) else None)
         d = self.engine.experience.derived.get(session)
         if d is None or d.n == 0:
             return None, None
@@ -245,6 +263,8 @@ class EngineView:
         self.checkpoint_at = time.time()
 
     def best(self) -> dict[str, float] | None:
+        if hasattr(self.engine, "best_values"):
+            return self.engine.best_values()
         guide = self.engine.guide
         if guide is None or guide.best is None:
             return None
@@ -434,7 +454,7 @@ def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
         if db is None:
             return 0
         ckpt = checkpoint_dir(opts, db) / "engine-latest.pt"
-        engine = _start_engine(db, dqn, reward, opts, ckpt)
+        engine = _start_engine(db, dqn, reward, opts, ckpt, deploy)
         if engine is None:
             return 1
         source = LiveSource(client, engine)
@@ -467,5 +487,5 @@ def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
                 tb.close()
             if server is not None:
                 server.close()
-            engine.experience.reader.close()
+            engine.close()
     return 0

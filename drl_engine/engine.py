@@ -104,6 +104,14 @@ class Engine:
                     self.restore_error = str(exc)
         return n
 
+    def param_names(self) -> list[str]:
+        """The parameters, in the order of a decision's values ([] before any data)."""
+        exp = self.experience
+        return list(exp.layout.param_names) if exp.ready else []
+
+    def close(self) -> None:
+        self.experience.reader.close()
+
     @property
     def epsilon(self) -> float:
         return epsilon(self.action_ticks, self.cfg, self.bumped_at, self.pretrained)

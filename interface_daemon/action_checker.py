@@ -94,6 +94,8 @@ class ActionChecker:
         passed through float32)."""
         if not verdict.ok:
             return verdict
+        if action == actions.ROWS:
+            return self.check_rows(verdict, current)
         now = {n: float(current[n]) for n in self.order}
         target = action_target(action, self.order)
         expect = dict(now)
@@ -114,6 +116,30 @@ class ActionChecker:
                                "forbidden" if why == "forbidden value" else "range")
         return Verdict(expect)
 
+
+    def check_rows(self, verdict: Verdict, current: dict[str, float]) -> Verdict:
+        """The step rule of per-node knobs (``actions.ROWS``): each row (the parameters
+        ``<node>/<knob>`` of one node) moves at most one of its knobs, by at most
+        ``MAX_STEPS`` steps; values are snapped to those steps."""
+        now = {n: float(current[n]) for n in self.order}
+        out, moved_in = dict(now), {}
+        for name in self.order:
+            got, spec = verdict.values[name], self.specs[name]
+            if _close(got, now[name], spec.step):
+                continue
+            row = actions.row_of(name)
+            landed = [s for s in range(-actions.MAX_STEPS, actions.MAX_STEPS + 1) if s and
+                      _close(got, actions.moved(spec, now[name], s, self.forbidden[name]),
+                             spec.step)]
+            if row is None or not landed or row in moved_in:
+                why = (f"{name} is not a per-node parameter <node>/<knob>" if row is None
+                       else f"{name} moves with {moved_in[row]} in one row" if row in moved_in
+                       else f"{name} to {got:g} is not a move of at most "
+                            f"{actions.MAX_STEPS} steps from {now[name]:g}")
+                return Verdict(now, f"per-node action: {why}", "step")
+            moved_in[row] = name
+            out[name] = actions.moved(spec, now[name], landed[0], self.forbidden[name])
+        return Verdict(out)
 
     def check_dwell(self, verdict: Verdict, current: dict[str, float],
                     now: float | None = None) -> Verdict:

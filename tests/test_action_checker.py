@@ -163,3 +163,26 @@ def test_hostile_control_messages_are_dropped():
 
 def time_after(p: ActionPlane, seconds: float) -> float:
     return max(peer.sent_at for peer in p.peers.values()) + seconds
+
+
+def test_per_node_rows_move_one_knob_each_by_at_most_max_steps():
+    """Per-node knobs (<node>/<knob>, action ROWS): every node may move one of its own
+    knobs at once; two knobs of one node, a jump, or a global parameter are refused."""
+    from capes.common import actions
+    specs = [ParameterSpec(min=1, max=100, step=1, default=10, name=f"{n}/{k}")
+             for n in ("n1", "n2") for k in ("window", "rate")]
+    checker = ActionChecker(specs)
+    now = {s.name: 10.0 for s in specs}
+
+    def verdict(**moves):
+        values = {**now, **{k.replace("__", "/"): v for k, v in moves.items()}}
+        return checker.check_step(actions.ROWS, checker.check(actions.ROWS, values, now), now)
+
+    ok = verdict(n1__window=12.0, n2__rate=9.0)
+    assert ok.ok and ok.values["n1/window"] == 12.0 and ok.values["n2/rate"] == 9.0
+    assert verdict(n1__window=11.0, n1__rate=11.0).key == "step"       # two in one row
+    assert verdict(n2__window=10.0 + actions.MAX_STEPS + 1).key == "step"   # a jump
+    glob = ActionChecker([ParameterSpec(min=1, max=100, step=1, default=10, name="w")])
+    v = glob.check_step(actions.ROWS, glob.check(actions.ROWS, {"w": 11.0}, {"w": 10.0}),
+                        {"w": 10.0})
+    assert v.key == "step" and "per-node" in v.reason

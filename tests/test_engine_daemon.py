@@ -88,3 +88,83 @@ def test_a_checkpoint_of_another_layout_found_with_data_starts_afresh(tmp_path, 
     eng = _start_engine(tmp_path / "b.db", cfg, reward, EngineDaemonOptions(device="cpu"), ckpt)
     assert eng is not None and eng.dqn is not None and eng.action_ticks == 0
     assert "another layout" in (eng.restore_error or "")
+
+
+PER_NODE = """
+[parameters."n1/window"]
+min = 1
+max = 100
+step = 1
+default = 10
+nodes = ["n1"]
+
+[parameters."n2/window"]
+min = 1
+max = 100
+step = 1
+default = 10
+nodes = ["n2"]
+"""
+
+
+@pytest.mark.slow
+def test_per_node_knobs_are_tuned_row_by_row_through_the_daemon(tmp_path):
+    """Parameters named <node>/<knob>: the engine daemon runs the node-count-independent
+    engine, moves every node's own knob each tick (the nodes report the knob as a PI),
+    and the interface daemon accepts those moves row by row and records them."""
+    from daemon_harness import PARAMS
+    curve.generate(tmp_path / "keys", ["mon", "engine"])
+    cfg = write_config(tmp_path)
+    cfg.write_text(cfg.read_text().replace(PARAMS, PER_NODE))
+    daemon = DaemonProcess(cfg, tmp_path / "ready.json")
+    ctx = zmq.Context()
+    engine = None
+    try:
+        keys = KeysConfig(dir=str(tmp_path / "keys"), client="mon")
+        agents = [Agent(ctx, daemon.info["ingest"], keys, "mon", n, ["throughput", "window"])
+                  for n in ("n1", "n2")]
+        control = ControlClient(daemon.info["grpc"], curve.load_token(keys))
+        tick = int(time.time() / 0.05)
+        status_file = tmp_path / "engine.json"
+
+        def feed(n: int = 1) -> None:
+            nonlocal tick
+            params = control.status()["parameters"]
+            for _ in range(n):
+                for a, node in zip(agents, ("n1", "n2")):
+                    w = params[f"{node}/window"]       # the knob's value, as its PI
+                    a.send(tick, [100.0 - abs(w - 50.0), w])
+                tick += 1
+                time.sleep(0.01)
+
+        feed(20)
+        wait_for(lambda: control.status()["ticks_written"] >= 15, timeout=15)
+        engine = subprocess.Popen(
+            [sys.executable, "-m", "capes", "drl-engine", "--config", str(cfg),
+             "--set", f"daemon.grpc={daemon.info['grpc']}", "--set", "engine.stack=2",
+             "--set", "keys.client=engine", "--device", "cpu",
+             "--checkpoint-dir", str(tmp_path / "ckpt"), "--status-file", str(status_file),
+             "--metrics", ""],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while control.status()["actions"].get("accepted", 0) < 10:
+            assert engine.poll() is None, engine.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, (control.status()["actions"],
+                                                 read_status(status_file))
+            feed()
+            time.sleep(0.04)
+        acts = control.status()["actions"]
+        assert not acts.get("refused_step"), acts
+        status = read_status(status_file)
+        assert set(status["values"]) == {"n1/window", "n2/window"}
+        assert status["last_action"] == "rows"
+        params = control.status()["parameters"]
+        assert params != {"n1/window": 10.0, "n2/window": 10.0}     # the knobs moved
+        engine.terminate()
+        assert engine.wait(15) == 0
+        assert (tmp_path / "ckpt" / "engine-latest.pt").exists()
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+        ctx.destroy(linger=0)
+        daemon.stop()

@@ -14,6 +14,18 @@ from __future__ import annotations
 
 MAX_STEPS = 8        # the largest move one action may make, in steps (any engine)
 
+# Per-node knobs (``docs/deploying-per-node.md``): parameters named ``<node>/<knob>``, one
+# row of knobs per node. The engine then moves every row at once, each by one move of one
+# of its knobs, and labels the action ROWS (the daemon checks it row by row).
+ROWS = 32767
+ROW_SEP = "/"
+
+
+def row_of(param_name: str) -> str | None:
+    """The node a per-node parameter ``<node>/<knob>`` belongs to (None: a global one)."""
+    node, sep, knob = param_name.rpartition(ROW_SEP)
+    return node if sep and node and knob else None
+
 
 def count(n_params: int, steps: int = 1) -> int:
     """Actions of moves of 1..``steps`` steps (NULL included); ``count(P)`` = 2P + 1."""
@@ -23,7 +35,7 @@ def count(n_params: int, steps: int = 1) -> int:
 def valid(action, n_params: int) -> bool:
     """``action`` is an int naming NULL or a move of at most ``MAX_STEPS`` steps."""
     return (isinstance(action, int) and not isinstance(action, bool)
-            and 0 <= action < count(n_params, MAX_STEPS))
+            and (0 <= action < count(n_params, MAX_STEPS) or action == ROWS))
 
 
 def decode(action: int, n_params: int) -> tuple[int, int] | None:
@@ -50,6 +62,8 @@ def direction(action, n_params: int):
 def name(action: int, param_names) -> str:
     """``null``, ``window+``, ``window-``, ``window+2`` … (the one-step moves keep the
     thesis' names)."""
+    if action == ROWS:
+        return "rows"
     move = decode(action, len(param_names))
     if move is None:
         return "null"
