@@ -103,8 +103,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,6 +111,7 @@ import torch
 
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
+from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
@@ -973,28 +972,26 @@ class ClusterEngine:
                 "bumped_at": self.bumped_at, "pretrained": self.pretrained,
                 "alarm_ticks": list(self.alarm_ticks),
                 "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
-                "rng": self.rng.bit_generator.state}
+                "rng": self.rng.bit_generator.state,
+                "controller": {k: checkpoint.encode(getattr(self, k)) for k in self.CONTROLLER}}
+
+    # what a restart must not forget beyond the counters: the best-known setting and its
+    # level, rollback, the probes, the change detector and the reward scale (per node:
+    # kept only for a cluster of the same size)
+    CONTROLLER = ("best_level", "best_idx", "best_tick", "best_nodes", "level", "below",
+                  "_rollback_due", "_hold_until", "_best_from", "probe_knob", "probe_target",
+                  "probe_dwell", "probe_origin", "probe_back", "p_scale", "guarded")
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint atomically (temp file + rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        os.close(fd)
-        try:
-            torch.save(self.state_dict(), tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return path
+        """Write a checkpoint atomically and durably (``drl_engine.checkpoint``)."""
+        return checkpoint.write(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint, which may come from a cluster of any size (the
         model does not depend on N). ``weights_only``: the networks and the input
         statistics only, exploring from ``pretrained_epsilon_start``. The reward scale
         is always this cluster's own (it depends on N)."""
-        state = torch.load(path, map_location=self.device, weights_only=True)
+        state = checkpoint.read(path, self.device)
         if state.get("kind") != CHECKPOINT_KIND or state.get("version") != CHECKPOINT_VERSION:
             raise ValueError(f"{path}: not a node-model checkpoint of version "
                              f"{CHECKPOINT_VERSION}")
@@ -1018,6 +1015,10 @@ class ClusterEngine:
         self.rollback_ticks = list(state.get("rollback_ticks", []))
         self.stale_bests = int(state.get("stale_bests", 0))
         self.rng.bit_generator.state = state["rng"]
+        if state.get("controller") and state.get("nodes_trained") == self.nodes:
+            for k, v in state["controller"].items():
+                if k in self.CONTROLLER:
+                    setattr(self, k, checkpoint.decode(v))
 
     def counters(self) -> dict:
         return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,

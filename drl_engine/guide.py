@@ -100,7 +100,7 @@ class Guide:
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
-    STRUCTURE = ("lo", "step", "n_steps", "frozen", "shape", "dense", "probe")
+    STRUCTURE = ("lo", "step", "n_steps", "frozen", "shape", "dense", "probe", "_kernels")
 
     def state(self) -> dict:
         """What a restart must not forget: the per-setting statistics and the best-known
@@ -258,10 +258,14 @@ class Guide:
 
     def _smooth_dense(self):
         """The Gaussian-kernel sums of every cell, one axis at a time."""
+        if getattr(self, "_kernels", None) is None:        # fixed by the grid: built once
+            self._kernels = []
+            for size in self.shape:
+                i = np.arange(size)
+                self._kernels.append(
+                    np.exp(-0.5 * ((i[:, None] - i[None, :]) / self.cfg.kernel_steps) ** 2))
         out = self.grid_stats
-        for axis, size in enumerate(self.shape):
-            i = np.arange(size)
-            k = np.exp(-0.5 * ((i[:, None] - i[None, :]) / self.cfg.kernel_steps) ** 2)
+        for axis, k in enumerate(self._kernels):
             out = np.moveaxis(np.tensordot(out, k, axes=([axis + 1], [0])), -1, axis + 1)
         return out[0], out[1], out[2]
 

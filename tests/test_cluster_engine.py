@@ -539,3 +539,29 @@ def test_the_harness_reports_rollbacks_and_recommendations(tmp_path):
     from capes.experiments.cluster_test import _clean, write_json
     write_json(_clean(report), tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["tuners"]["capes"]["recommendations"]
+
+
+def test_a_restarted_cluster_engine_keeps_its_best_known_setting_and_probes(tmp_path):
+    """The checkpoint keeps the controller (issue 23): best-known setting and level,
+    running probes, the reward scale; a restart on the same cluster resumes them."""
+    rng = np.random.default_rng(0)
+    eng = engine(4)
+    x = np.full((4, len(PI_NAMES)), 80.0, np.float32)
+    x[:, 4], x[:, 5] = 20, 2000
+    feed_ticks(eng, 40, rng, x)
+    for t in range(40, 80):
+        d = eng.act()
+        y = x.copy()
+        y[:, 4:6] = d.values
+        feed_ticks(eng, 1, rng, y, start=t)
+    eng.best_idx = np.array([[5, 3]] * 4)
+    eng.best_level = 123.0
+    eng.save(tmp_path / "c.pt")
+    again = engine(4)
+    again.load(tmp_path / "c.pt")
+    assert again.best_idx.tolist() == eng.best_idx.tolist() and again.best_level == 123.0
+    assert again.probe_knob.tolist() == eng.probe_knob.tolist()
+    assert again.epsilon == eng.epsilon < 1.0
+    other = engine(8)                       # another cluster size: the model only
+    other.load(tmp_path / "c.pt")
+    assert other.best_idx is None
