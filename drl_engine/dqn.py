@@ -71,7 +71,7 @@ class TargetNetworkLearner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.grad_clip:
-            nn.utils.clip_grad_norm_(self._q_params, self.cfg.grad_clip)
+            clip_grad_norm(self._q_params, self.cfg.grad_clip)
         self.optimizer.step()
         self.soft_update()
         return loss.detach()
@@ -80,6 +80,18 @@ class TargetNetworkLearner:
     def soft_update(self) -> None:
         """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
         torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
+
+
+@torch.no_grad()
+def clip_grad_norm(params, max_norm: float) -> None:
+    """``nn.utils.clip_grad_norm_`` (2-norm over every gradient, scaled down to
+    ``max_norm``), the same arithmetic without its per-call Python overhead (~5 % of a
+    converge run's wall time)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
 
 class RMSprop:

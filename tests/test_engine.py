@@ -104,8 +104,34 @@ def test_network_shape_follows_the_paper():
     linears = [m for m in dqn.q.net if isinstance(m, torch.nn.Linear)]
     assert [(l.in_features, l.out_features) for l in linears] == [(1760, 1760), (1760, 1760), (1760, 9)]
     assert sum(isinstance(m, torch.nn.Tanh) for m in dqn.q.net) == 2
-    assert isinstance(dqn.optimizer, torch.optim.RMSprop)
-    assert dqn.optimizer.defaults["alpha"] == 0.9 and dqn.optimizer.defaults["lr"] == 0.001
+    assert dqn.optimizer.alpha == 0.9 and dqn.optimizer.lr == 0.001
+
+
+def test_the_optimiser_and_clipping_are_torch_rmsprop_and_clip_grad_norm_exactly():
+    """The engine's RMSprop and gradient clipping (no torch.optim import: no
+    torch._dynamo at start) give bit-identical weights to torch's, and their state
+    dicts load into each other."""
+    import copy
+
+    from drl_engine.dqn import RMSprop, clip_grad_norm
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(20, 20), torch.nn.Tanh(), torch.nn.Linear(20, 5))
+    b = copy.deepcopy(a)
+    ta, ours = torch.optim.RMSprop(a.parameters(), lr=1e-3, alpha=0.9), \
+        RMSprop(b.parameters(), lr=1e-3, alpha=0.9)
+    for _ in range(30):
+        x = torch.randn(32, 20) * 10
+        for m, opt, clip in ((a, ta, torch.nn.utils.clip_grad_norm_), (b, ours, clip_grad_norm)):
+            opt.zero_grad()
+            m(x).pow(2).mean().backward()
+            clip(list(m.parameters()), 1.0)
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    again = RMSprop(b.parameters(), lr=1e-3, alpha=0.9)
+    again.load_state_dict(ta.state_dict())
+    assert all(torch.equal(v, ta.state[p]["square_avg"])
+               for v, p in zip(again.square_avg, a.parameters()))
+    torch.optim.RMSprop(a.parameters(), lr=1e-3, alpha=0.9).load_state_dict(ours.state_dict())
 
 
 def test_device_choice():
