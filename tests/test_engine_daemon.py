@@ -21,6 +21,20 @@ def read_status(path):
         return {}
 
 
+def stop_with_checkpoint(engine, ckpt_dir) -> None:
+    """SIGTERM: the engine exits 0 and leaves its checkpoint."""
+    engine.terminate()
+    assert engine.wait(15) == 0
+    assert (ckpt_dir / "engine-latest.pt").exists()
+
+
+def tear_down(engine, ctx, daemon) -> None:
+    if engine is not None and engine.poll() is None:
+        engine.kill()
+    ctx.destroy(linger=0)
+    daemon.stop()
+
+
 @pytest.mark.slow
 def test_engine_daemon_acts_bumps_epsilon_on_workload_change_and_checkpoints(tmp_path):
     curve.generate(tmp_path / "keys", ["mon", "engine"])
@@ -61,14 +75,9 @@ def test_engine_daemon_acts_bumps_epsilon_on_workload_change_and_checkpoints(tmp
         feed_until(lambda: read_status(status_file).get("epsilon", 1) <= 0.06)
         control.workload_changed("new workload")
         feed_until(lambda: read_status(status_file).get("epsilon", 0) >= 0.19)
-        engine.terminate()
-        assert engine.wait(15) == 0
-        assert (tmp_path / "ckpt" / "engine-latest.pt").exists()
+        stop_with_checkpoint(engine, tmp_path / "ckpt")
     finally:
-        if engine is not None and engine.poll() is None:
-            engine.kill()
-        ctx.destroy(linger=0)
-        daemon.stop()
+        tear_down(engine, ctx, daemon)
 
 
 def test_a_checkpoint_of_another_layout_found_with_data_starts_afresh(tmp_path, make_session):
@@ -160,11 +169,6 @@ def test_per_node_knobs_are_tuned_row_by_row_through_the_daemon(tmp_path):
         assert status["last_action"] == "rows"
         params = control.status()["parameters"]
         assert params != {"n1/window": 10.0, "n2/window": 10.0}     # the knobs moved
-        engine.terminate()
-        assert engine.wait(15) == 0
-        assert (tmp_path / "ckpt" / "engine-latest.pt").exists()
+        stop_with_checkpoint(engine, tmp_path / "ckpt")
     finally:
-        if engine is not None and engine.poll() is None:
-            engine.kill()
-        ctx.destroy(linger=0)
-        daemon.stop()
+        tear_down(engine, ctx, daemon)
