@@ -33,7 +33,8 @@ CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still loa
 class Decision:
     tick: int
     action: int              # 0 = NULL, 1 + 2k = increase param k, 2 + 2k = decrease it,
-                             # above 2P the same by 2, 3 … steps (capes.common.actions)
+                             # above 2P the same by 2, 3 … steps (capes.common.actions);
+                             # actions.ROWS: every node's row moved (drl_engine.per_node)
     values: list[float]      # every parameter's value after the action
     epsilon: float
     explored: bool

@@ -9,8 +9,8 @@ of 44 PIs by ``engine.max_inputs``); the cluster engine
 the rows, whatever their number, and moves every row each tick.
 
 :class:`PerNodeEngine` gives the daemon (``drl_engine.daemon``) that engine behind the
-surface it drives: ``update``/``act``/``train``/``save``/``load``, a :class:`Decision`
-whose values are the flat ``<node>/<knob>`` list, labelled ``actions.ROWS`` (the
+surface it drives: ``update``/``act``/``train``/``save``/``load``, the engine's
+:class:`~drl_engine.engine.Decision`, whose values are the flat ``<node>/<knob>`` list, labelled ``actions.ROWS`` (the
 interface daemon checks it row by row). Each node's monitoring agent must report each
 knob's value as a PI of the knob's name (the engine reads each node's action back from
 them); the rows' nodes are the replay DB's node names.
@@ -28,6 +28,7 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.engine import Decision
 
 
 @dataclass
@@ -66,17 +67,6 @@ def rows_of(specs: list[ParameterSpec]) -> Rows | None:
     cells = [(nodes.index(node), knobs.index(s.name[len(node) + 1:]))
              for s, node in zip(specs, rows)]
     return Rows(nodes, list(first.values()), [s.name for s in specs], cells)
-
-
-@dataclass
-class Decision:
-    """What the daemon submits (the flat engine's decision has the same fields)."""
-    tick: int
-    action: int                # actions.ROWS
-    values: list[float]        # every <node>/<knob>, in the deployment's order
-    epsilon: float
-    explored: bool             # some row explored
-    q_max: float | None
 
 
 class PerNodeEngine:
