@@ -43,6 +43,7 @@ DECODE_REASONS = ("version", "truncated", "oversize", "decompress", "type", "mal
 # Value encodings of one PI entry (the low 3 bits of its key varint).
 _KIND_F32, _KIND_INT, _KIND_NAN, _KIND_F16, _KIND_F24, _KIND_BF16 = 0, 1, 2, 3, 4, 5
 _KIND_BITS = 3
+_KIND_WIDTH = {_KIND_F32: 4, _KIND_NAN: 0, _KIND_F16: 2, _KIND_F24: 3, _KIND_BF16: 2}  # bytes
 _F32 = struct.Struct("<f")
 _F16 = struct.Struct("<e")
 _F64 = struct.Struct("<d")
@@ -307,7 +308,78 @@ class _Reader:
             raise DecodeError("malformed", "trailing bytes")
 
 
-def _decode_indicators(r: _Reader) -> Indicators:
+def _pi_values(r: _Reader, n: int) -> tuple[dict[int, float], int]:
+    """The ``n`` PI entries at the reader's cursor: {PI index: value} and the last index.
+
+    The daemon's hottest loop (every PI of every frame), so it reads the buffer with
+    local variables and takes one-byte varints (every key below index gap 16 and small
+    integers) inline; longer ones go through :meth:`_Reader.varint`. Its checks are
+    those of the reader's methods, with the same reasons."""
+    buf, pos, size = r.buf, r.pos, len(r.buf)
+    values: dict[int, float] = {}
+    index = -1
+    f32, f16 = _F32.unpack_from, _F16.unpack_from
+    for _ in range(n):
+        if pos >= size:
+            raise DecodeError("truncated", "body ends early")
+        key = buf[pos]
+        if key & 0x80:
+            r.pos = pos
+            key = r.varint()
+            pos = r.pos
+        else:
+            pos += 1
+        index += (key >> _KIND_BITS) + 1
+        if index >= MAX_PIS:
+            raise DecodeError("malformed", "PI index out of range")
+        kind = key & 7
+        if kind == _KIND_INT:
+            if pos >= size:
+                raise DecodeError("truncated", "body ends early")
+            zz = buf[pos]
+            if zz & 0x80:
+                r.pos = pos
+                zz = r.varint()
+                pos = r.pos
+                if zz >= 1 << 32:
+                    raise DecodeError("malformed", "integer PI too large")
+            else:
+                pos += 1
+            values[index] = float((zz >> 1) ^ -(zz & 1))
+            continue
+        width = _KIND_WIDTH.get(kind)
+        if width is None:
+            raise DecodeError("malformed", f"unknown value encoding {kind}")
+        if pos + width > size:
+            raise DecodeError("truncated", "body ends early")
+        if kind == _KIND_F32:
+            values[index] = f32(buf, pos)[0]
+        elif kind == _KIND_F16:
+            values[index] = f16(buf, pos)[0]
+        elif kind == _KIND_BF16:
+            values[index] = f32(b"\0\0" + buf[pos:pos + 2])[0]
+        elif kind == _KIND_F24:
+            values[index] = f32(b"\0" + buf[pos:pos + 3])[0]
+        else:
+            values[index] = math.nan
+        pos += width
+    r.pos = pos
+    return values, index
+
+
+@dataclass
+class _Head:
+    """An Indicators body read up to its PI entries (``pos``: where they start)."""
+    node: str
+    seq: int
+    tick: int
+    full: bool
+    names: list[str] | None
+    n: int
+    pos: int
+
+
+def _indicators_head(r: _Reader) -> _Head:
     node = r.string()
     if not node:
         raise DecodeError("malformed", "empty node name")
@@ -325,41 +397,21 @@ def _decode_indicators(r: _Reader) -> Indicators:
         if len(set(names)) != len(names):
             raise DecodeError("malformed", "PI name repeated")
     n = r.count(MAX_PIS, "PIs")
-    values: dict[int, float] = {}
-    index = -1
-    for _ in range(n):
-        key = r.varint()
-        index += (key >> _KIND_BITS) + 1
-        if index >= MAX_PIS:
-            raise DecodeError("malformed", "PI index out of range")
-        kind = key & 7
-        if kind == _KIND_F32:
-            values[index] = _F32.unpack(r.take(4))[0]
-        elif kind == _KIND_F16:
-            values[index] = _F16.unpack(r.take(2))[0]
-        elif kind == _KIND_NAN:
-            values[index] = math.nan
-        elif kind == _KIND_F24:
-            values[index] = _F32.unpack(b"\0" + r.take(3))[0]
-        elif kind == _KIND_BF16:
-            values[index] = _F32.unpack(b"\0\0" + r.take(2))[0]
-        elif kind != _KIND_INT:
-            raise DecodeError("malformed", f"unknown value encoding {kind}")
-        else:
-            zz = r.varint()
-            if zz >= 1 << 32:
-                raise DecodeError("malformed", "integer PI too large")
-            values[index] = float((zz >> 1) ^ -(zz & 1))
-    if full and index != n - 1:
+    return _Head(node, seq, tick, full, names, n, r.pos)
+
+
+def _indicators(head: _Head, values: dict[int, float], index: int) -> Indicators:
+    """The message of ``head`` and its PI entries (``index``: the last one's PI)."""
+    n = head.n
+    if head.full and index != n - 1:
         raise DecodeError("malformed", "full frame does not carry every PI")
-    if names is not None and len(names) != n:
-        raise DecodeError("malformed", f"{len(names)} names for {n} values")
-    return Indicators(node, seq, tick, full, values, names)
+    if head.names is not None and len(head.names) != n:
+        raise DecodeError("malformed", f"{len(head.names)} names for {n} values")
+    return Indicators(head.node, head.seq, head.tick, head.full, values, head.names)
 
 
-def decode(data: bytes, max_bytes: int = 65536) -> Message:
-    """Parse one message; raise :class:`DecodeError` for anything not exactly valid.
-    ``max_bytes`` bounds both the message and its decompressed body (no lz4 bombs)."""
+def _open(data: bytes, max_bytes: int) -> tuple[int, _Reader]:
+    """Check a message's header and decompress its body: (message type, body reader)."""
     if len(data) > max_bytes:
         raise DecodeError("oversize", f"{len(data)} bytes > {max_bytes}")
     if len(data) < 3:
@@ -383,9 +435,14 @@ def decode(data: bytes, max_bytes: int = 65536) -> Message:
         raise DecodeError("decompress", str(exc)) from None
     if len(body) != size:
         raise DecodeError("decompress", f"body is {len(body)} bytes, header says {size}")
-    r = _Reader(body)
+    return kind, _Reader(body)
+
+
+def _decode_body(kind: int, r: _Reader) -> Message:
+    """The message of type ``kind`` in the body ``r`` (every byte of it)."""
     if kind == MSG_INDICATORS:
-        msg: Message = _decode_indicators(r)
+        head = _indicators_head(r)
+        msg: Message = _indicators(head, *_pi_values(r, head.n))
     elif kind == MSG_FULL_REQUEST:
         msg = FullRequest(r.string(), r.string())
     elif kind == MSG_ACTION:
@@ -397,6 +454,13 @@ def decode(data: bytes, max_bytes: int = 65536) -> Message:
         msg = Ack(node, r.varint(), r.float_map())
     r.end()
     return msg
+
+
+def decode(data: bytes, max_bytes: int = 65536) -> Message:
+    """Parse one message; raise :class:`DecodeError` for anything not exactly valid.
+    ``max_bytes`` bounds both the message and its decompressed body (no lz4 bombs).
+    (:func:`capes.common.frame_batch.decode_many` parses many at once, for the daemon.)"""
+    return _decode_body(*_open(data, max_bytes))
 
 
 # --------------------------------------------------------------------------- delta streams
