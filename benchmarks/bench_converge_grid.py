@@ -28,11 +28,11 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write all reports to this file")
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--quick", action="store_true",
-                   help="CI: one seed per cell, games of 300 simulated s")
+                   help="CI: the default preset, one seed per cell, games of 120 simulated s")
     args = p.parse_args()
     if args.quick:
-        args.seeds = 1
-        args.overrides.append("game.time_limit_ticks=300")
+        args.seeds, args.presets = 1, "default"
+        args.overrides.append("game.time_limit_ticks=120")
     noises = [0.01, 0.10, 0.50]
     rewards = ["diff", "diff_avg", "diff_ewma"]
     reports = {}

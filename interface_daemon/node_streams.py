@@ -22,11 +22,11 @@ from typing import Callable
 
 import numpy as np
 
-from capes.common.frame_batch import decode_many
+from capes.common.frame_batch import decode_many, warm_up
 from capes.common.protocol import DecodeError, DeltaDecoder, Indicators, Message, decode
 
 
-BATCH_BYTES = 64 << 10     # payload bytes decoded together (handle_many)
+BATCH_BYTES = 16 << 10     # payload bytes decoded together (handle_many)
 
 
 @dataclass
@@ -93,6 +93,7 @@ class Ingest:
         if not self.max_clock_skew_s > 0:
             raise ValueError("max_clock_skew_s must be > 0")
         self._pi_index = {n: i for i, n in enumerate(self.pi_names)}
+        warm_up()
 
     def handle(self, payload: bytes, identity: bytes = b"", key: str | None = None,
                now: float | None = None) -> Outcome:

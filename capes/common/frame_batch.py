@@ -7,11 +7,11 @@ batch together in numpy. A Python loop over each PI of each frame cost the daemo
 than everything else on its ingest path together (~24 changed PIs a frame at 30,000
 frames/s is 720,000 entries a second).
 
-The batch parse only takes what is plainly valid: every frame whose entries it cannot
-vouch for (a truncated or trailing entry, an unknown value encoding, a long varint, an
-index out of range, a full frame that skips a PI, very many PIs) goes through the
-one-message decoder, so every error keeps its reason. Headers, and the other message
-types, are always read by the one-message code. Kept apart from ``protocol`` so that the
+The batch parse only takes plain frames (no PI names, short header fields) and only
+what it can vouch for: every other message, and every frame whose entries are not plainly
+valid (a truncated or trailing entry, an unknown value encoding, a long varint, an index
+out of range, a full frame that skips a PI, very many PIs), goes through the one-message
+decoder, so every error keeps its reason. Kept apart from ``protocol`` so that the
 agents, which only use the one-message code, never import numpy.
 """
 from __future__ import annotations
@@ -23,14 +23,14 @@ import numpy as np
 
 from capes.common.protocol import (_KIND_BITS, _KIND_BF16, _KIND_F16, _KIND_F24, _KIND_F32,
                                    _KIND_INT, _KIND_NAN, MAX_PIS, MSG_INDICATORS, PROTOCOL_VERSION,
-                                   DecodeError, Message, _decode_body, _Head, _indicators,
-                                   _indicators_head, _open, _pi_values, _Reader)
+                                   DecodeError, Indicators, Message, _Head, _indicators, _open,
+                                   _pi_values, _Reader, decode, encode)
 
 BATCH_MAX_PIS = 256      # frames with more entries are parsed one by one
 BATCH_MIN = 16           # fewer frames than this: one by one is cheaper
 _PAD = 16                # zero bytes after the last body: every read lands in the array
 # payload bytes after the key, by value encoding (INT: a varint, read per entry)
-_WIDTH = np.zeros(8, np.int64)
+_WIDTH = np.zeros(8, np.int32)
 _WIDTH[[_KIND_F32, _KIND_F16, _KIND_F24, _KIND_BF16]] = (4, 2, 3, 2)
 _VALID_KIND = np.zeros(8, bool)
 _VALID_KIND[[_KIND_F32, _KIND_INT, _KIND_NAN, _KIND_F16, _KIND_F24, _KIND_BF16]] = True
@@ -42,23 +42,14 @@ def decode_many(datas: Sequence[bytes], max_bytes: int = 65536) -> list[Message 
     out: list = [None] * len(datas)
     batch: list[tuple[int, _Head, bytes]] = []
     for i, data in enumerate(datas):
-        fast = _plain_head(data, max_bytes)
-        if fast is not None:
-            batch.append((i, *fast))
+        plain = _plain_head(data, max_bytes)
+        if plain is not None and plain[0].n <= BATCH_MAX_PIS:
+            batch.append((i, *plain))
             continue
-        try:
-            kind, r = _open(data, max_bytes)
-            if kind != MSG_INDICATORS:
-                out[i] = _decode_body(kind, r)
-                continue
-            head = _indicators_head(r)
+        try:                     # the rest (names, other types, errors): one by one
+            out[i] = decode(data, max_bytes)
         except DecodeError as exc:
             out[i] = exc
-            continue
-        if head.n > BATCH_MAX_PIS:
-            out[i] = _one(head, r.buf)
-        else:
-            batch.append((i, head, r.buf))
     if len(batch) < BATCH_MIN:
         for i, head, body in batch:
             out[i] = _one(head, body)
@@ -66,6 +57,14 @@ def decode_many(datas: Sequence[bytes], max_bytes: int = 65536) -> list[Message 
         for (i, head, body), msg in zip(batch, _entries(batch)):
             out[i] = msg if msg is not None else _one(head, body)
     return out
+
+
+def warm_up() -> None:
+    """Decode one synthetic batch, so that numpy's one-time costs (lazy imports, first
+    allocations) fall at start-up and not on the first burst of traffic."""
+    frames = [encode(Indicators("warm-up", s, s, s == 0, {i: i / 3 for i in range(44)}))
+              for s in range(BATCH_MIN)]
+    decode_many(frames)
 
 
 def _plain_head(data: bytes, max_bytes: int) -> tuple[_Head, bytes] | None:
@@ -127,9 +126,11 @@ def _entries(batch: list[tuple[int, _Head, bytes]]) -> list[Message | None]:
     lengths = np.array([len(r) for r in regions])
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    e = np.frombuffer(b"".join(regions) + bytes(_PAD), np.uint8).astype(np.int64)
+    # int32 throughout (bytes, positions, keys; a 4-byte value's bits wrap and are
+    # reinterpreted as uint32): small temporaries
+    e = np.frombuffer(b"".join(regions) + bytes(_PAD), np.uint8).astype(np.int32)
     size = len(e) - _PAD                     # the first padding byte
-    at = np.arange(len(e))
+    at = np.arange(len(e), dtype=np.int32)
     # bytes of the varint starting at each byte: up to the next byte below 0x80 (the
     # padding has one), found by a running minimum from the end
     vlen = np.minimum.accumulate(np.where(e < 0x80, at, len(e))[::-1])[::-1] - at + 1
@@ -140,7 +141,7 @@ def _entries(batch: list[tuple[int, _Head, bytes]]) -> list[Message | None]:
 
     n = np.array([head.n for _, head, _ in batch])
     rows = len(batch)
-    pos = np.empty((rows, max(1, int(n.max()))), np.int64)
+    pos = np.empty((rows, max(1, int(n.max()))), np.int32)
     pos[:, 0] = starts
     for j in range(1, pos.shape[1]):         # one vectorised step per PI, all frames
         pos[:, j] = nxt[pos[:, j - 1]]
@@ -175,12 +176,13 @@ def _entries(batch: list[tuple[int, _Head, bytes]]) -> list[Message | None]:
         ql = vlen[qi]
         zz = np.zeros(len(ints), np.int64)
         for b in range(min(5, int(ql.max()))):
-            zz |= np.where(ql > b, e[qi + b] & 0x7F, 0) << (7 * b)
+            zz |= np.where(ql > b, e[qi + b] & 0x7F, 0).astype(np.int64) << (7 * b)
         bad[ints] |= (ql > 5) | (zz >= 1 << 32)
         values[ints] = (zz >> 1) ^ -(zz & 1)
     ok &= np.bincount(row, weights=bad, minlength=rows) == 0
     full = np.array([head.full for _, head, _ in batch])
-    ok &= ~full | (np.where(n > 0, index[np.maximum(first[1:] - 1, 0)], -1) == n - 1)
+    if len(index):
+        ok &= ~full | (np.where(n > 0, index[np.maximum(first[1:] - 1, 0)], -1) == n - 1)
 
     out: list[Message | None] = []
     index_l, values_l, first_l = index.tolist(), values.tolist(), first.tolist()
