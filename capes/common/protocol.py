@@ -43,7 +43,6 @@ DECODE_REASONS = ("version", "truncated", "oversize", "decompress", "type", "mal
 # Value encodings of one PI entry (the low 3 bits of its key varint).
 _KIND_F32, _KIND_INT, _KIND_NAN, _KIND_F16, _KIND_F24, _KIND_BF16 = 0, 1, 2, 3, 4, 5
 _KIND_BITS = 3
-_KIND_WIDTH = {_KIND_F32: 4, _KIND_NAN: 0, _KIND_F16: 2, _KIND_F24: 3, _KIND_BF16: 2}  # bytes
 _F32 = struct.Struct("<f")
 _F16 = struct.Struct("<e")
 _F64 = struct.Struct("<d")
@@ -309,61 +308,32 @@ class _Reader:
 
 
 def _pi_values(r: _Reader, n: int) -> tuple[dict[int, float], int]:
-    """The ``n`` PI entries at the reader's cursor: {PI index: value} and the last index.
-
-    The daemon's hottest loop (every PI of every frame), so it reads the buffer with
-    local variables and takes one-byte varints (every key below index gap 16 and small
-    integers) inline; longer ones go through :meth:`_Reader.varint`. Its checks are
-    those of the reader's methods, with the same reasons."""
-    buf, pos, size = r.buf, r.pos, len(r.buf)
+    """The ``n`` PI entries at the reader's cursor: {PI index: value} and the last index."""
     values: dict[int, float] = {}
     index = -1
-    f32, f16 = _F32.unpack_from, _F16.unpack_from
     for _ in range(n):
-        if pos >= size:
-            raise DecodeError("truncated", "body ends early")
-        key = buf[pos]
-        if key & 0x80:
-            r.pos = pos
-            key = r.varint()
-            pos = r.pos
-        else:
-            pos += 1
+        key = r.varint()
         index += (key >> _KIND_BITS) + 1
         if index >= MAX_PIS:
             raise DecodeError("malformed", "PI index out of range")
         kind = key & 7
-        if kind == _KIND_INT:
-            if pos >= size:
-                raise DecodeError("truncated", "body ends early")
-            zz = buf[pos]
-            if zz & 0x80:
-                r.pos = pos
-                zz = r.varint()
-                pos = r.pos
-                if zz >= 1 << 32:
-                    raise DecodeError("malformed", "integer PI too large")
-            else:
-                pos += 1
-            values[index] = float((zz >> 1) ^ -(zz & 1))
-            continue
-        width = _KIND_WIDTH.get(kind)
-        if width is None:
-            raise DecodeError("malformed", f"unknown value encoding {kind}")
-        if pos + width > size:
-            raise DecodeError("truncated", "body ends early")
         if kind == _KIND_F32:
-            values[index] = f32(buf, pos)[0]
+            values[index] = _F32.unpack(r.take(4))[0]
         elif kind == _KIND_F16:
-            values[index] = f16(buf, pos)[0]
-        elif kind == _KIND_BF16:
-            values[index] = f32(b"\0\0" + buf[pos:pos + 2])[0]
-        elif kind == _KIND_F24:
-            values[index] = f32(b"\0" + buf[pos:pos + 3])[0]
-        else:
+            values[index] = _F16.unpack(r.take(2))[0]
+        elif kind == _KIND_NAN:
             values[index] = math.nan
-        pos += width
-    r.pos = pos
+        elif kind == _KIND_F24:
+            values[index] = _F32.unpack(b"\0" + r.take(3))[0]
+        elif kind == _KIND_BF16:
+            values[index] = _F32.unpack(b"\0\0" + r.take(2))[0]
+        elif kind != _KIND_INT:
+            raise DecodeError("malformed", f"unknown value encoding {kind}")
+        else:
+            zz = r.varint()
+            if zz >= 1 << 32:
+                raise DecodeError("malformed", "integer PI too large")
+            values[index] = float((zz >> 1) ^ -(zz & 1))
     return values, index
 
 
