@@ -124,7 +124,10 @@ def main() -> int:
     ap.add_argument("--tick", type=float, default=1.0, help="tick_seconds of the deployment")
     ap.add_argument("--no-curve", action="store_true", help="plain sockets (comparison only)")
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
+    ap.add_argument("--quick", action="store_true", help="CI: 30 actions after 5")
     args = ap.parse_args()
+    if args.quick:
+        args.actions, args.warmup = 30, 5
 
     from capes.common.control_client import ControlClient
     from capes.common.curve import generate

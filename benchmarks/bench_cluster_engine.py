@@ -219,11 +219,17 @@ def main() -> int:
     p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true",
+                   help="CI: the replay and step parts, small (no simulated hours)")
     args = p.parse_args()
+    if args.quick:
+        args.nodes, args.replay_ticks, args.step_nodes, args.reps = [8], 60, 64, 3
+        if args.part == "all":
+            args.part = "quick"
     torch.set_num_threads(args.threads)
-    if args.part in ("all", "replay"):
+    if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
-    if args.part in ("all", "step"):
+    if args.part in ("all", "quick", "step"):
         bench_step(args.step_nodes, args.device, args.reps)
     if args.part in ("all", "hour"):
         bench_hour(args.nodes, args.seed, args.feed)

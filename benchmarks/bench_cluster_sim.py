@@ -268,7 +268,13 @@ def main() -> int:
     p.add_argument("--noise", type=float, nargs="+", default=[0.01, 0.1, 0.5])
     p.add_argument("--policy", nargs="+", default=["fixed", "greedy", "random"])
     p.add_argument("--detector", nargs="+", default=["raw", "resid"])
+    p.add_argument("--quick", action="store_true",
+                   help="CI: every part, 8 nodes, one run or seed, one policy")
     args = p.parse_args()
+    if args.quick:
+        args.nodes, args.runs, args.seeds, args.noise = [8], 1, 1, [0.1]
+        args.policy, args.detector = ["greedy"], ["resid"]
+        args.cluster_nodes, args.cluster_seeds = 8, 1
     if args.part in ("all", "sim"):
         bench_sim(args.nodes, args.runs)
     if args.part in ("all", "detect"):

@@ -27,7 +27,12 @@ def main() -> int:
     p.add_argument("--presets", default="default,paper")
     p.add_argument("--json", default=None, help="write all reports to this file")
     p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--quick", action="store_true",
+                   help="CI: the default preset, one seed per cell, games of 120 simulated s")
     args = p.parse_args()
+    if args.quick:
+        args.seeds, args.presets = 1, "default"
+        args.overrides.append("game.time_limit_ticks=120")
     noises = [0.01, 0.10, 0.50]
     rewards = ["diff", "diff_avg", "diff_ewma"]
     reports = {}

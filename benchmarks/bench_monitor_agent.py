@@ -45,7 +45,10 @@ def main() -> int:
     ap.add_argument("--tick", type=float, default=1.0, help="tick_seconds (1 Hz default)")
     ap.add_argument("--no-curve", action="store_true", help="plain sockets")
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
+    ap.add_argument("--quick", action="store_true", help="CI: 5 s after 2 s of warm-up")
     args = ap.parse_args()
+    if args.quick:
+        args.seconds, args.warmup = 5.0, 2.0
 
     from capes.common import curve
     tmp = tempfile.TemporaryDirectory(prefix="capes-bench-")

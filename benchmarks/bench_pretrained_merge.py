@@ -55,7 +55,12 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="games in parallel")
     ap.add_argument("--workdir", help="keep the DBs and the model here")
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI: 2 recorded games, 100 steps, 1 new game per arm, 150 s games")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.record, args.steps, args.seeds, args.epsilon_start = 2, 100, 1, "1.0"
+        args.overrides.append("game.time_limit_ticks=150")
     import torch
     torch.set_num_threads(1)
     epsilons = [float(e) for e in args.epsilon_start.split(",")]

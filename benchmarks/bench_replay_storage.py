@@ -162,8 +162,11 @@ def main(argv=None) -> int:
                     help="store PI vectors uncompressed (ReplayWriter(compress=False))")
     ap.add_argument("--db", help="keep the DB here (default: a temporary directory)")
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
+    ap.add_argument("--quick", action="store_true", help="CI: 5,000 ticks, extrapolated")
     ap.add_argument("--measure-reader", metavar="DB", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick:
+        args.ticks = 5000
     if args.measure_reader:
         print(json.dumps(measure_reader(Path(args.measure_reader))))
         return 0

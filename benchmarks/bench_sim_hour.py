@@ -21,7 +21,10 @@ def main() -> int:
     p.add_argument("--preset", default="default")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--noise", type=float, default=0.1)
+    p.add_argument("--quick", action="store_true", help="CI: one run")
     args = p.parse_args()
+    if args.quick:
+        args.runs = 1
     use_one_core()
     cfg = load_config(None, [f"game.noise={args.noise}", "game.win_hold_ticks=100000"],
                       args.preset)

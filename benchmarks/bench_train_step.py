@@ -89,15 +89,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="CI: 20 steps")
     args = p.parse_args()
+    if args.quick:
+        args.steps = 20
     device = pick_device(args.device)
     cfg = DQNConfig(preset="paper")
     dqn = DQN(OBS, ACTIONS, cfg, device, seed=0)
     bare = bare_loop(device)
     g = torch.Generator().manual_seed(0)
+    # DQN.train_step's discounts: one-step returns, d = γ (as bare_loop's 0.99)
+    gamma = torch.full((BATCH,), cfg.gamma)
     batch = (torch.rand(BATCH, OBS, generator=g), torch.randint(0, ACTIONS, (BATCH,), generator=g),
              torch.rand(BATCH, generator=g), torch.rand(BATCH, OBS, generator=g))
     batch = tuple(t.to(device) for t in batch)
+    dqn_batch = batch[:3] + (gamma.to(device),) + batch[3:]
     with tempfile.TemporaryDirectory() as tmp:
         make_db(Path(tmp) / "r.db")
         engine = Engine(cfg, RewardConfig(), ReplayReader(Path(tmp) / "r.db"), device=str(device))
@@ -107,10 +113,10 @@ def main() -> int:
         ebatch = (torch.rand(BATCH, eobs, generator=g).to(device), batch[1], batch[2],
                   torch.rand(BATCH, eobs, generator=g).to(device))
         for _ in range(10):                      # warm-up
-            dqn.train_step(*batch); bare(*batch); engine.train(1); bare_e(*ebatch)
+            dqn.train_step(*dqn_batch); bare(*batch); engine.train(1); bare_e(*ebatch)
         ours, theirs, full, theirs_e = [], [], [], []
         for _ in range(args.steps // 10):        # interleave so load drifts hit all alike
-            ours += timed(lambda: dqn.train_step(*batch), device, 10)
+            ours += timed(lambda: dqn.train_step(*dqn_batch), device, 10)
             theirs += timed(lambda: bare(*batch), device, 10)
             full += timed(lambda: engine.train(1), device, 10)
             theirs_e += timed(lambda: bare_e(*ebatch), device, 10)

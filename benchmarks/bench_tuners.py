@@ -140,7 +140,13 @@ def main(argv=None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    help="a config override for every game, e.g. --set game.time_limit_ticks=1800")
     p.add_argument("--json", default=None, help="write every report to this file")
+    p.add_argument("--quick", action="store_true",
+                   help="CI: capes, random and hill on the default game at 10 %% noise, one "
+                        "seed, 300 simulated s")
     args = p.parse_args(argv)
+    if args.quick:
+        args.seeds, args.games, args.tuners = 1, ["default 10%"], ["capes", "random", "hill"]
+        args.overrides.append("game.time_limit_ticks=300")
 
     tuners = []
     for t in args.tuners:

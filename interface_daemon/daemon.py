@@ -50,6 +50,7 @@ from interface_daemon.node_streams import Ingest, tick_in_range
 log = logging.getLogger("capes.interface_daemon")
 
 DRAIN_BATCH = 2000          # messages taken from one socket before looking at the others
+DRAIN_BYTES = 256 << 10     # ... or this many payload bytes (a flood of big frames)
 CALL_TIMEOUT_S = 10.0
 COMMIT_CHUNK = 5000         # rows per transaction: a nearly full disk still takes the oldest
 DB_ERRORS = (sqlite3.Error, ReplayDBError, OSError)     # a write that failed, not a bug
@@ -346,9 +347,10 @@ class InterfaceDaemon:
             timeout = max(0.0, min(next_commit, next_resend) - time.monotonic())
             events = dict(poller.poll(timeout * 1000))
             if self.ingest_sock in events:
-                self._drain(self.ingest_sock, self._on_indicators)
+                self._on_indicator_batch(self._drain(self.ingest_sock))
             if self.control_sock in events:
-                self._drain(self.control_sock, self._on_control)
+                for message in self._drain(self.control_sock):
+                    self._on_control(*message)
             if self._wake_r in events:
                 try:
                     while os.read(self._wake_r, 4096):
@@ -367,12 +369,17 @@ class InterfaceDaemon:
                 self.actions.resend_due(now)
                 next_resend = now + resend_every
 
-    def _drain(self, sock: zmq.Socket, handle: Callable[[bytes, bytes, str | None], None]) -> None:
+    def _drain(self, sock: zmq.Socket) -> list[tuple[bytes, bytes, str | None]]:
+        """The (identity, payload, CURVE key) of up to DRAIN_BATCH messages waiting on
+        ``sock`` (the ingest path decodes them together), DRAIN_BYTES of payload at most."""
+        batch, size = [], 0
         for _ in range(DRAIN_BATCH):
+            if size >= DRAIN_BYTES:
+                break
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             if len(frames) != 2:          # a DEALER sends exactly one frame per message
                 if sock is self.ingest_sock:
                     self.counters.messages += 1
@@ -385,24 +392,29 @@ class InterfaceDaemon:
                     key = payload.get("User-Id")
                 except zmq.ZMQError:
                     key = None
-            handle(frames[0].bytes, payload.bytes, key)
+            batch.append((frames[0].bytes, payload.bytes, key))
+            size += len(batch[-1][1])
+        return batch
 
     def _on_indicators(self, identity: bytes, payload: bytes, key: str | None) -> None:
+        self._on_indicator_batch([(identity, payload, key)])
+
+    def _on_indicator_batch(self, batch: list[tuple[bytes, bytes, str | None]]) -> None:
         c = self.counters
-        c.messages += 1
-        c.bytes += len(payload)
-        out = self.ingest.handle(payload, identity, key)
-        if out.drop:
-            c.drop(out.drop)
-        if out.row is not None:
-            self._buffer_row(out.tick, out.stream.index, out.row, out.layout_grew)
-        if out.full_request:
-            msg = encode(FullRequest(out.stream.name, out.full_request))
-            try:
-                self.ingest_sock.send_multipart([identity, msg], zmq.NOBLOCK)
-                c.full_requests += 1
-            except zmq.ZMQError:          # peer gone (ROUTER_MANDATORY) or at its HWM
-                c.actions["full_request_failed"] += 1
+        c.messages += len(batch)
+        c.bytes += sum(len(payload) for _, payload, _ in batch)
+        for (identity, _, _), out in zip(batch, self.ingest.handle_many(batch)):
+            if out.drop:
+                c.drop(out.drop)
+            if out.row is not None:
+                self._buffer_row(out.tick, out.stream.index, out.row, out.layout_grew)
+            if out.full_request:
+                msg = encode(FullRequest(out.stream.name, out.full_request))
+                try:
+                    self.ingest_sock.send_multipart([identity, msg], zmq.NOBLOCK)
+                    c.full_requests += 1
+                except zmq.ZMQError:      # peer gone (ROUTER_MANDATORY) or at its HWM
+                    c.actions["full_request_failed"] += 1
 
     def _on_control(self, identity: bytes, payload: bytes, key: str | None) -> None:
         reason = self.actions.handle(payload, identity, key)

@@ -22,7 +22,11 @@ from typing import Callable
 
 import numpy as np
 
-from capes.common.protocol import DecodeError, DeltaDecoder, Indicators, decode
+from capes.common.frame_batch import decode_many, warm_up
+from capes.common.protocol import DecodeError, DeltaDecoder, Indicators, Message, decode
+
+
+BATCH_BYTES = 16 << 10     # payload bytes decoded together (handle_many)
 
 
 @dataclass
@@ -89,16 +93,43 @@ class Ingest:
         if not self.max_clock_skew_s > 0:
             raise ValueError("max_clock_skew_s must be > 0")
         self._pi_index = {n: i for i, n in enumerate(self.pi_names)}
+        warm_up()
 
     def handle(self, payload: bytes, identity: bytes = b"", key: str | None = None,
                now: float | None = None) -> Outcome:
         """Decode and apply one indicator payload from peer ``identity`` (CURVE key
         name ``key``). Never raises for bad input: it becomes ``Outcome.drop``."""
-        now = time.monotonic() if now is None else now
         try:
             msg = decode(payload, self.max_bytes)
         except DecodeError as exc:
-            return Outcome(drop=exc.reason)
+            msg = exc
+        return self.apply(msg, identity, key, now)
+
+    def handle_many(self, messages: list[tuple[bytes, bytes, str | None]]) -> list[Outcome]:
+        """:meth:`handle` for each (identity, payload, key) of ``messages``, in order;
+        their frames are decoded together (:func:`~capes.common.frame_batch.decode_many`),
+        BATCH_BYTES of payload at a time: what a batch decodes is held until it is
+        applied, so a flood of big frames must not pile up."""
+        out: list[Outcome] = []
+        start = 0
+        while start < len(messages):
+            end, size = start, 0
+            while end < len(messages) and (end == start or size < BATCH_BYTES):
+                size += len(messages[end][1])
+                end += 1
+            chunk = messages[start:end]
+            decoded = decode_many([payload for _, payload, _ in chunk], self.max_bytes)
+            out += [self.apply(msg, identity, key)
+                    for (identity, _, key), msg in zip(chunk, decoded)]
+            start = end
+        return out
+
+    def apply(self, msg: Message | DecodeError, identity: bytes = b"", key: str | None = None,
+              now: float | None = None) -> Outcome:
+        """Apply one decoded payload (or the error decoding it raised)."""
+        now = time.monotonic() if now is None else now
+        if isinstance(msg, DecodeError):
+            return Outcome(drop=msg.reason)
         if not isinstance(msg, Indicators):
             return Outcome(drop="type")
         if not tick_in_range(msg.tick, self.tick_seconds, self.max_clock_skew_s):

@@ -307,24 +307,8 @@ class _Reader:
             raise DecodeError("malformed", "trailing bytes")
 
 
-def _decode_indicators(r: _Reader) -> Indicators:
-    node = r.string()
-    if not node:
-        raise DecodeError("malformed", "empty node name")
-    seq = r.varint()
-    tick = r.varint()
-    flags = r.byte()
-    if flags & ~3:
-        raise DecodeError("malformed", "unknown flags")
-    full = bool(flags & 1)
-    names = None
-    if flags & 2:
-        if not full:
-            raise DecodeError("malformed", "names on a delta frame")
-        names = [r.string() for _ in range(r.count(MAX_PIS, "PIs"))]
-        if len(set(names)) != len(names):
-            raise DecodeError("malformed", "PI name repeated")
-    n = r.count(MAX_PIS, "PIs")
+def _pi_values(r: _Reader, n: int) -> tuple[dict[int, float], int]:
+    """The ``n`` PI entries at the reader's cursor: {PI index: value} and the last index."""
     values: dict[int, float] = {}
     index = -1
     for _ in range(n):
@@ -350,16 +334,54 @@ def _decode_indicators(r: _Reader) -> Indicators:
             if zz >= 1 << 32:
                 raise DecodeError("malformed", "integer PI too large")
             values[index] = float((zz >> 1) ^ -(zz & 1))
-    if full and index != n - 1:
+    return values, index
+
+
+@dataclass
+class _Head:
+    """An Indicators body read up to its PI entries (``pos``: where they start)."""
+    node: str
+    seq: int
+    tick: int
+    full: bool
+    names: list[str] | None
+    n: int
+    pos: int
+
+
+def _indicators_head(r: _Reader) -> _Head:
+    node = r.string()
+    if not node:
+        raise DecodeError("malformed", "empty node name")
+    seq = r.varint()
+    tick = r.varint()
+    flags = r.byte()
+    if flags & ~3:
+        raise DecodeError("malformed", "unknown flags")
+    full = bool(flags & 1)
+    names = None
+    if flags & 2:
+        if not full:
+            raise DecodeError("malformed", "names on a delta frame")
+        names = [r.string() for _ in range(r.count(MAX_PIS, "PIs"))]
+        if len(set(names)) != len(names):
+            raise DecodeError("malformed", "PI name repeated")
+    n = r.count(MAX_PIS, "PIs")
+    return _Head(node, seq, tick, full, names, n, r.pos)
+
+
+def _indicators(head: _Head, values: dict[int, float], index: int) -> Indicators:
+    """The message of ``head`` and its PI entries (``index``: the last one's PI)."""
+    n = head.n
+    if head.full and index != n - 1:
         raise DecodeError("malformed", "full frame does not carry every PI")
-    if names is not None and len(names) != n:
-        raise DecodeError("malformed", f"{len(names)} names for {n} values")
-    return Indicators(node, seq, tick, full, values, names)
+    if head.names is not None and len(head.names) != n:
+        raise DecodeError("malformed", f"{len(head.names)} names for {n} values")
+    return Indicators(head.node, head.seq, head.tick, head.full, values, head.names)
 
 
-def decode(data: bytes, max_bytes: int = 65536) -> Message:
-    """Parse one message; raise :class:`DecodeError` for anything not exactly valid.
-    ``max_bytes`` bounds both the message and its decompressed body (no lz4 bombs)."""
+def _open(data: bytes, max_bytes: int) -> tuple[int, _Reader]:
+    """Check a message's header and decompress its body: (message type, body reader)."""
     if len(data) > max_bytes:
         raise DecodeError("oversize", f"{len(data)} bytes > {max_bytes}")
     if len(data) < 3:
@@ -383,9 +405,14 @@ def decode(data: bytes, max_bytes: int = 65536) -> Message:
         raise DecodeError("decompress", str(exc)) from None
     if len(body) != size:
         raise DecodeError("decompress", f"body is {len(body)} bytes, header says {size}")
-    r = _Reader(body)
+    return kind, _Reader(body)
+
+
+def _decode_body(kind: int, r: _Reader) -> Message:
+    """The message of type ``kind`` in the body ``r`` (every byte of it)."""
     if kind == MSG_INDICATORS:
-        msg: Message = _decode_indicators(r)
+        head = _indicators_head(r)
+        msg: Message = _indicators(head, *_pi_values(r, head.n))
     elif kind == MSG_FULL_REQUEST:
         msg = FullRequest(r.string(), r.string())
     elif kind == MSG_ACTION:
@@ -397,6 +424,13 @@ def decode(data: bytes, max_bytes: int = 65536) -> Message:
         msg = Ack(node, r.varint(), r.float_map())
     r.end()
     return msg
+
+
+def decode(data: bytes, max_bytes: int = 65536) -> Message:
+    """Parse one message; raise :class:`DecodeError` for anything not exactly valid.
+    ``max_bytes`` bounds both the message and its decompressed body (no lz4 bombs).
+    (:func:`capes.common.frame_batch.decode_many` parses many at once, for the daemon.)"""
+    return _decode_body(*_open(data, max_bytes))
 
 
 # --------------------------------------------------------------------------- delta streams
