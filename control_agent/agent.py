@@ -86,6 +86,9 @@ def build_appliers(cfg: DeploymentConfig, source: str = "<config>") -> dict[str,
                               f"{ac.name}: {exc}") from None
         except ValueError as exc:
             raise ConfigError(source, f"control.appliers.{name}", f"{ac.name}: {exc}") from None
+        why = out[name].supports(name, params[name].categorical)
+        if why is not None:
+            raise ConfigError(source, f"control.appliers.{name}", f"{ac.name}: {why}")
     return out
 
 

@@ -262,6 +262,70 @@ def test_file_applier_turns_a_resolve_error_into_a_refused_write(tmp_path, monke
     assert (knobs / "window").read_text() == "10\n"
 
 
+# ------------------------------------------------------------------ 6. applier kinds
+
+def gluster_deployment(tmp_path: Path, port: int, unit: str = "") -> tuple[Path, Path]:
+    """A categorical knob (cluster.eager-lock: on/off) on the gluster applier, through a
+    fake ``gluster`` that logs its argv and answers ``volume get`` with ``on``."""
+    (tmp_path / "get.txt").write_text("Option                                  Value\n"
+                                      "------                                  -----\n"
+                                      "cluster.eager-lock                      on\n")
+    cli = tmp_path / "gluster"
+    cli.write_text(f"""#!/bin/sh
+echo "$@" >> "{tmp_path}/argv.log"
+case "$*" in *"volume get"*) cat "{tmp_path}/get.txt" ;; esac
+""")
+    cli.chmod(0o755)
+    path = tmp_path / "gluster.toml"
+    path.write_text(f"""
+[keys]
+enabled = false
+[control]
+node = "g1"
+daemon = "tcp://127.0.0.1:{port}"
+state_file = "{tmp_path / 'state.json'}"
+[control.appliers.lock]
+name = "gluster"
+options = {{ volume = "capes", key = "cluster.eager-lock", gluster = "{cli}", unit = "{unit}" }}
+[parameters.lock]
+values = ["on", "off"]
+default = "on"
+""")
+    return path, tmp_path / "argv.log"
+
+
+def test_a_categorical_knob_on_the_gluster_applier_is_set_by_name(tmp_path, router):
+    sock, port = router
+    path, argv = gluster_deployment(tmp_path, port)
+    done = capes("restore-defaults", "--config", str(path))
+    no_traceback(done.stderr)
+    assert done.returncode == 0 and "lock = on (default)" in done.stdout, done.stderr
+    assert "volume set capes cluster.eager-lock on" in argv.read_text()
+    proc = start("control-agent", "--config", str(path))
+    try:
+        ident, hello = recv(sock, 20)
+        assert hello.values == {"lock": 0}                     # "on" is index 0
+        sock.send_multipart([ident, encode(Action(1, 1, {"lock": 1}))])
+        recv_until(sock, lambda m: m.seq == 1)
+    finally:
+        err = stop(proc)
+    no_traceback(err)
+    assert proc.returncode == 0
+    sets = [ln.split()[-1] for ln in argv.read_text().splitlines() if "volume set" in ln]
+    assert sets == ["on", "off", "on"]          # restore-defaults, the action, the restore
+
+
+def test_an_applier_that_cannot_set_a_kind_is_a_config_error_naming_the_key(tmp_path):
+    path, argv = gluster_deployment(tmp_path, 1, unit="bool")
+    for command in ("restore-defaults", "control-agent"):
+        done = capes(command, "--config", str(path))
+        no_traceback(done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stderr
+        assert "control.appliers.lock" in lines[0] and "categorical" in lines[0]
+    assert not argv.exists()                    # nothing was ever set
+
+
 # ------------------------------------------------------------------ 7. dwell across restarts
 
 def dwell_toml(tmp_path: Path, knobs: Path, port: int) -> Path:

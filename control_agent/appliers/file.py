@@ -35,7 +35,8 @@ import logging
 import os
 import stat
 
-from control_agent.appliers.base import Applier, ApplyError, format_value, register
+from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
+                                         format_value, register)
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ def _literal_dir(pattern: str) -> str:
 
 @register("file")
 class FileApplier(Applier):
+    kinds = (NUMERIC, CATEGORICAL)        # a text knob is written by name
     def __init__(self, path: str | None = None, paths: dict[str, str] | None = None,
                  root: str | list[str] | None = None):
         if path is None and not paths:
