@@ -242,7 +242,8 @@ def test_file_applier_writes_never_land_outside_the_root_while_a_symlink_is_swap
         swapper.join(5)
         err = stop(proc)
     no_traceback(err)
-    assert landed == [] and (outside / "window").read_text() == "0\n"
+    assert not landed, f"{len(landed)} of 2000 writes landed outside the root"
+    assert (outside / "window").read_text() == "0\n"
 
 
 def test_file_applier_turns_a_resolve_error_into_a_refused_write(tmp_path, monkeypatch):
@@ -351,10 +352,10 @@ def test_dwell_outlives_an_agent_restart(tmp_path, router):
     proc = start("control-agent", "--config", str(path))
     try:
         ident, hello = recv_until(sock, lambda m: m.seq == 0, 20)
-        assert 55 < hello.dwell["window"] <= 60          # it says so to the daemon too
         sock.send_multipart([ident, encode(Action(1, 2, {"window": 10}))])
         _, ack = recv_until(sock, lambda m: m.seq == 1)
-        assert ack.values["window"] == 11
+        assert ack.values["window"] == 11                # held: no 11 -> 10 flap
+        assert 55 < hello.dwell["window"] <= 60          # it says so to the daemon too
     finally:
         err = stop(proc)
     assert (knobs / "window").read_text() == "10\n"      # restores are never held
@@ -437,6 +438,28 @@ options = {{ path = "{knobs}/rate" }}
         d.stop()
         if agent is not None:
             no_traceback(stop(agent))
+
+
+# ------------------------------------------------------------------ 9. capes evaluate
+
+@pytest.mark.parametrize("bad", [("--confidence", "1.5"), ("--confidence", "nan"),
+                                 ("--acf-threshold", "0"), ("--duration", "nan")])
+def test_evaluate_refuses_bad_arguments_before_measuring_anything(tmp_path, bad):
+    """Before: every repetition ran, then the analysis failed and the measurements were
+    lost. Now: one line, exit 2, no knob touched, nothing run."""
+    knobs = knob_dir(tmp_path)
+    before = (knobs / "window").stat().st_mtime_ns
+    t0 = time.monotonic()
+    done = capes("evaluate", "--config", str(deployment_toml(tmp_path, knobs, 1)),
+                 "--workload", "seqread", "--target", str(tmp_path / "data"), "--size", "1m",
+                 "--config-set", "original", "--config-set", "window=20",
+                 "--repetitions", "1", "--duration", "2", *bad, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert bad[0] in lines[0]
+    assert time.monotonic() - t0 < 20
+    assert (knobs / "window").stat().st_mtime_ns == before
+    assert not (tmp_path / "data").exists()
 
 
 # ------------------------------------------------------------------ 10. systemd units
