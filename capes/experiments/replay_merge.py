@@ -29,7 +29,9 @@ from capes.common.replay_db import (
     ReplayDBError,
     SessionInfo,
     _check_schema,
+    _no_op,
     connect,
+    index_of,
     read_sessions,
 )
 
@@ -44,8 +46,9 @@ def differences(ref: SessionInfo, other: SessionInfo) -> list[str]:
     out = []
 
     def diff_names(kind, a, b):
-        missing = [n for n in a if n not in b]
-        extra = [n for n in b if n not in a]
+        sa, sb = set(a), set(b)             # sets: 65,535 names must not cost O(n²)
+        missing = [n for n in a if n not in sb]
+        extra = [n for n in b if n not in sa]
         if missing:
             out.append(f"{kind} missing: {', '.join(missing)}")
         if extra:
@@ -224,7 +227,8 @@ def _param_order(ref: SessionInfo, info: SessionInfo) -> list[int] | None:
     if info.param_names == ref.param_names or sorted(info.param_names) != sorted(
             ref.param_names):
         return None
-    return [ref.param_names.index(n) for n in info.param_names]
+    where = index_of(ref.param_names)
+    return [where[n] for n in info.param_names]
 
 
 def _stored_as(info: SessionInfo, order: list[int] | None) -> SessionInfo:
@@ -293,6 +297,7 @@ def _open_output(tmp: Path, base: Path | None) -> sqlite3.Connection:
     """The temp output: a consistent copy of ``base`` (WAL included) or a new DB."""
     conn = sqlite3.connect(f"file:{quote(str(tmp))}?mode=rwc", uri=True,
                            isolation_level="DEFERRED")
+    conn.set_progress_handler(_no_op, 100_000)    # SIGTERM/Ctrl-C stop a long copy
     if base is not None:
         src = connect(base, readonly=True)
         try:
