@@ -440,6 +440,164 @@ options = {{ path = "{knobs}/rate" }}
             no_traceback(stop(agent))
 
 
+# ------------------------------------------------------------------ 8. replay tools
+
+def replay_db(path: Path, pi_names=("throughput", "x"), ticks: int = 50,
+              stray: int | None = None) -> Path:
+    """A small, valid simulator-like replay DB (plus one row at tick ``stray``)."""
+    from capes.common.params import ParameterSpec
+    from capes.common.replay_db import ReplayWriter, SessionInfo
+    params = [ParameterSpec(min=1, max=100, step=1, default=10, name="rate_limit"),
+              ParameterSpec(min=1, max=100, step=1, default=10, name="window")]
+    with ReplayWriter(path) as w:
+        w.begin_session(SessionInfo(pi_names=list(pi_names), node_names=["n0"],
+                                    params=params))
+        for t in list(range(ticks)) + ([stray] if stray is not None else []):
+            w.add_pis(t, 0, [float(t % 7)] * len(pi_names))
+            w.add_action(t, 0, [10, 10])
+    return path
+
+
+def _sql(*statements):
+    def damage(conn):
+        for st in statements:
+            conn.execute(st)
+    return damage
+
+
+def _malformed_page(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page:3 * page] = b"\xa5" * (2 * page)              # pages 2 and 3: garbage
+    path.write_bytes(bytes(data))
+
+
+DAMAGE = {
+    "params not JSON": _sql("UPDATE sessions SET params='not json'"),
+    "params of the wrong shape": _sql("""UPDATE sessions SET params='[{"bogus": 1}]'"""),
+    "pi_names not a list": _sql("""UPDATE sessions SET pi_names='{"a": 1}'"""),
+    "tick as text": _sql("UPDATE pis SET tick='abc' WHERE rowid=3"),
+    "vector as text": _sql("UPDATE pis SET vec='text' WHERE rowid=3"),
+    "vector not lz4": _sql("UPDATE pis SET vec=x'050a00ffffffffffffffffffffffffffffffff' "
+                           "WHERE rowid=3"),
+    "orphan row": _sql("INSERT INTO pis VALUES (99, 5, 0, x'00000000')"),
+    "malformed pages": None,
+}
+
+
+# damage a command may pass over: merge copies vectors as opaque blobs; the tools that
+# read session by session never see a row of no session (the engine's reader refuses it)
+HARMLESS = {("vector not lz4", "merge"), ("orphan row", "info"), ("orphan row", "export"),
+            ("orphan row", "merge")}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_replay_tools_and_train_give_one_line_errors_on_a_damaged_db(tmp_path, damage):
+    import sqlite3
+    db = replay_db(tmp_path / "r.db")
+    if DAMAGE[damage] is None:
+        _malformed_page(db)
+    else:
+        with sqlite3.connect(db) as conn:
+            DAMAGE[damage](conn)
+        conn.close()
+    runs = [("replay", "info", str(db)),
+            ("replay", "export", str(db), "--format", "npz", "-o", str(tmp_path / "x.npz")),
+            ("replay", "merge", str(db), "-o", str(tmp_path / "m.db"))]
+    if damage in ("vector not lz4", "orphan row"):    # train imports torch: two cases
+        runs.append(("train", "--replay", str(db), "--steps", "1", "--out",
+                     str(tmp_path / "ck.pt"), "--quiet"))
+    for args in runs:
+        done = capes(*args, timeout=120)
+        no_traceback(done.stderr)
+        if (damage, args[1]) in HARMLESS:
+            assert done.returncode == 0, done.stderr
+            continue
+        errors = [ln for ln in done.stderr.splitlines() if ln.startswith("capes ")]
+        assert done.returncode == 1 and len(errors) == 1, (args, done.stderr)
+        if args[1] == "export":
+            assert not (tmp_path / "x.npz").exists()
+
+
+def test_a_crafted_schema_is_refused_before_any_query_runs(tmp_path):
+    """``pis`` as a view over an endless recursive query: ``info`` ran forever and
+    ``merge`` ignored SIGTERM."""
+    import sqlite3
+    db = replay_db(tmp_path / "r.db")
+    with sqlite3.connect(db) as conn:
+        conn.execute("ALTER TABLE pis RENAME TO real_pis")
+        conn.execute("CREATE VIEW pis AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+                     "SELECT x + 1 FROM c) SELECT 1 AS session, x AS tick, 0 AS node, "
+                     "x'0000803f' AS vec FROM c")
+    conn.close()
+    for args in (("info", str(db)), ("merge", str(db), "-o", str(tmp_path / "m.db"))):
+        proc = subprocess.Popen([sys.executable, "-m", "capes", "replay", *args], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.communicate(timeout=10)
+                pytest.fail(f"replay {args[0]}: ran past 20 s on a crafted schema")
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                pytest.fail(f"replay {args[0]}: ran past 20 s and ignored SIGTERM")
+        no_traceback(err)
+        assert proc.returncode == 1 and "pis is a view, not a table" in err, err
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_a_stray_far_tick_cannot_make_npz_export_write_gigabytes(tmp_path):
+    """600 ticks and one row 12 million ticks ahead: the dense arrays would take 2.2 GB
+    (the export runs with 1 GiB of address space, so the old one died of MemoryError)."""
+    import resource
+    db = replay_db(tmp_path / "r.db", pi_names=[f"pi{i}" for i in range(44)], ticks=600,
+                   stray=12_000_000)
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # noqa: E731
+    done = capes("replay", "export", str(db), "--format", "npz", "-o",
+                 str(tmp_path / "x.npz"), preexec_fn=limit)
+    no_traceback(done.stderr)
+    assert done.returncode == 1 and "--max-bytes" in done.stderr, done.stderr
+    assert "601 ticks with data" in done.stderr
+    assert not (tmp_path / "x.npz").exists()
+    done = capes("replay", "export", str(db), "--format", "csv", "-o",
+                 str(tmp_path / "x.csv"), preexec_fn=limit)      # sparse: fine
+    assert done.returncode == 0, done.stderr
+    assert len((tmp_path / "x.csv").read_text().splitlines()) == 1 + 601
+
+
+def test_65535_pi_names_are_mapped_by_dict(tmp_path, monkeypatch):
+    """The daemon's own max_session_pis: each name found by a dict, not list.index
+    (a minute of lookups before; a benchmark would time it, this checks the method)."""
+    from capes.common.replay_db import ReplayReader
+    from capes.experiments.replay_export import export_csv
+    from capes.experiments.replay_merge import merge
+    names = [f"pi{i}" for i in range(65_535)]
+    db = replay_db(tmp_path / "r.db", pi_names=names, ticks=3)
+
+    class NoIndex(list):
+        def index(self, *a):
+            raise AssertionError("list.index over the PI names")
+
+    from capes.common import replay_db as rdb
+    real = rdb.read_sessions
+
+    def guarded(conn):
+        infos = real(conn)
+        for info in infos:
+            info.pi_names = NoIndex(info.pi_names)
+        return infos
+    monkeypatch.setattr(rdb, "read_sessions", guarded)
+    for mod in ("replay_export", "replay_merge"):
+        monkeypatch.setattr(f"capes.experiments.{mod}.read_sessions", guarded)
+    with ReplayReader(db) as r:
+        assert r.layout.pi_names == tuple(names) and r.sessions[1].identity_pis
+    assert export_csv(db, tmp_path / "x.csv") == 3
+    assert merge([db], tmp_path / "m.db").total_sessions == 1
+
+
 # ------------------------------------------------------------------ 9. capes evaluate
 
 @pytest.mark.parametrize("bad", [("--confidence", "1.5"), ("--confidence", "nan"),

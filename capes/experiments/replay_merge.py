@@ -345,6 +345,7 @@ def _copy_session(conn: sqlite3.Connection, plan: _Plan, by_uuid: dict) -> Merge
         sid = cur.lastrowid
         by_uuid[info.uuid] = sid
         verb = "INSERT"
+    _check_row_types(conn, plan)
     before = conn.total_changes
     conn.execute(f"{verb} INTO main.pis (session, tick, node, vec) SELECT ?, tick, node, vec "
                  f"FROM src.pis WHERE session=? ORDER BY tick, node", (sid, info.id))
@@ -364,6 +365,19 @@ def _copy_session(conn: sqlite3.Connection, plan: _Plan, by_uuid: dict) -> Merge
         status = "added"
     return MergedSession(str(plan.source), info.id, info.uuid, sid, pis_rows, action_rows,
                          status, plan.differences)
+
+
+def _check_row_types(conn: sqlite3.Connection, plan: _Plan) -> None:
+    """Rows are copied as they are, so a damaged source (a text tick, a vector that is
+    not a blob) would be carried into OUT: refuse it (one scan, in SQLite)."""
+    for table, blob in (("pis", "vec"), ("actions", "vals")):
+        bad = conn.execute(
+            f"SELECT COUNT(*) FROM src.{table} WHERE session=? AND (typeof(tick) != "
+            f"'integer' OR typeof({blob}) != 'blob' OR typeof({'node' if table == 'pis' else 'action'})"
+            f" != 'integer')", (plan.info.id,)).fetchone()[0]
+        if bad:
+            raise ReplayDBError(f"{plan.source} session {plan.info.id}: {bad} {table} row(s) "
+                                f"of the wrong type (a damaged DB); nothing merged")
 
 
 def _reordered_actions(conn, src_sid: int, sid: int, order: list[int]):
