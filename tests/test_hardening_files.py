@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-import zmq
 
 from capes.common import curve
 from capes.common.control_client import ControlClient
@@ -28,7 +27,8 @@ from capes.common.protocol import Action, encode
 from daemon_harness import (ROOT, DaemonProcess, free_port_below_ephemeral, wait_for,
                             write_config)
 
-from test_agents import deployment_toml, knob_dir, load, recv, recv_until
+from test_agents import (deployment_toml, knob_dir, load, recv, recv_until,  # noqa: F401
+                         router)
 
 
 def capes(*args: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -64,17 +64,6 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> str:
 
 def no_traceback(err: str) -> None:
     assert "Traceback" not in err, err
-
-
-@pytest.fixture
-def router():
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.linger = 0
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    yield sock, port
-    sock.close()
-    ctx.term()
 
 
 # ------------------------------------------------------------------ 4. the state file
@@ -336,19 +325,25 @@ def dwell_toml(tmp_path: Path, knobs: Path, port: int) -> Path:
     return path
 
 
+def change_then_stop(sock, path: Path, sig) -> None:
+    """An agent sets window 10 -> 11 (min_dwell_s 60), then gets ``sig``."""
+    proc = start("control-agent", "--config", str(path))
+    try:
+        ident, _ = recv(sock, 20)
+        sock.send_multipart([ident, encode(Action(1, 1, {"window": 11}))])
+        _, ack = recv_until(sock, lambda m: m.seq == 1)
+        assert ack.values["window"] == 11
+    finally:
+        stop(proc, sig)
+
+
 def test_dwell_outlives_an_agent_restart(tmp_path, router):
     """kill -9 right after a change: the next agent still holds the knob (no flap)."""
     sock, port = router
     knobs = knob_dir(tmp_path)
     path = dwell_toml(tmp_path, knobs, port)
-    proc = start("control-agent", "--config", str(path))
-    try:
-        ident, _ = recv(sock, 20)
-        sock.send_multipart([ident, encode(Action(1, 1, {"window": 11}))])
-        recv_until(sock, lambda m: m.seq == 1)
-        assert (knobs / "window").read_text() == "11\n"
-    finally:
-        stop(proc, signal.SIGKILL)
+    change_then_stop(sock, path, signal.SIGKILL)
+    assert (knobs / "window").read_text() == "11\n"
     proc = start("control-agent", "--config", str(path))
     try:
         ident, hello = recv_until(sock, lambda m: m.seq == 0, 20)
@@ -368,13 +363,7 @@ def test_dwell_outlives_a_restore_and_a_restart_of_both(tmp_path, router):
     sock, port = router
     knobs = knob_dir(tmp_path)
     path = dwell_toml(tmp_path, knobs, port)
-    proc = start("control-agent", "--config", str(path))
-    try:
-        ident, _ = recv(sock, 20)
-        sock.send_multipart([ident, encode(Action(1, 1, {"window": 11}))])
-        recv_until(sock, lambda m: m.seq == 1)
-    finally:
-        stop(proc)
+    change_then_stop(sock, path, signal.SIGTERM)
     assert (knobs / "window").read_text() == "10\n"
     restored_at = time.monotonic()
     while sock.poll(300):                      # the stopped agent's last hello
