@@ -590,7 +590,7 @@ def test_65535_pi_names_are_mapped_by_dict(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ 9. capes evaluate
 
 @pytest.mark.parametrize("bad", [("--confidence", "1.5"), ("--confidence", "nan"),
-                                 ("--acf-threshold", "0"), ("--duration", "nan")])
+                                 ("--duration", "nan")])
 def test_evaluate_refuses_bad_arguments_before_measuring_anything(tmp_path, bad):
     """Before: every repetition ran, then the analysis failed and the measurements were
     lost. Now: one line, exit 2, no knob touched, nothing run."""
