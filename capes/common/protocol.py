@@ -234,7 +234,8 @@ def _body(msg: Message) -> tuple[int, bytes]:
         _varint(out, msg.seq)
         dwell = {DWELL_PREFIX + n: v for n, v in msg.dwell.items()
                  if len((DWELL_PREFIX + n).encode()) <= MAX_STRING}
-        _float_map(out, {**msg.values, **dwell})
+        room = max(0, MAX_PARAMS - len(msg.values))       # the values always fit first
+        _float_map(out, {**msg.values, **dict(list(dwell.items())[:room])})
         return MSG_ACK, bytes(out)
     raise TypeError(f"not a CAPES message: {type(msg).__name__}")
 
