@@ -10,8 +10,9 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
 * re-checks every value with the parameter's ``ParameterSpec.check_value`` (range, step
   grid, forbidden values, all with a tolerance), the daemon's ``[daemon.forbidden]`` and
   the parameter's ``min_dwell_s`` (no change sooner than that after its last change
-  here; restores are never held), and refuses what fails (counted and logged with the
-  reason), whatever the daemon said;
+  here or by an earlier run, whose time the state file keeps; restores are never held;
+  the hello tells the daemon how long each knob is held), and refuses what fails
+  (counted and logged with the reason), whatever the daemon said;
   a categorical value (an index) is handed to the applier by name;
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
@@ -19,8 +20,8 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
 
 **Originals.** Before the agent first changes a knob it reads the value the host has
 (``applier.read``, or ``read_text`` for a categorical knob) and records it in a small
-JSON state file (``control.state_file``, written atomically; see
-:class:`OriginalValues`), so a restarted or kill -9'd agent still knows it, and never
+JSON state file (``control.state_file``, written atomically, never trusted when read;
+see :mod:`control_agent.state_file`), so a restarted or kill -9'd agent still knows it, and never
 records a tuned value as an original. Restoring puts back those originals; the config's
 ``default`` is only the fallback where nothing was recorded. The agent restores on
 SIGTERM/SIGINT and a clean stop, and, when ``restore_after_s`` > 0, after that long
