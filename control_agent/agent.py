@@ -21,8 +21,8 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
 **Originals.** Before the agent first changes a knob it reads the value the host has
 (``applier.read``, or ``read_text`` for a categorical knob) and records it in a small
 JSON state file (``control.state_file``, written atomically, never trusted when read;
-see :mod:`control_agent.state_file`), so a restarted or kill -9'd agent still knows it, and never
-records a tuned value as an original. Restoring puts back those originals; the config's
+see :mod:`control_agent.state_file`), so a restarted or kill -9'd agent still knows it,
+and never records a tuned value as an original. Restoring puts back those originals; the config's
 ``default`` is only the fallback where nothing was recorded. The agent restores on
 SIGTERM/SIGINT and a clean stop, and, when ``restore_after_s`` > 0, after that long
 without a word from the daemon: a tuner that lost its brain should not leave a
