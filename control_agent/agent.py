@@ -10,8 +10,9 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
 * re-checks every value with the parameter's ``ParameterSpec.check_value`` (range, step
   grid, forbidden values, all with a tolerance), the daemon's ``[daemon.forbidden]`` and
   the parameter's ``min_dwell_s`` (no change sooner than that after its last change
-  here; restores are never held), and refuses what fails (counted and logged with the
-  reason), whatever the daemon said;
+  here or by an earlier run, whose time the state file keeps; restores are never held;
+  the hello tells the daemon how long each knob is held), and refuses what fails
+  (counted and logged with the reason), whatever the daemon said;
   a categorical value (an index) is handed to the applier by name;
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
@@ -19,9 +20,9 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
 
 **Originals.** Before the agent first changes a knob it reads the value the host has
 (``applier.read``, or ``read_text`` for a categorical knob) and records it in a small
-JSON state file (``control.state_file``, written atomically; see
-:class:`OriginalValues`), so a restarted or kill -9'd agent still knows it, and never
-records a tuned value as an original. Restoring puts back those originals; the config's
+JSON state file (``control.state_file``, written atomically, never trusted when read;
+see :mod:`control_agent.state_file`), so a restarted or kill -9'd agent still knows it,
+and never records a tuned value as an original. Restoring puts back those originals; the config's
 ``default`` is only the fallback where nothing was recorded. The agent restores on
 SIGTERM/SIGINT and a clean stop, and, when ``restore_after_s`` > 0, after that long
 without a word from the daemon: a tuner that lost its brain should not leave a
@@ -36,26 +37,25 @@ there is no live connection and no message.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import tempfile
+import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from capes.common import curve
-from capes.common.atomic import remove_stale_temps, write_json
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
 from capes.common.params import ParameterSpec
 from capes.common.protocol import Ack, Action, DecodeError, decode, encode
 from capes.common.stop_signal import StopSignal
 from control_agent.appliers import Applier, ApplyError, build_applier
+from control_agent.state_file import OriginalValues, applier_fingerprint, state_path
+
+__all__ = ["ControlAgent", "OriginalValues", "build_appliers", "node_parameters",
+           "state_path"]
 
 log = logging.getLogger("capes.control_agent")
 
@@ -87,135 +87,10 @@ def build_appliers(cfg: DeploymentConfig, source: str = "<config>") -> dict[str,
                               f"{ac.name}: {exc}") from None
         except ValueError as exc:
             raise ConfigError(source, f"control.appliers.{name}", f"{ac.name}: {exc}") from None
+        why = out[name].supports(name, params[name].categorical)
+        if why is not None:
+            raise ConfigError(source, f"control.appliers.{name}", f"{ac.name}: {why}")
     return out
-
-
-def state_path(cfg: DeploymentConfig) -> Path | None:
-    """Where this node's original values are kept (None: in memory only)."""
-    node = re.sub(r"[^A-Za-z0-9_.-]", "_", cfg.control.node) or "node"
-    spec = cfg.control.state_file
-    if not spec:
-        return None
-    if spec == "auto":
-        if os.geteuid() == 0:
-            base = Path("/var/lib/capes")
-        else:
-            try:
-                home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state")
-            except (RuntimeError, KeyError):          # no home directory at all
-                home = Path(tempfile.gettempdir()) / f"capes-{os.geteuid()}"
-            base = home / "capes"
-        return base / f"control-{node}.json"
-    return Path(spec.replace("{node}", node)).expanduser()
-
-
-def applier_fingerprint(cfg: DeploymentConfig, param: str) -> dict:
-    """What identifies a knob: its applier's name and options, as plain JSON. An original
-    recorded under another fingerprint (the config now points elsewhere, e.g. sda ->
-    sdb) is never written to this knob."""
-    ac = cfg.control.appliers.get(param)
-    raw = {"name": ac.name, "options": ac.options} if ac is not None else {"name": "?"}
-    return json.loads(json.dumps(raw, sort_keys=True, default=str))
-
-
-class OriginalValues:
-    """The host's own value of each knob, recorded before CAPES first changes it.
-
-    The state file (JSON, rewritten atomically on every change) holds a list of entries
-    ``{param, applier, value, recorded_at}``; ``value`` is a number, or a categorical
-    knob's name. Entries of other knobs (another applier fingerprint, e.g. a second
-    deployment that shares the file) are left as they are. An unreadable file is moved
-    aside to ``<file>.corrupt`` (and reported) rather than overwritten.
-    """
-
-    VERSION = 1
-
-    def __init__(self, path: Path | None, node: str, fingerprints: dict[str, dict]):
-        self.path, self.node, self.fingerprints = path, node, fingerprints
-        self.values: dict[str, float | str] = {}
-        self.recorded_at: dict[str, float] = {}
-        for e in self._entries():
-            param = e["param"]
-            if param not in fingerprints:
-                continue
-            if e["applier"] == fingerprints[param]:
-                self.values[param] = e["value"]
-                self.recorded_at[param] = float(e.get("recorded_at", 0.0))
-            else:
-                log.warning("%s: the state file %s holds an original value %r recorded "
-                            "for another applier (%s); it is not restored here", param,
-                            path, e["value"], json.dumps(e["applier"]))
-
-    def _entries(self) -> list[dict]:
-        if self.path is None or not self.path.exists():
-            return []
-        try:
-            data = json.loads(self.path.read_text())
-            entries = data["originals"]
-            if not isinstance(entries, list) or not all(
-                    isinstance(e, dict) and isinstance(e.get("param"), str) and "applier" in e
-                    and isinstance(e.get("value"), (int, float, str)) for e in entries):
-                raise ValueError("malformed 'originals'")
-            return entries
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            log.error("cannot read the original values in %s (%s); moved it to %s",
-                      self.path, exc, aside)
-            try:
-                os.replace(self.path, aside)
-            except OSError:
-                pass
-            return []
-
-    def _mine(self, e: dict) -> bool:
-        return self.fingerprints.get(e["param"]) == e["applier"]
-
-    def _save(self) -> None:
-        if self.path is None:
-            return
-        entries = [e for e in self._entries() if not self._mine(e)]
-        entries += [{"param": p, "applier": self.fingerprints[p], "value": v,
-                     "recorded_at": self.recorded_at.get(p, 0.0)}
-                    for p, v in sorted(self.values.items())]
-        if entries:
-            write_json(self.path, {"version": self.VERSION, "node": self.node,
-                                   "originals": entries})
-        else:
-            self.path.unlink(missing_ok=True)
-            remove_stale_temps(self.path.parent, self.path.name)
-
-    def check_writable(self) -> str | None:
-        """Why the state file cannot be written (None: it can)."""
-        if self.path is None:
-            return None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return f"cannot create {self.path.parent}: {exc.strerror or exc}"
-        if not os.access(self.path.parent, os.W_OK):
-            return f"cannot write in {self.path.parent}"
-        return None
-
-    def record(self, param: str, value: float | str) -> None:
-        """Remember ``value`` as ``param``'s original unless one is known (OSError: not
-        saved, and not remembered either)."""
-        if param in self.values:
-            return
-        self.values[param] = value
-        self.recorded_at[param] = time.time()
-        try:
-            self._save()
-        except OSError:
-            del self.values[param]
-            raise
-
-    def forget(self, params) -> None:
-        params = [p for p in params if p in self.values]
-        for p in params:
-            del self.values[p]
-            self.recorded_at.pop(p, None)
-        if params:
-            self._save()
 
 
 @dataclass
@@ -248,7 +123,8 @@ class ControlAgent:
                           for name in self.specs}
         self.counters = ControlCounters()
         self.originals = OriginalValues(state_path(cfg), self.node,
-                                        {n: applier_fingerprint(cfg, n) for n in self.specs})
+                                        {n: applier_fingerprint(cfg, n) for n in self.specs},
+                                        {n: s.min_dwell_s for n, s in self.specs.items()})
         for name, value in self.originals.values.items():
             log.info("%s: original value %s recorded %s by an earlier run; it is put back "
                      "when this agent restores", name, self.specs[name].describe(value),
@@ -256,6 +132,11 @@ class ControlAgent:
                                    time.localtime(self.originals.recorded_at[name])))
         self.touched: set[str] = set()     # knobs this process has changed
         self.changed_at: dict[str, float] = {}   # knob -> monotonic time of its last change
+        for name in self.originals.changed_at:     # a dwell that outlived the last run
+            left = self.originals.dwell_left(name)
+            self.changed_at[name] = time.monotonic() - (self.specs[name].min_dwell_s - left)
+            log.info("%s: changed by an earlier run; no change for %.1f s (min_dwell_s)",
+                     name, left)
         self.current: dict[str, float] = {}
         for name in self.specs:
             value = self._read(name)
@@ -274,7 +155,9 @@ class ControlAgent:
         applier = self.appliers[param]
         if self.specs[param].categorical:
             return applier.read_text(param)
-        return applier.read(param)
+        value = applier.read(param)
+        # a knob reading "nan" or "inf" has no value to record or put back
+        return value if value is None or math.isfinite(value) else None
 
     def _read(self, param: str) -> float | None:
         """The knob's value as the engine sees it (a categorical knob's index); None when
@@ -349,7 +232,7 @@ class ControlAgent:
         spec = self.specs[param]
         try:
             applier.apply(param, spec.label(value))
-        except ApplyError as exc:
+        except (ApplyError, OSError) as exc:     # OSError: an applier's own bug, not fatal
             self.counters.apply_failed += 1
             log.error("could not apply %s = %s: %s", param, spec.describe(value), exc)
             now = self._read(param)
@@ -362,8 +245,30 @@ class ControlAgent:
         now = self._read(param)
         self.current[param] = value if now is None else now
         if before is None or abs(self.current[param] - before) > 1e-6 * spec.step:
-            self.changed_at[param] = time.monotonic()
+            self._note_change([param])
         return self.current[param]
+
+    def _note_change(self, params) -> None:
+        """Start the dwell of ``params`` now, here and in the state file (so that it
+        outlives a restart of this agent)."""
+        for param in params:
+            self.changed_at[param] = time.monotonic()
+        try:
+            self.originals.changed(params)
+        except OSError as exc:
+            log.error("cannot save the change time of %s to %s: %s; a restarted agent "
+                      "will not hold it to its min_dwell_s", ", ".join(params),
+                      self.originals.path, exc.strerror or exc)
+
+    def dwell_left(self) -> dict[str, float]:
+        """Seconds before each knob under its dwell may change again (for the hello)."""
+        now = time.monotonic()
+        out = {}
+        for param, last in self.changed_at.items():
+            left = self.specs[param].min_dwell_s - (now - last)
+            if left > 0:
+                out[param] = left
+        return out
 
     def handle_action(self, action: Action) -> Ack | None:
         """Check and apply one action; the ack to send (None: ignore it)."""
@@ -423,13 +328,12 @@ class ControlAgent:
             applier = self.appliers[param]
             try:
                 applier.apply(param, value)
-            except ApplyError as exc:
+            except (ApplyError, OSError) as exc:
                 failed.append(param)
                 log.error("could not restore %s = %s (%s): %s", param,
                           self.specs[param].describe(value), source, exc)
                 continue
             restored[param] = value
-            self.changed_at[param] = time.monotonic()   # a restore is a change (never held)
             now = self._read(param)
             if now is None:          # unreadable knob: trust the write
                 now = (self.specs[param].index_of(value) if isinstance(value, str)
@@ -438,6 +342,7 @@ class ControlAgent:
                 self.current.pop(param, None)
             else:
                 self.current[param] = now
+        self._note_change(list(restored))       # a restore is a change (never held)
         self.originals.forget(restored)
         self.touched.difference_update(restored)
         log.info("restored (%s): %s%s", why,
@@ -468,7 +373,7 @@ class ControlAgent:
             return False
 
     def hello(self) -> bool:
-        return self._send(Ack(self.node, 0, dict(self.current)))
+        return self._send(Ack(self.node, 0, dict(self.current), self.dwell_left()))
 
     def run(self, stop: StopSignal) -> int:
         """Serve the daemon until ``stop``; then restore the originals. Returns 0, or 1

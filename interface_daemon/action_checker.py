@@ -159,6 +159,16 @@ class ActionChecker:
                                f"{dwell:g} s", "dwell")
         return verdict
 
+    def hold(self, name: str, left_s: float, now: float | None = None) -> None:
+        """A node says ``name`` may not change for ``left_s`` more seconds (its agent's
+        dwell, which outlives a daemon restart): refuse changes until then too."""
+        dwell = self.dwell.get(name)
+        if dwell is None or not math.isfinite(left_s) or left_s <= 0:
+            return
+        now = time.monotonic() if now is None else now
+        last = now - dwell + min(left_s, dwell)
+        self.changed_at[name] = max(self.changed_at.get(name, last), last)
+
     def changed(self, before: dict[str, float], after: dict[str, float],
                 now: float | None = None) -> None:
         """Note the parameters an action broadcast now changes (for the dwell rule)."""

@@ -103,6 +103,9 @@ class ActionPlane:
         held = self.targets(msg.node)
         values = {n: v for n, v in msg.values.items() if n in self.specs}
         peer.applied.update(values)
+        for name, left in msg.dwell.items():       # the node's dwell outlives our restart
+            if name in held:
+                self.checker.hold(name, left, now)
         if msg.seq == 0:                                     # hello / heartbeat
             for name in held:                                # adopt values nobody set yet
                 v = values.get(name)

@@ -68,6 +68,17 @@ def run(args) -> int:
     from capes.experiments import evaluate as ev
     from capes.experiments.workload_driver import WorkloadError
 
+    try:
+        warmup = None if args.warmup == "auto" else float(args.warmup)
+    except ValueError:
+        warmup = -1
+    try:                        # every setting before anything is measured
+        ev.check_settings(args.repetitions, args.duration, args.confidence, args.precision,
+                          args.acf_threshold, args.settle, warmup)
+    except ValueError as exc:
+        print(f"capes evaluate: --{exc}", file=sys.stderr)
+        return 2
+    warmup = None if warmup is None else int(warmup)
     cfg = load_deployment(args.config, args.overrides)
     try:
         configs = [ev.ConfigSet.parse(s) for s in args.config_sets]
@@ -76,17 +87,6 @@ def run(args) -> int:
         return 2
     if len(configs) < 2:
         print("capes evaluate: give two or more --config-set", file=sys.stderr)
-        return 2
-    try:
-        warmup = None if args.warmup == "auto" else int(args.warmup)
-    except ValueError:
-        warmup = -1
-    if warmup is not None and warmup < 0:
-        print("capes evaluate: --warmup is 'auto' or a number of seconds >= 0",
-              file=sys.stderr)
-        return 2
-    if args.repetitions < 1 or args.duration < 2:
-        print("capes evaluate: --repetitions >= 1 and --duration >= 2", file=sys.stderr)
         return 2
     names = sorted({n for c in configs for n in (c.values or {})})
     if not names:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import struct
 import sys
 
 
@@ -33,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     export.add_argument("db", metavar="DB")
     export.add_argument("--format", choices=["csv", "npz"], required=True)
     export.add_argument("-o", "--out", required=True, metavar="OUT")
+    export.add_argument("--max-bytes", type=int, default=None, metavar="N",
+                        help="NPZ: the most one session's dense arrays may take "
+                             "(default: 1 GiB); a session spanning more ticks is refused")
 
     plot = sub.add_parser("plot", help="PIs, parameters, reward and actions of a session "
                           "over time, as a PNG",
@@ -63,13 +67,30 @@ def _logging_args(p: argparse.ArgumentParser) -> None:
                    help="as for capes replay")
 
 
+# what a damaged or crafted DB can raise in the tools' own queries (a wrong type in a
+# column, an orphan row): reported in one line like any ReplayDBError
+DAMAGE = (TypeError, KeyError, IndexError, OverflowError, struct.error)
+_interrupted = False
+
+
 def run(args) -> int:
+    import logging
+    import sqlite3
     from capes.common.replay_db import ReplayDBError
+    name = f"capes replay {args.replay_command}"
     try:
         return {"info": _info, "merge": _merge, "export": _export,
                 "plot": _plot}[args.replay_command](args)
     except (ReplayDBError, ValueError) as exc:
-        print(f"capes replay {args.replay_command}: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 1
+    except (KeyboardInterrupt, sqlite3.Error, *DAMAGE) as exc:
+        if isinstance(exc, KeyboardInterrupt) or _interrupted:
+            print(f"{name}: interrupted", file=sys.stderr)
+            return 130
+        logging.getLogger("capes.replay").debug("damaged DB", exc_info=True)
+        what = "cannot read the DB" if isinstance(exc, sqlite3.Error) else "damaged replay DB"
+        print(f"{name}: {what} ({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
         return 1
 
 
@@ -104,7 +125,8 @@ def _export(args) -> int:
         n = export_csv(args.db, args.out, progress=say)
         print(f"wrote {args.out}: {n} rows")
     else:
-        names = export_npz(args.db, args.out, progress=say)
+        extra = {} if args.max_bytes is None else {"max_bytes": args.max_bytes}
+        names = export_npz(args.db, args.out, progress=say, **extra)
         print(f"wrote {args.out}: {len(names)} arrays")
     return 0
 
@@ -125,4 +147,6 @@ def _plot(args) -> int:
 
 
 def _raise_interrupt(signum, frame):
+    global _interrupted
+    _interrupted = True      # inside a query this surfaces as sqlite3 "interrupted"
     raise KeyboardInterrupt

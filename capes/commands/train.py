@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from capes.experiments.offline_training import (NotEnoughExperience, format_progress,
                                         load_training_config, plot_loss, train_offline)
+    import sqlite3
     from capes.common.replay_db import ReplayDBError
     if args.steps < 1 or args.chunk < 1:
         print("capes train: --steps and --chunk must be >= 1", file=sys.stderr)
@@ -76,6 +77,9 @@ def run(args) -> int:
                                init_model=args.init_model, progress=progress)
     except (ReplayDBError, NotEnoughExperience, FloatingPointError, ValueError) as exc:
         print(f"capes train: {exc}", file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:
+        print(f"capes train: cannot read {args.replay} ({exc})", file=sys.stderr)
         return 1
     finally:
         if writer is not None:

@@ -152,8 +152,8 @@ class ControlConfig:
     restore_after_s: float = 0.0             # restore defaults after this much silence; 0: never
     appliers: dict[str, ApplierConfig] = field(default_factory=dict)   # parameter -> applier
     # the host's original knob values, recorded before the first change and kept across
-    # restarts (control_agent.agent.OriginalValues): "auto" = /var/lib/capes/control-
-    # <node>.json as root, else $XDG_STATE_HOME/capes/...; "{node}" is replaced; "" keeps
+    # restarts (control_agent.agent.OriginalValues): "auto" = /var/lib/capes-agent/
+    # control-<node>.json as root, else $XDG_STATE_HOME/capes/...; "{node}" is replaced; "" keeps
     # them in memory only (a killed agent then forgets them)
     state_file: str = "auto"
 

@@ -90,10 +90,18 @@ class Action:
 @dataclass
 class Ack:
     """Control agent -> daemon: the values it applied for Action ``seq``; ``seq=0`` is
-    the hello (sent on connect and as a heartbeat) naming the node and its current values."""
+    the hello (sent on connect and as a heartbeat) naming the node and its current values.
+    ``dwell``: seconds before each parameter under its ``min_dwell_s`` may change again
+    on the node (a restarted daemon learns them from the hello). On the wire they are
+    entries ``"dwell_s <parameter>"`` of the values map: a name with a space is never a
+    parameter's, so a daemon that does not know them ignores them."""
     node: str
     seq: int
     values: dict[str, float] = field(default_factory=dict)
+    dwell: dict[str, float] = field(default_factory=dict)
+
+
+DWELL_PREFIX = "dwell_s "
 
 
 Message = Indicators | FullRequest | Action | Ack
@@ -224,7 +232,10 @@ def _body(msg: Message) -> tuple[int, bytes]:
     if isinstance(msg, Ack):
         _string(out, msg.node)
         _varint(out, msg.seq)
-        _float_map(out, msg.values)
+        dwell = {DWELL_PREFIX + n: v for n, v in msg.dwell.items()
+                 if len((DWELL_PREFIX + n).encode()) <= MAX_STRING}
+        room = max(0, MAX_PARAMS - len(msg.values))       # the values always fit first
+        _float_map(out, {**msg.values, **dict(list(dwell.items())[:room])})
         return MSG_ACK, bytes(out)
     raise TypeError(f"not a CAPES message: {type(msg).__name__}")
 
@@ -421,7 +432,11 @@ def _decode_body(kind: int, r: _Reader) -> Message:
         node = r.string()
         if not node:
             raise DecodeError("malformed", "empty node name")
-        msg = Ack(node, r.varint(), r.float_map())
+        seq, entries = r.varint(), r.float_map()
+        dwell = {n[len(DWELL_PREFIX):]: v for n, v in entries.items()
+                 if n.startswith(DWELL_PREFIX)}
+        values = {n: v for n, v in entries.items() if not n.startswith(DWELL_PREFIX)}
+        msg = Ack(node, seq, values, dwell)
     r.end()
     return msg
 

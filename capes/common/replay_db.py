@@ -98,15 +98,26 @@ def encode_vec(vec: np.ndarray, compress: bool = True) -> bytes:
 
 
 def decode_vec(blob: bytes) -> np.ndarray:
-    """A ``pis.vec`` value back as a float32 vector (read-only view for raw rows)."""
+    """A ``pis.vec`` value back as a float32 vector (read-only view for raw rows); a
+    ReplayDBError for a value that is not one (damaged or crafted)."""
+    if not isinstance(blob, bytes):
+        raise ReplayDBError(f"PI vector stored as {type(blob).__name__}, not a blob")
     if len(blob) % 4 == 0:
         return np.frombuffer(blob, "<f4")
+    if len(blob) < _HEADER.size:
+        raise ReplayDBError(f"PI vector of {len(blob)} bytes")
     head, n = _HEADER.unpack_from(blob)
     codec, pad = head >> 2, head & 3
     if codec != CODEC_LZ4:
         raise ReplayDBError(f"PI vector stored with unknown codec {codec}")
     body = blob[_HEADER.size:len(blob) - pad]
-    return np.frombuffer(lz4.block.decompress(body, uncompressed_size=4 * n), "<f4")
+    try:
+        raw = lz4.block.decompress(body, uncompressed_size=4 * n)
+    except lz4.block.LZ4BlockError as exc:
+        raise ReplayDBError(f"damaged PI vector ({exc})") from None
+    if len(raw) != 4 * n:
+        raise ReplayDBError(f"damaged PI vector ({len(raw)} bytes for {n} floats)")
+    return np.frombuffer(raw, "<f4")
 
 
 @dataclass
@@ -154,27 +165,90 @@ def connect(path: str | Path, readonly: bool = False) -> sqlite3.Connection:
         # may lose the last transactions but never corrupts the file.
         conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA busy_timeout=5000")
+    if readonly:
+        # let Python's signal handlers run during a long query (Ctrl-C, SIGTERM): the
+        # query then stops with sqlite3.OperationalError("interrupted")
+        conn.set_progress_handler(_no_op, 100_000)
     return conn
 
 
+def _no_op() -> int:
+    return 0
+
+
+# the tables a replay DB must have, with the columns the readers use
+TABLE_COLUMNS = {
+    "meta": {"key", "value"},
+    "sessions": {"id", "uuid", "label", "started_at", "tick_seconds", "pi_names",
+                 "node_names", "params", "provenance"},
+    "pis": {"session", "tick", "node", "vec"},
+    "actions": {"session", "tick", "action", "vals"},
+}
+
+
 def _check_schema(conn: sqlite3.Connection, path) -> None:
+    """A ReplayDBError unless the file is a replay DB of this schema version, each of
+    its tables a real table with the expected columns: a crafted file whose ``pis`` is
+    a view (say, an endless recursive query) is refused before any query runs on it."""
     try:
+        kinds = dict(conn.execute("SELECT name, type FROM sqlite_master WHERE name IN "
+                                  "('meta', 'sessions', 'pis', 'actions')").fetchall())
+        for table, columns in TABLE_COLUMNS.items():
+            if kinds.get(table) != "table":
+                why = f"no table {table}" if table not in kinds else \
+                    f"{table} is a {kinds[table]}, not a table"
+                raise ReplayDBError(f"{path}: not a CAPES replay DB ({why})")
+            have = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            if not columns <= have:
+                raise ReplayDBError(f"{path}: not a CAPES replay DB (table {table} lacks "
+                                    f"{', '.join(sorted(columns - have))})")
         row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
     except sqlite3.DatabaseError as exc:
         raise ReplayDBError(f"{path}: not a CAPES replay DB ({exc})") from None
     if row is None:
         raise ReplayDBError(f"{path}: not a CAPES replay DB (no schema version)")
-    if int(row[0]) != SCHEMA_VERSION:
-        raise ReplayDBError(f"{path}: schema version {row[0]}, this CAPES reads "
-                            f"{SCHEMA_VERSION}")
+    if str(row[0]) != str(SCHEMA_VERSION):
+        raise ReplayDBError(f"{path}: schema version {str(row[0])[:20]!r}, this CAPES "
+                            f"reads {SCHEMA_VERSION}")
+
+
+def _names(text, what: str) -> list[str]:
+    names = json.loads(text)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{what} is not a list of names")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} repeats a name")
+    return names
 
 
 def _session_from_row(row) -> SessionInfo:
+    """One ``sessions`` row, checked: a ReplayDBError naming the session for a field of
+    the wrong type or shape (a damaged or crafted DB), never a TypeError later."""
     sid, suuid, label, started, tick_s, pis, nodes, params, prov = row
-    specs = [ParameterSpec(**p) for p in json.loads(params)]
-    return SessionInfo(pi_names=json.loads(pis), node_names=json.loads(nodes), params=specs,
-                       tick_seconds=tick_s, label=label, uuid=suuid, started_at=started,
-                       provenance=json.loads(prov), id=sid)
+    try:
+        if not isinstance(sid, int) or not isinstance(suuid, str) or \
+                not isinstance(label, str):
+            raise ValueError("id, uuid or label of the wrong type")
+        for name, x in (("started_at", started), ("tick_seconds", tick_s)):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x == x:
+                raise ValueError(f"{name} is not a number")
+        if not tick_s > 0:
+            raise ValueError("tick_seconds is not > 0")
+        raw = json.loads(params)
+        if not isinstance(raw, list) or not all(isinstance(p, dict) for p in raw):
+            raise ValueError("params is not a list of parameter specs")
+        specs = [ParameterSpec(**p) for p in raw]
+        if not all(isinstance(p.name, str) for p in specs):
+            raise ValueError("a parameter without a name")
+        provenance = json.loads(prov)
+        if not isinstance(provenance, dict):
+            raise ValueError("provenance is not an object")
+        return SessionInfo(pi_names=_names(pis, "pi_names"),
+                           node_names=_names(nodes, "node_names"), params=specs,
+                           tick_seconds=float(tick_s), label=label, uuid=suuid,
+                           started_at=float(started), provenance=provenance, id=sid)
+    except (TypeError, ValueError, RecursionError) as exc:     # JSONDecodeError, bad fields
+        raise ReplayDBError(f"session {sid!r}: damaged metadata ({str(exc)[:200]})") from None
 
 
 SESSION_COLUMNS = ("id, uuid, label, started_at, tick_seconds, pi_names, node_names, "
@@ -378,15 +452,15 @@ class SessionData:
 
     def _remap(self, layout: Layout) -> None:
         info = self.info
-        self.node_map = np.array([layout.node_names.index(n) if n in layout.node_names else -1
-                                  for n in info.node_names], np.int64)
-        pi_map = [layout.pi_names.index(n) if n in layout.pi_names else -1
-                  for n in info.pi_names]
+        # by dict, not list.index: 65,535 PI names cost O(P), not a minute of O(P²)
+        nodes, pis, params = (index_of(x) for x in (layout.node_names, layout.pi_names,
+                                                     info.param_names))
+        self.node_map = np.array([nodes.get(n, -1) for n in info.node_names], np.int64)
+        pi_map = [pis.get(n, -1) for n in info.pi_names]
         self.pi_src = np.array([i for i, d in enumerate(pi_map) if d >= 0], np.int64)
         self.pi_dst = np.array([d for d in pi_map if d >= 0], np.int64)
         self.identity_pis = pi_map == list(range(len(layout.pi_names)))
-        self.param_map = [info.param_names.index(n) if n in info.param_names else -1
-                          for n in layout.param_names]
+        self.param_map = [params.get(n, -1) for n in layout.param_names]
         self.defaults = np.array(
             [info.params[j].default if j >= 0 else np.nan for j in self.param_map], np.float32)
 
@@ -459,6 +533,14 @@ class SessionData:
         return out
 
 
+def index_of(names) -> dict[str, int]:
+    """name -> position (the first, should a name repeat)."""
+    out: dict[str, int] = {}
+    for i, n in enumerate(names):
+        out.setdefault(n, i)
+    return out
+
+
 def _grow(arr: np.ndarray, cap: int, fill) -> np.ndarray:
     out = np.full((cap,) + arr.shape[1:], fill, arr.dtype)
     out[:len(arr)] = arr
@@ -525,7 +607,16 @@ class ReplayReader:
                 return
 
     def refresh(self) -> int:
-        """Load rows written since the last refresh; return how many."""
+        """Load rows written since the last refresh; return how many. A row of the
+        wrong type or shape (a damaged or crafted DB) is a ReplayDBError naming the
+        table, not a TypeError from deep inside."""
+        try:
+            return self._load_new_rows()
+        except (TypeError, ValueError, KeyError, IndexError, OverflowError) as exc:
+            raise ReplayDBError(f"{self.path}: damaged replay DB ({type(exc).__name__}: "
+                                f"{str(exc)[:200]})") from None
+
+    def _load_new_rows(self) -> int:
         conn = self.conn
         for info in read_sessions(conn):
             if self.layout is None:
@@ -577,7 +668,8 @@ class ReplayReader:
 
     def _add_nodes(self, names: list[str]) -> None:
         """Append the nodes of ``names`` that the layout lacks (NaN in every tick so far)."""
-        new = tuple(n for n in names if n not in self.layout.node_names)
+        have = set(self.layout.node_names)
+        new = tuple(n for n in names if n not in have)
         if not new:
             return
         self.layout = replace(self.layout, node_names=self.layout.node_names + new)

@@ -656,6 +656,34 @@ def run_repetitions(knobs: Knobs, configs: list[ConfigSet], measure: Callable,
     return done
 
 
+def check_settings(repetitions: int = 1, duration: float = 2.0, confidence: float = 0.95,
+                   precision: float = 0.05, acf_threshold: float = 0.1,
+                   settle_s: float = 0.0, warmup: int | None = None,
+                   min_batches: int = 5) -> None:
+    """A ValueError (``"<option>: <problem>"``, named as on the command line) for the
+    first setting that would fail the analysis: checked before anything is measured,
+    so no repetition runs only to be lost."""
+    def bad(name, value, want):
+        raise ValueError(f"{name}: {want} (got {value!r})")
+    if isinstance(repetitions, bool) or not isinstance(repetitions, int) or \
+            not 1 <= repetitions <= 100_000:
+        bad("repetitions", repetitions, "must be a whole number in [1, 100000]")
+    if not 2 <= duration <= 7 * 86400:                 # also refuses NaN
+        bad("duration", duration, "must be a number of seconds in [2, 604800]")
+    if not 0 < confidence < 1:
+        bad("confidence", confidence, "must lie strictly between 0 and 1, e.g. 0.95")
+    if not 0 < precision < 1e6:
+        bad("precision", precision, "must be a relative half-width > 0, e.g. 0.05")
+    if not 0 < acf_threshold <= 1:
+        bad("acf-threshold", acf_threshold, "must lie in (0, 1], e.g. 0.1")
+    if not 0 <= settle_s <= 86400:
+        bad("settle", settle_s, "must be a number of seconds in [0, 86400]")
+    if warmup is not None and not 0 <= warmup <= 7 * 86400:
+        bad("warmup", warmup, "must be 'auto' or a number of seconds >= 0")
+    if isinstance(min_batches, bool) or not isinstance(min_batches, int) or min_batches < 2:
+        bad("min_batches", min_batches, "must be a whole number >= 2")
+
+
 def evaluate(knobs: Knobs, configs: list[ConfigSet], measure: Callable,
              repetitions: int, seed: int | None = None, stop=None,
              prepare: Callable[[], None] | None = None, settle_s: float = 0.0,
@@ -664,6 +692,8 @@ def evaluate(knobs: Knobs, configs: list[ConfigSet], measure: Callable,
              warmup: int | None = None, on_rep=None) -> dict:
     """Remember the original values, run the repetitions, restore the original values
     (always: also on an error or a stop), and analyse. Returns the report."""
+    check_settings(repetitions, 2.0, confidence, precision, acf_threshold, settle_s, warmup,
+                   min_batches)
     if len(configs) < 2:
         raise ValueError("compare at least two configurations")
     labels = [c.label for c in configs]

@@ -14,14 +14,20 @@ from capes.common.actions import name as action_name
 from capes.common.atomic import atomic_write
 from capes.experiments.replay_info import describe
 from capes.common.replay_db import (
+    ReplayDBError,
     SessionInfo,
     _check_schema,
     connect,
     decode_vec,
+    index_of,
     read_sessions,
 )
 
 Progress = Callable[[str], None] | None
+
+# the most memory (and NPZ bytes) one session's dense arrays may take: one stray tick far
+# ahead must not turn a 70 kB DB into gigabytes of NaN (CSV is sparse: use it then)
+MAX_DENSE_BYTES = 1 << 30
 
 
 def _union(lists: Iterable[list[str]]) -> list[str]:
@@ -58,8 +64,9 @@ def export_csv(db: str | Path, out: str | Path, progress: Progress = None) -> in
 
 
 def _write_session_csv(conn, info: SessionInfo, w, pi_cols, param_cols) -> int:
-    pi_pos = np.array([pi_cols.index(p) for p in info.pi_names], np.int64)
-    param_pos = [param_cols.index(p) for p in info.param_names]
+    pi_where, param_where = index_of(pi_cols), index_of(param_cols)     # O(P), not O(P²)
+    pi_pos = np.array([pi_where[p] for p in info.pi_names], np.int64)
+    param_pos = [param_where[p] for p in info.param_names]
     values = [""] * len(param_cols)
     for k, spec in zip(param_pos, info.params):
         values[k] = _num(spec.default)
@@ -97,10 +104,12 @@ def _num(v) -> str:
     return str(np.float32(v)).removesuffix(".0")
 
 
-def session_arrays(conn: sqlite3.Connection, info: SessionInfo) -> dict[str, np.ndarray]:
+def session_arrays(conn: sqlite3.Connection, info: SessionInfo,
+                   max_bytes: int = MAX_DENSE_BYTES) -> dict[str, np.ndarray]:
     """One session, dense over its tick range in its own names: ``ticks`` (T,),
     ``pis`` (T, nodes, PIs) float32 with NaN where missing, ``actions`` (T,) int16
-    (-1: none), ``values`` (T, parameters) float32 in effect during each tick."""
+    (-1: none), ``values`` (T, parameters) float32 in effect during each tick.
+    ReplayDBError when they would take more than ``max_bytes``."""
     lo, hi = conn.execute("SELECT MIN(tick), MAX(tick) FROM pis WHERE session=?",
                           (info.id,)).fetchone()
     alo, ahi = conn.execute("SELECT MIN(tick), MAX(tick) FROM actions WHERE session=?",
@@ -112,6 +121,16 @@ def session_arrays(conn: sqlite3.Connection, info: SessionInfo) -> dict[str, np.
                 "actions": np.zeros(0, np.int16), "values": np.zeros((0, K), np.float32)}
     first, last = min(bounds), max(bounds)
     T = last - first + 1
+    size = T * (4 * N * P + 8 * K + 10)
+    if size > max_bytes:
+        have = conn.execute("SELECT COUNT(*) FROM (SELECT tick FROM pis WHERE session=? "
+                            "UNION SELECT tick FROM actions WHERE session=?)",
+                            (info.id, info.id)).fetchone()[0]
+        raise ReplayDBError(
+            f"session {info.id} spans {T:,} ticks ({first}..{last}) for {have:,} ticks "
+            f"with data (a stray tick far from the others?): its dense arrays would take "
+            f"{size / 1e9:.1f} GB, over --max-bytes {max_bytes:,}; export --format csv "
+            f"(one line per stored row) or raise --max-bytes")
     pis = np.full((T, N, P), np.nan, np.float32)
     cur = conn.execute("SELECT tick, node, vec FROM pis WHERE session=?", (info.id,))
     while chunk := cur.fetchmany(20_000):
@@ -136,12 +155,14 @@ def session_arrays(conn: sqlite3.Connection, info: SessionInfo) -> dict[str, np.
             "actions": actions, "values": values}
 
 
-def export_npz(db: str | Path, out: str | Path, progress: Progress = None) -> list[str]:
+def export_npz(db: str | Path, out: str | Path, progress: Progress = None,
+               max_bytes: int = MAX_DENSE_BYTES) -> list[str]:
     """NPZ for numpy users: ``sessions`` (ids), ``session_uuids``, ``info`` (the JSON
     of :func:`describe`), and per session ``s<id>_ticks``, ``s<id>_pis``,
     ``s<id>_actions``, ``s<id>_values``, ``s<id>_pi_names``, ``s<id>_node_names``,
     ``s<id>_param_names`` (see :func:`session_arrays`). Loads with
-    ``np.load(path)`` (no pickle). Returns the array names."""
+    ``np.load(path)`` (no pickle). Returns the array names. A session whose dense
+    arrays would exceed ``max_bytes`` is a ReplayDBError before anything is written."""
     db = Path(db)
     summary = describe(db)
     conn = connect(db, readonly=True)
@@ -152,7 +173,7 @@ def export_npz(db: str | Path, out: str | Path, progress: Progress = None) -> li
         arrays["session_uuids"] = np.array([s.uuid for s in infos], dtype="U32")
         arrays["info"] = np.array(json.dumps(summary.to_json()))
         for info in infos:
-            for key, arr in session_arrays(conn, info).items():
+            for key, arr in session_arrays(conn, info, max_bytes).items():
                 arrays[f"s{info.id}_{key}"] = arr
             for key, names in (("pi_names", info.pi_names), ("node_names", info.node_names),
                                ("param_names", info.param_names)):

@@ -29,7 +29,9 @@ from capes.common.replay_db import (
     ReplayDBError,
     SessionInfo,
     _check_schema,
+    _no_op,
     connect,
+    index_of,
     read_sessions,
 )
 
@@ -44,8 +46,9 @@ def differences(ref: SessionInfo, other: SessionInfo) -> list[str]:
     out = []
 
     def diff_names(kind, a, b):
-        missing = [n for n in a if n not in b]
-        extra = [n for n in b if n not in a]
+        sa, sb = set(a), set(b)             # sets: 65,535 names must not cost O(n²)
+        missing = [n for n in a if n not in sb]
+        extra = [n for n in b if n not in sa]
         if missing:
             out.append(f"{kind} missing: {', '.join(missing)}")
         if extra:
@@ -224,7 +227,8 @@ def _param_order(ref: SessionInfo, info: SessionInfo) -> list[int] | None:
     if info.param_names == ref.param_names or sorted(info.param_names) != sorted(
             ref.param_names):
         return None
-    return [ref.param_names.index(n) for n in info.param_names]
+    where = index_of(ref.param_names)
+    return [where[n] for n in info.param_names]
 
 
 def _stored_as(info: SessionInfo, order: list[int] | None) -> SessionInfo:
@@ -293,6 +297,7 @@ def _open_output(tmp: Path, base: Path | None) -> sqlite3.Connection:
     """The temp output: a consistent copy of ``base`` (WAL included) or a new DB."""
     conn = sqlite3.connect(f"file:{quote(str(tmp))}?mode=rwc", uri=True,
                            isolation_level="DEFERRED")
+    conn.set_progress_handler(_no_op, 100_000)    # SIGTERM/Ctrl-C stop a long copy
     if base is not None:
         src = connect(base, readonly=True)
         try:
@@ -340,6 +345,7 @@ def _copy_session(conn: sqlite3.Connection, plan: _Plan, by_uuid: dict) -> Merge
         sid = cur.lastrowid
         by_uuid[info.uuid] = sid
         verb = "INSERT"
+    _check_row_types(conn, plan)
     before = conn.total_changes
     conn.execute(f"{verb} INTO main.pis (session, tick, node, vec) SELECT ?, tick, node, vec "
                  f"FROM src.pis WHERE session=? ORDER BY tick, node", (sid, info.id))
@@ -359,6 +365,19 @@ def _copy_session(conn: sqlite3.Connection, plan: _Plan, by_uuid: dict) -> Merge
         status = "added"
     return MergedSession(str(plan.source), info.id, info.uuid, sid, pis_rows, action_rows,
                          status, plan.differences)
+
+
+def _check_row_types(conn: sqlite3.Connection, plan: _Plan) -> None:
+    """Rows are copied as they are, so a damaged source (a text tick, a vector that is
+    not a blob) would be carried into OUT: refuse it (one scan, in SQLite)."""
+    for table, blob in (("pis", "vec"), ("actions", "vals")):
+        bad = conn.execute(
+            f"SELECT COUNT(*) FROM src.{table} WHERE session=? AND (typeof(tick) != "
+            f"'integer' OR typeof({blob}) != 'blob' OR typeof({'node' if table == 'pis' else 'action'})"
+            f" != 'integer')", (plan.info.id,)).fetchone()[0]
+        if bad:
+            raise ReplayDBError(f"{plan.source} session {plan.info.id}: {bad} {table} row(s) "
+                                f"of the wrong type (a damaged DB); nothing merged")
 
 
 def _reordered_actions(conn, src_sid: int, sid: int, order: list[int]):

@@ -31,8 +31,23 @@ def format_value(value: float | str) -> str:
     return repr(value)
 
 
+NUMERIC, CATEGORICAL = "numeric", "categorical"
+
+
 class Applier:
+    """Override ``kinds`` with the parameter kinds the applier can set: the control
+    agent refuses a config that gives it another kind (a ConfigError naming the key)
+    rather than failing at the first action or restore."""
     name: str = ""
+    kinds: tuple[str, ...] = (NUMERIC,)
+
+    def supports(self, param: str, categorical: bool) -> str | None:
+        """Why this applier cannot set ``param`` of that kind (None: it can)."""
+        kind = CATEGORICAL if categorical else NUMERIC
+        if kind not in self.kinds:
+            return (f"the {self.name} applier sets only {' and '.join(self.kinds)} "
+                    f"parameters, not {kind} ones")
+        return None
 
     def apply(self, param: str, value: float) -> None:
         raise NotImplementedError

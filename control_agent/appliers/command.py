@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import subprocess
 
-from control_agent.appliers.base import Applier, ApplyError, format_value, register
+from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
+                                         format_value, register)
 
 
 def _argv_option(name: str, argv) -> list[str]:
@@ -23,6 +24,7 @@ def _argv_option(name: str, argv) -> list[str]:
 
 @register("command")
 class CommandApplier(Applier):
+    kinds = (NUMERIC, CATEGORICAL)        # a text knob is written by name
     def __init__(self, argv: list[str], read_argv: list[str] | None = None,
                  timeout_s: float = 10.0):
         self.argv = _argv_option("argv", argv)

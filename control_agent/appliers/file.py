@@ -14,7 +14,12 @@ list is refused before anything is written.
 
 **Allowed roots.** Every file a pattern matches must resolve (symlinks followed) inside
 an allowed root, checked at every apply and read: a glob or a planted symlink cannot
-make the agent write elsewhere. Option ``root`` (a directory or a list) sets the roots.
+make the agent write elsewhere. The check cannot be raced: the resolved path is opened
+one component at a time from ``/``, each relative to the directory opened before it and
+never following a symlink (``openat`` with ``O_NOFOLLOW``), so a symlink swapped in
+after the check makes the open fail (the write is refused with an ApplyError) instead
+of landing outside; the opened file must be a regular file, and its path as the kernel
+sees it (``/proc/self/fd``) must still lie inside a root. Option ``root`` (a directory or a list) sets the roots.
 Without it, a pattern under ``/sys`` or ``/proc`` may reach ``/sys``, ``/proc/sys`` and
 ``/proc/fs`` (sysfs, sysctls, Lustre's and nfsd's tunables; nothing else under /proc,
 such as ``/proc/sysrq-trigger``), and any other pattern (the simulator's directory)
@@ -28,8 +33,10 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import stat
 
-from control_agent.appliers.base import Applier, ApplyError, format_value, register
+from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
+                                         format_value, register)
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +47,13 @@ KERNEL_ROOTS = ("/sys", "/proc/sys", "/proc/fs")
 def _parse(text: str) -> float | None:
     parts = text.split()
     try:
-        return float(parts[0]) if parts else None
+        value = float(parts[0]) if parts else None
     except ValueError:
         return None
+    return None if value is None or value != value or value in (INF, -INF) else value
+
+
+INF = float("inf")
 
 
 def parse_choice(text: str) -> tuple[str | None, list[str]]:
@@ -72,6 +83,7 @@ def _literal_dir(pattern: str) -> str:
 
 @register("file")
 class FileApplier(Applier):
+    kinds = (NUMERIC, CATEGORICAL)        # a text knob is written by name
     def __init__(self, path: str | None = None, paths: dict[str, str] | None = None,
                  root: str | list[str] | None = None):
         if path is None and not paths:
@@ -116,91 +128,137 @@ class FileApplier(Applier):
         return pattern
 
     def files(self, param: str) -> list[str]:
-        """Every file the knob ``param`` is set in (sorted); ApplyError when none, or
-        when one resolves outside the allowed roots."""
+        """Every file the knob ``param`` is set in (sorted); ApplyError when none, when
+        one resolves outside the allowed roots, or cannot be resolved."""
+        return [path for path, _ in self.resolve(param)[0]]
+
+    def resolve(self, param: str) -> tuple[list[tuple[str, str]], list[str]]:
+        """([(file, its resolved path)], the allowed roots resolved): see ``files``."""
         pattern = self.pattern(param)
-        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        try:
+            matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+            roots = [os.path.realpath(r) for r in self.allowed_roots(pattern)]
+            resolved = [(path, os.path.realpath(path)) for path in matches]
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise ApplyError(f"{param}: cannot resolve {pattern}: {exc}") from None
         if not matches:
             raise ApplyError(f"{param}: no file matches {pattern}")
-        roots = [os.path.realpath(r) for r in self.allowed_roots(pattern)]
-        for path in matches:
-            real = os.path.realpath(path)
+        for path, real in resolved:
             if not any(_within(real, r) for r in roots):
                 raise ApplyError(f"{param}: {path} resolves to {real}, outside the allowed "
                                  f"roots {', '.join(roots)}; refused")
-        return matches
+        return resolved, roots
+
+    @staticmethod
+    def open_resolved(real: str, flags: int, roots: list[str]) -> int:
+        """Open the resolved path ``real`` without following any symlink on the way
+        (OSError when one was swapped in since it was resolved), as a regular file
+        that still lies inside one of ``roots``."""
+        parts = [p for p in real.split(os.sep) if p]
+        if not parts:
+            raise OSError(f"{real}: not a file")
+        fd = os.open(os.sep, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in parts[:-1]:
+                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW |
+                              os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            out = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                          0o644, dir_fd=fd)
+        finally:
+            os.close(fd)
+        try:
+            if not stat.S_ISREG(os.fstat(out).st_mode):
+                raise OSError(f"{real} is not a regular file")
+            try:
+                where = os.readlink(f"/proc/self/fd/{out}")
+            except OSError:
+                where = real                     # no /proc: the walk above is the check
+            if not any(_within(where, r) for r in roots):
+                raise OSError(f"{real} was moved to {where}, outside the allowed roots")
+        except OSError:
+            os.close(out)
+            raise
+        return out
+
+    def _read_path(self, real: str, roots: list[str], limit: int = 4096) -> str:
+        fd = self.open_resolved(real, os.O_RDONLY, roots)
+        with os.fdopen(fd, "rb") as fh:
+            return fh.read(limit).decode()
+
+    def _write_path(self, real: str, roots: list[str], text: str) -> None:
+        fd = self.open_resolved(real, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, roots)
+        with os.fdopen(fd, "wb", buffering=0) as fh:
+            fh.write(text.encode())
 
     def apply(self, param: str, value: float | str) -> None:
-        files = self.files(param)
+        files, roots = self.resolve(param)
         if isinstance(value, str):
             text = value
             if not value or any(c.isspace() for c in value) or not value.isprintable():
                 raise ApplyError(f"{param}: refusing to write {value!r}")
-            for path in files:
-                _, offered = parse_choice(self._read_text(path) or "")
+            for path, real in files:
+                _, offered = parse_choice(self._read_text(real, roots) or "")
                 if offered and value not in offered:
                     raise ApplyError(f"{param}: {path} does not offer {value!r} "
                                      f"(it offers {', '.join(offered)})")
         else:
             text = format_value(value)
         done: list[tuple[str, str]] = []
-        for path in files:
+        for path, real in files:
             try:
-                with open(path) as fh:
-                    old = fh.read()
-                with open(path, "w") as fh:
-                    fh.write(text + "\n")
-            except OSError as exc:
-                self._roll_back(param, done)
+                old = self._read_path(real, roots, 1 << 16)
+                self._write_path(real, roots, text + "\n")
+            except (OSError, UnicodeDecodeError) as exc:
+                self._roll_back(param, done, roots)
                 raise ApplyError(f"{param}: cannot write {text} to {path}: "
-                                 f"{exc.strerror or exc}") from None
-            done.append((path, old))
-        for path, _ in done:
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+            done.append((real, old))
+        for real, _ in done:
             if isinstance(value, str):
-                got = parse_choice(self._read_text(path) or "")[0]
+                got = parse_choice(self._read_text(real, roots) or "")[0]
                 ok = got == value
             else:
-                got = self._read_file(path)
+                got = self._read_file(real, roots)
                 ok = got == float(text)
             if not ok:
-                log.warning("%s: wrote %s to %s, reads back %s", param, text, path, got)
+                log.warning("%s: wrote %s to %s, reads back %s", param, text, real, got)
 
-    def _roll_back(self, param: str, done: list[tuple[str, str]]) -> None:
-        for path, old in reversed(done):
+    def _roll_back(self, param: str, done: list[tuple[str, str]], roots: list[str]) -> None:
+        for real, old in reversed(done):
             active, offered = parse_choice(old)
             text = active if offered else old      # "[bfq] none" cannot be written back
             try:
-                with open(path, "w") as fh:
-                    fh.write(text)
+                self._write_path(real, roots, text)
             except OSError as exc:
-                log.error("%s: could not restore %s: %s", param, path, exc)
+                log.error("%s: could not restore %s: %s", param, real, exc)
 
-    @staticmethod
-    def _read_text(path: str) -> str | None:
+    def _read_text(self, real: str, roots: list[str]) -> str | None:
         try:
-            with open(path) as fh:
-                return fh.read(4096)
+            return self._read_path(real, roots)
         except (OSError, UnicodeDecodeError):
             return None
 
-    @classmethod
-    def _read_file(cls, path: str) -> float | None:
-        text = cls._read_text(path)
+    def _read_file(self, real: str, roots: list[str]) -> float | None:
+        text = self._read_text(real, roots)
         return None if text is None else _parse(text)
 
     def read(self, param: str) -> float | None:
         """The knob's value if every matching file agrees on it, else None."""
         try:
-            values = {self._read_file(p) for p in self.files(param)}
+            files, roots = self.resolve(param)
         except ApplyError:
             return None
+        values = {self._read_file(real, roots) for _, real in files}
         return values.pop() if len(values) == 1 else None
 
     def read_text(self, param: str) -> str | None:
         """A text knob's value (the bracketed choice, or the file's one word) if every
         matching file agrees on it, else None."""
         try:
-            values = {parse_choice(self._read_text(p) or "")[0] for p in self.files(param)}
+            files, roots = self.resolve(param)
         except ApplyError:
             return None
+        values = {parse_choice(self._read_text(real, roots) or "")[0] for _, real in files}
         return values.pop() if len(values) == 1 else None

@@ -12,6 +12,10 @@ the engine's number is written:
   gluster understands (4 with unit ``MB`` -> ``4MB``; a fractional value is written in
   bytes: 1.5 MB -> ``1572864``). Gluster's units are powers of 1024.
 
+A categorical parameter (``values = ["on", "off"]``, ``cluster.read-hash-mode``'s
+numbers, ``performance.cache-size``'s sizes...) is set by its value's name, written as
+it is; such a parameter takes no ``unit``.
+
 ``read`` runs ``gluster volume get VOL KEY`` and converts the value back to the same
 unit; None when it cannot be read, or when the key is listed twice with different values
 (``performance.cache-size`` belongs to io-cache and quick-read, whose defaults differ
@@ -32,7 +36,8 @@ import re
 import subprocess
 import time
 
-from control_agent.appliers.base import Applier, ApplyError, format_value, register
+from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
+                                         format_value, register)
 
 UNITS = {"": 1, "B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 BOOL_WORDS = {"on": 1.0, "off": 0.0, "true": 1.0, "false": 0.0, "yes": 1.0, "no": 0.0,
@@ -85,6 +90,7 @@ def parse_volume_get(text: str, key: str) -> list[str]:
 
 @register("gluster")
 class GlusterApplier(Applier):
+    kinds = (NUMERIC, CATEGORICAL)
     def __init__(self, volume: str, key: str | None = None,
                  keys: dict[str, str] | None = None, unit: str = "",
                  units: dict[str, str] | None = None, gluster: str = "gluster",
@@ -136,9 +142,20 @@ class GlusterApplier(Applier):
                              f" exited with status {done.returncode}: {msg}")
         return done.stdout
 
-    def apply(self, param: str, value: float) -> None:
+    def supports(self, param: str, categorical: bool) -> str | None:
+        if categorical and self.units.get(param, self.unit):
+            return (f"a categorical parameter is set by its value's name: give it no unit "
+                    f"(got {self.units.get(param, self.unit)!r})")
+        return super().supports(param, categorical)
+
+    def apply(self, param: str, value: float | str) -> None:
         key, unit = self.option(param)
-        text = to_option(value, unit)
+        if isinstance(value, str):          # a categorical value, by name
+            if not value or not value.isprintable() or any(c.isspace() for c in value):
+                raise ApplyError(f"{param}: refusing to set {value!r}")
+            text = value
+        else:
+            text = to_option(value, unit)
         t0 = time.monotonic()
         for attempt in range(self.retries + 1):
             try:
@@ -161,3 +178,14 @@ class GlusterApplier(Applier):
         if len(values) != 1:
             return None
         return values.pop()
+
+    def read_text(self, param: str) -> str | None:
+        """A categorical option's value as gluster prints it (None: unreadable, or
+        listed twice with different values)."""
+        try:
+            key, _ = self.option(param)
+            out = self._run(["volume", "get", self.volume, key], param)
+        except ApplyError:
+            return None
+        values = set(parse_volume_get(out, key))
+        return values.pop() if len(values) == 1 else None
