@@ -52,6 +52,7 @@ def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
     if overrides:          # paths given with --set stay relative to the current directory
         table = cfgmod.apply_overrides(table, overrides)
         source = f"{source} (with --set)"
+    table = cfgmod.expand_vars(table, source)
     try:
         table["engine"] = with_preset(table.get("engine", {}), source)
         return cfgmod.build(Settings, table, source)

@@ -10,16 +10,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.common.metrics import DEFAULT_ENGINE_METRICS
     common_config_args(p)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--preset", choices=["default", "paper"], default=None)
+    p.add_argument("--preset", choices=["default", "paper"], default=None,
+                   help="engine preset (default: the config's engine.preset)")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="where checkpoints go; the latest one is resumed at start "
                         "(default: capes-checkpoints/ beside the replay DB)")
-    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+                   help="write a checkpoint (model, optimiser, counters) this often "
+                        "(default: %(default)s)")
     p.add_argument("--init-model", metavar="CKPT",
                    help="start from this model's networks when there is no checkpoint")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the network's initialisation, sampling and ε-greedy "
+                        "choices (default: %(default)s)")
     p.add_argument("--max-ticks", type=int, default=0, help="stop after N ticks (0: never)")
-    p.add_argument("--log-every", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--log-every", type=float, default=5.0, metavar="SECONDS",
+                   help="a progress log line this often (default: %(default)s)")
     p.add_argument("--status-file", metavar="PATH",
                    help="rewrite this JSON file (tick, ε, loss, values, ...) every action "
                         "tick; `capes status --engine-status PATH` shows it")

@@ -11,14 +11,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
     info = sub.add_parser("info", help="sessions, ticks, gaps, missing entries, names, size",
                           description="What a replay DB holds.")
-    info.add_argument("db", metavar="DB")
+    info.add_argument("db", metavar="DB", help="a replay DB (SQLite file)")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     merge = sub.add_parser("merge", help="merge the sessions of several DBs into one",
                            description="Copy every session of the sources into OUT; each "
                            "stays a session of its own, and sessions already in OUT (same "
                            "uuid) are not copied again. OUT is replaced atomically.")
-    merge.add_argument("sources", nargs="+", metavar="DB")
+    merge.add_argument("sources", nargs="+", metavar="DB", help="the DBs to merge")
     merge.add_argument("-o", "--out", required=True, metavar="OUT.db",
                        help="the merged DB (merged into when it exists)")
     merge.add_argument("--allow-partial", action="store_true",
@@ -30,16 +30,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             description="CSV: one row per session, tick and node, a column "
                             "per PI, the action and the parameter values. NPZ: dense "
                             "arrays per session plus their names.")
-    export.add_argument("db", metavar="DB")
-    export.add_argument("--format", choices=["csv", "npz"], required=True)
-    export.add_argument("-o", "--out", required=True, metavar="OUT")
+    export.add_argument("db", metavar="DB", help="a replay DB (SQLite file)")
+    export.add_argument("--format", choices=["csv", "npz"], required=True,
+                        help="csv (one row per session, tick and node) or npz (arrays)")
+    export.add_argument("-o", "--out", required=True, metavar="OUT", help="the file to write")
 
     plot = sub.add_parser("plot", help="PIs, parameters, reward and actions of a session "
                           "over time, as a PNG",
                           description="One session of a replay DB over time: the "
                           "objective, chosen PIs (summed over nodes), the parameters' values "
                           "in effect, the reward and the actions taken.")
-    plot.add_argument("db", metavar="DB")
+    plot.add_argument("db", metavar="DB", help="a replay DB (SQLite file)")
     plot.add_argument("-o", "--out", default="replay.png", metavar="OUT.png",
                       help="default: %(default)s")
     plot.add_argument("--session", type=int, metavar="ID", help="default: the newest")

@@ -30,7 +30,8 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", metavar="PATH",
                    help="the daemon's TLS certificate, for an address beyond loopback "
                         "(default: the config's keys.dir/tls/server.crt)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="give up on the daemon after this many seconds (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON")
     if p.prog.split()[-1] == "status":
         from capes.common.metrics import DEFAULT_ENGINE_METRICS
@@ -45,7 +46,7 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
 def add_switch_arguments(p: argparse.ArgumentParser) -> None:
     """``capes tuning on|off`` and ``capes training on|off``."""
     add_status_arguments(p)
-    p.add_argument("state", choices=["on", "off"])
+    p.add_argument("state", choices=["on", "off"], help="on or off")
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,6 +114,11 @@ def run(args) -> int:
             result = client.status()
     except ControlError as exc:
         error, result = str(exc), None
+        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            error = (f"no interface daemon answers at {client.address} (is one running? "
+                     + ("is the demo still running?)" if demo else
+                        "for a running demo: --workdir DIR; for a deployment: --config "
+                        "FILE or --grpc HOST:PORT)"))
     finally:
         client.close()
     if args.command != "status":
@@ -123,6 +129,9 @@ def run(args) -> int:
               format_nodes(result) if args.command == "nodes" else format_status(result))
         return 0
     engine = engine_status(args, demo)
+    if error and engine.get("error") and not args.json:     # nothing to show but the hint
+        print(f"capes status: {error}", file=sys.stderr)
+        return 1
     if args.json:
         out = dict(result or {"error": error})
         out["engine"] = engine
@@ -132,10 +141,7 @@ def run(args) -> int:
         print(_indent(format_status(result)) if result else f"  not reachable: {error}")
         print(f"engine {engine.get('source', '')}".rstrip())
         print(_indent(format_engine(engine)))
-    if error:
-        print(f"capes status: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if error else 0
 
 
 def _indent(text: str) -> str:
