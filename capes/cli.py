@@ -60,7 +60,7 @@ def config_file(text: str) -> str:
     (``lustre``, ``lustre.toml`` or ``configs/lustre.toml``, so that the documented
     commands work from any directory); else as given, for the loader's one-line error."""
     from capes.common.shipped_configs import find_config
-    if Path(text).exists():
+    if Path(text).is_file():
         return text
     name = text.removeprefix("configs/")
     found = find_config(name) if "/" not in name else None

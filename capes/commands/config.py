@@ -70,20 +70,21 @@ def check_file(path: str, overrides: list[str] = ()) -> list[str]:
         cfg = load_settings(path, overrides)
     except ConfigError as exc:
         return [str(exc)]
+    source = f"{path} (with --set)" if overrides else path
     problems = []
     stages = []
     if cfg.monitor.collectors:
         from monitor_agent.agent import build_collectors
-        stages.append(("monitor", lambda: build_collectors(cfg, path)))
+        stages.append(("monitor", lambda: build_collectors(cfg, source)))
     if cfg.parameters or cfg.control.appliers:
         from control_agent.agent import build_appliers
-        stages.append(("control", lambda: build_appliers(cfg, path)))
+        stages.append(("control", lambda: build_appliers(cfg, source)))
     for what, build in stages:
         try:
             build()
         except (ConfigError, PluginError, ValueError, TypeError, OSError) as exc:
             problems.append(str(exc) if isinstance(exc, ConfigError) else
-                            f"{path}: {what}: {exc}")
+                            f"{source}: {what}: {exc}")
     return problems
 
 

@@ -29,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status-file", metavar="PATH",
                    help="rewrite this JSON file (tick, ε, loss, values, ...) every action "
                         "tick; `capes status --engine-status PATH` shows it")
-    p.add_argument("--metrics", default=DEFAULT_ENGINE_METRICS, metavar="HOST:PORT",
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics here (docs/metrics.md); \"\" turns them "
-                        "off, port 0 picks a free one (default: %(default)s)")
+                        "off, port 0 picks a free one (default: the config's engine.metrics, "
+                        f"else {DEFAULT_ENGINE_METRICS})")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="write TensorBoard scalars here (needs: pip install "
                         "'capes[tensorboard]')")
@@ -45,14 +46,15 @@ def run(args) -> int:
     from drl_engine.daemon import run as run_daemon
 
     settings = load_settings(args.config, args.overrides, args.preset)
+    metrics = settings.engine_metrics if args.metrics is None else args.metrics
     try:
-        parse_address(args.metrics)
+        parse_address(metrics)
     except ValueError as exc:
         raise ConfigError("--metrics", "", str(exc)) from None
     opts = EngineDaemonOptions(device=args.device, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every_s=args.checkpoint_every,
                                init_model=args.init_model, seed=args.seed,
                                log_every_s=args.log_every, max_ticks=args.max_ticks,
-                               status_file=args.status_file, metrics=args.metrics,
+                               status_file=args.status_file, metrics=metrics,
                                tensorboard=args.tensorboard)
     return run_daemon(settings, settings.engine, settings.reward, opts)

@@ -35,9 +35,10 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     if p.prog.split()[-1] == "status":
         from capes.common.metrics import DEFAULT_ENGINE_METRICS
-        p.add_argument("--engine-metrics", default=DEFAULT_ENGINE_METRICS,
+        p.add_argument("--engine-metrics", default=None,
                        metavar="HOST:PORT", help="the engine's metrics endpoint (`capes "
-                       "drl-engine --metrics`; default: %(default)s; \"\": don't ask)")
+                       "drl-engine --metrics`; default: the config's engine.metrics, else "
+                       f"{DEFAULT_ENGINE_METRICS}; \"\": don't ask)")
         p.add_argument("--engine-status", metavar="PATH",
                        help="the engine's status file (`capes drl-engine --status-file`); "
                             "read instead of its metrics")
@@ -87,6 +88,8 @@ def _client(args):
         return ControlClient(address, token, args.timeout, cert), demo
     from capes.settings import load_settings
     cfg = load_settings(args.config, args.overrides)
+    if getattr(args, "engine_metrics", "") is None:
+        args.engine_metrics = cfg.engine_metrics
     return ControlClient.from_config(cfg, args.grpc, args.timeout, args.tls_cert), None
 
 

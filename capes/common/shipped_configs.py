@@ -38,7 +38,7 @@ def find_config(name_or_path: str) -> Path | None:
     """An existing file at ``name_or_path``, else the shipped config of that name, else
     None."""
     path = Path(name_or_path)
-    if path.exists():
+    if path.is_file():
         return path
     if "/" not in name_or_path and config_path(name_or_path).is_file():
         return config_path(name_or_path)
