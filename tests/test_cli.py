@@ -198,3 +198,25 @@ def test_the_wheel_carries_the_configs_and_finds_them_from_elsewhere(tmp_path):
     assert (workloads / "seqread.fio").is_file()
     out = capes("config", "check", "storagegamesim", cwd=elsewhere, env=env)
     assert (out.returncode, out.stdout) == (0, "ok\n"), out.stderr
+
+
+# ------------------------------------------------------------------ metrics
+
+def test_every_registry_serves_process_metrics_and_the_build(tmp_path):
+    from prometheus_client import generate_latest
+
+    from capes import __version__
+    from capes.common.metrics import registry_for
+    text = generate_latest(registry_for([], lambda: {})).decode()
+    assert f'capes_build_info{{python="' in text and f'version="{__version__}"' in text
+    if Path("/proc/self/stat").exists():
+        assert "process_resident_memory_bytes" in text and "process_start_time_seconds" in text
+
+
+def test_both_metrics_addresses_are_set_in_the_config(tmp_path):
+    cfg = load_settings(shipped_configs.config_path("lustre"),
+                        ["engine.metrics=127.0.0.1:9999", "daemon.metrics=127.0.0.1:9998"])
+    assert (cfg.engine_metrics, cfg.daemon.metrics) == ("127.0.0.1:9999", "127.0.0.1:9998")
+    assert load_settings(None).engine_metrics == "127.0.0.1:9465"
+    out = capes("config", "check", "lustre", "--set", "engine.metrics=nowhere", cwd=tmp_path)
+    assert out.returncode == 2 and "engine.metrics" in out.stdout
