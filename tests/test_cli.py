@@ -220,3 +220,36 @@ def test_both_metrics_addresses_are_set_in_the_config(tmp_path):
     assert load_settings(None).engine_metrics == "127.0.0.1:9465"
     out = capes("config", "check", "lustre", "--set", "engine.metrics=nowhere", cwd=tmp_path)
     assert out.returncode == 2 and "engine.metrics" in out.stdout
+
+
+# ------------------------------------------------------------------ the demo
+
+@pytest.mark.slow
+def test_demo_stopped_by_sigterm_prints_its_summary_and_plots_into_its_workdir(tmp_path):
+    import signal
+    import time
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "capes", "demo", "--workdir", str(work),
+                             "--timeout", "120"], cwd=elsewhere, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:        # until the live line shows ticks
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("[") and " tick " in line or not line:
+                break
+        assert any(" tick " in x for x in lines), "".join(lines)
+        assert "ε nan" not in "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out
+    assert "== summary" in out and "processes stopped: 5" in out
+    assert (work / "capes-demo.png").is_file() and not (elsewhere / "capes-demo.png").exists()
