@@ -76,6 +76,15 @@ def _logging_args(parser: argparse.ArgumentParser) -> None:
                         help="text lines with timestamps, or one JSON object per line")
 
 
+def action_logging_args(p: argparse.ArgumentParser) -> None:
+    """``capes replay|config ACTION ... --log-level X``: the command's logging options on
+    its action's parser too (whose values win only when given there)."""
+    p.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="as for the command")
+    p.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"],
+                   help="as for the command")
+
+
 class _JSONFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
@@ -142,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("capes: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # `capes config list | head`: the reader left, fine
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     check.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override one value, e.g. --set "
                        "vars.device=nvme0n1 (repeatable)")
+    from capes.cli import action_logging_args
+    for sp in sub.choices.values():        # --log-level after the action works too
+        action_logging_args(sp)
 
 
 def run(args) -> int:

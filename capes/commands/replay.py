@@ -51,17 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="take the objective and reward from this config's [reward]")
     plot.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="override one config value (repeatable)")
+    from capes.cli import action_logging_args
     for sp in sub.choices.values():        # --log-level after the action works too
-        _logging_args(sp)
-
-
-def _logging_args(p: argparse.ArgumentParser) -> None:
-    """``capes replay ACTION ... --log-level X``: the same options as on ``capes replay``
-    (whose values win only when given here)."""
-    p.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="as for capes replay")
-    p.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"],
-                   help="as for capes replay")
+        action_logging_args(sp)
 
 
 def run(args) -> int:
