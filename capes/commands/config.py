@@ -91,9 +91,15 @@ def check_file(path: str, overrides: list[str] = ()) -> list[str]:
     return problems
 
 
-def _first_line(path) -> str:
-    """The first comment line of a config: what it is for."""
+def _first_line(path, width: int = 90) -> str:
+    """What a config is for: its first comment sentence, cut to ``width``."""
+    words = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-    return ""
+        if not line.startswith("#") or not line.strip("# "):
+            if words:
+                break
+            continue
+        words += line.lstrip("# ").split()
+    text = " ".join(words)
+    text = text.split(". ", 1)[0].split(": ", 1)[0].rstrip(".")
+    return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " …"
