@@ -57,8 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.experiments.converge_test import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
     p.add_argument("--noise", type=_floats, default=None, metavar="LIST",
-                   help="noise levels, e.g. 0.01,0.1,0.5 or 1%%,10%%,50%% "
-                        "(default: the config's game.noise)")
+                   help="noise levels as fractions or percentages, e.g. 0.01,0.1,0.5 or "
+                        "1%%,10%%,50%%; a bare number must be <= 1 (10 is refused, not "
+                        "read as 1000 %%) (default: the config's game.noise)")
     p.add_argument("--reward", type=_names, default=None, metavar="LIST",
                    help="reward types, e.g. diff,diff_avg,diff_ewma "
                         "(default: the config's reward.type)")
