@@ -47,8 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     plot.add_argument("--pis", metavar="A,B,...",
                       help="PIs to plot, one panel each, up to 4 (default: the objective's "
                            "PIs when it has several)")
-    plot.add_argument("--config", metavar="TOML",
-                      help="take the objective and reward from this config's [reward]")
+    from capes.cli import config_file
+    plot.add_argument("--config", metavar="TOML", type=config_file,
+                      help="take the objective and reward from this config's [reward] (a "
+                           "file, or a shipped config's name)")
     plot.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="override one config value (repeatable)")
     from capes.cli import action_logging_args

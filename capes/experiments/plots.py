@@ -45,8 +45,9 @@ def plot_converge(report: dict, path: str | Path) -> None:
         note = (f"{c['wins']}/{c['runs']} won"
                 + (f"\nmedian 95 % CI [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
                    f"\nn={c['wins']}: too few for a CI" if c["wins"] else ""))
-        ax_conv.annotate(note, (i, 0), fontsize=7, ha="center", va="bottom",
-                         xycoords=("data", "axes fraction"))
+        ax_conv.annotate(note, (i, 0.98), fontsize=7, ha="center", va="top",
+                         xycoords=("data", "axes fraction"),
+                         bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
     ax_conv.set_ylabel("time to first win (simulated s)")
     ax_conv.set_title(f"time to the first win per cell (a win is not convergence; tuner "
                       f"{report.get('tuner', 'capes')}, preset {report['preset']}, "
