@@ -12,39 +12,59 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
-# name -> ("module[:add_arguments function]", one-line help)
+# name -> ("module[:add_arguments function]", one-line help), in the order `capes --help`
+# lists them: try it, deploy it, operate it, then the tools for stored experience
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("capes.commands.demo", "the whole stack on this machine against the simulator"),
     "converge-test": ("capes.commands.converge", "run the engine against StorageGameSim"),
-    "replay": ("capes.commands.replay", "inspect, merge or export replay DBs"),
-    "train": ("capes.commands.train", "train a model offline on a replay DB"),
-    "monitor-agent": ("capes.commands.monitor_agent", "stream this node's PIs to the daemon"),
-    "control-agent": ("capes.commands.control_agent", "apply the daemon's parameter values"),
-    "restore-defaults": ("capes.commands.restore_defaults", "set every parameter to its default"),
-    "sim-node": ("capes.commands.sim_node", "run StorageGameSim as a node (files as knobs)"),
+    "config": ("capes.commands.config", "list, show or check configs (no daemon needed)"),
+    "keys": ("capes.commands.keys", "make CURVE keys: capes keys generate --dir DIR"),
     "interface-daemon": ("capes.commands.interface_daemon", "receive PIs, write the replay DB, "
                          "check and broadcast actions"),
     "drl-engine": ("capes.commands.drl_engine", "train on the live replay DB and act every tick"),
-    "demo": ("capes.commands.demo", "the whole stack on this machine against the simulator"),
-    "keys": ("capes.commands.keys", "make CURVE keys: capes keys generate --dir DIR"),
+    "monitor-agent": ("capes.commands.monitor_agent", "stream this node's PIs to the daemon "
+                      "(--test: print them once)"),
+    "control-agent": ("capes.commands.control_agent", "apply the daemon's parameter values"),
+    "sim-node": ("capes.commands.sim_node", "run StorageGameSim as a node (files as knobs)"),
     "status": ("capes.commands.status:add_status_arguments",
-               "the interface daemon's counters and flags"),
+               "the interface daemon's counters and flags, and the engine's state"),
+    "nodes": ("capes.commands.status:add_status_arguments", "the nodes the interface daemon knows"),
     "tuning": ("capes.commands.status:add_switch_arguments", "turn tuning on or off"),
     "training": ("capes.commands.status:add_switch_arguments", "turn training on or off"),
     "workload-changed": ("capes.commands.status:add_workload_arguments",
                          "tell the engine a new workload started"),
-    "nodes": ("capes.commands.status:add_status_arguments", "the nodes the interface daemon knows"),
+    "restore-defaults": ("capes.commands.restore_defaults",
+                         "put every parameter back to the host's original value"),
+    "replay": ("capes.commands.replay", "inspect, merge, export or plot replay DBs"),
+    "train": ("capes.commands.train", "train a model offline on a replay DB"),
     "evaluate": ("capes.commands.evaluate", "compare configurations on a real target"),
 }
 
 
 def common_config_args(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--config`` and repeatable ``--set dotted.key=value`` for commands with a config."""
-    parser.add_argument("--config", default=default, metavar="TOML",
-                        help="configuration file (default: %(default)s)")
+    """``--config`` and repeatable ``--set dotted.key=value`` for commands with a config.
+    ``--config`` takes a file, or the name of a shipped config (``capes config list``)."""
+    shown = f"the shipped {Path(default).name}" if default else "built-in defaults"
+    parser.add_argument("--config", default=default, type=config_file, metavar="TOML",
+                        help=f"configuration file, or a shipped config's name (default: "
+                             f"{shown})")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override one config value, e.g. "
                         "--set engine.gamma=0.9 (repeatable)")
+
+
+def config_file(text: str) -> str:
+    """``--config``: an existing file as given; else a shipped config of that name
+    (``lustre``, ``lustre.toml`` or ``configs/lustre.toml``, so that the documented
+    commands work from any directory); else as given, for the loader's one-line error."""
+    from capes.common.shipped_configs import find_config
+    if Path(text).is_file():
+        return text
+    name = text.removeprefix("configs/")
+    found = find_config(name) if "/" not in name else None
+    return str(found) if found else text
 
 
 def _logging_args(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +74,15 @@ def _logging_args(parser: argparse.ArgumentParser) -> None:
                             help="log messages at this level and above (default: INFO)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="text lines with timestamps, or one JSON object per line")
+
+
+def action_logging_args(p: argparse.ArgumentParser) -> None:
+    """``capes replay|config ACTION ... --log-level X``: the command's logging options on
+    its action's parser too (whose values win only when given there)."""
+    p.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="as for the command")
+    p.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"],
+                   help="as for the command")
 
 
 class _JSONFormatter(logging.Formatter):
@@ -78,11 +107,19 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument reported in one line (and exit 2), not the usage
+    block: the line names the command and points to its ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} --help)\n")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """The parser; only the command named in ``argv`` gets its arguments (and is
     imported)."""
     from capes import __version__
-    parser = argparse.ArgumentParser(prog="capes", description="CAPES: deep-RL tuning of "
+    parser = Parser(prog="capes", description="CAPES: deep-RL tuning of "
                                      "storage system parameters.")
     parser.add_argument("--version", action="version", version=f"capes {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -114,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("capes: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:          # `capes config list | head`: the reader left, fine
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Iterable
 from capes.common import config as cfgmod
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig, resolve_config_paths
+from capes.common.metrics import DEFAULT_ENGINE_METRICS, parse_address
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from storagegamesim.cluster import ClusterConfig
@@ -35,6 +36,10 @@ from storagegamesim.game import GameConfig
 @dataclass
 class Settings(DeploymentConfig):
     engine: DQNConfig = field(default_factory=DQNConfig)
+    # ``engine.metrics`` in the file: where the engine process serves Prometheus metrics
+    # (as ``daemon.metrics`` is the daemon's). A process setting, not a hyperparameter,
+    # so it is kept here rather than in DQNConfig (and never in a checkpoint).
+    engine_metrics: str = field(default=DEFAULT_ENGINE_METRICS, init=False)
     reward: RewardConfig = field(default_factory=RewardConfig)
     game: GameConfig = field(default_factory=GameConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -52,9 +57,22 @@ def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
     if overrides:          # paths given with --set stay relative to the current directory
         table = cfgmod.apply_overrides(table, overrides)
         source = f"{source} (with --set)"
+    table = cfgmod.expand_vars(table, source)
     try:
-        table["engine"] = with_preset(table.get("engine", {}), source)
-        return cfgmod.build(Settings, table, source)
+        engine = dict(table.get("engine") or {}) if isinstance(table.get("engine"), dict) \
+            else table.get("engine", {})
+        metrics = engine.pop("metrics", DEFAULT_ENGINE_METRICS) if isinstance(engine, dict) \
+            else DEFAULT_ENGINE_METRICS
+        try:
+            parse_address(metrics if isinstance(metrics, str) else None)
+            if not isinstance(metrics, str):
+                raise ValueError(f"expected a string HOST:PORT, got {metrics!r}")
+        except ValueError as exc:
+            raise ConfigError(source, "engine.metrics", str(exc)) from None
+        table["engine"] = with_preset(engine, source)
+        settings = cfgmod.build(Settings, table, source)
+        settings.engine_metrics = metrics
+        return settings
     except ConfigError as exc:
         culprit = _override_of(exc.key, overrides)
         if culprit is not None:

@@ -8,14 +8,39 @@ from capes.cli import common_config_args
 
 
 def _floats(text: str) -> list[float]:
+    """Noise levels as fractions: ``10%`` or ``0.1``. A bare number above 1 is refused
+    rather than read as a fraction (``--noise 10`` would be 1,000 % noise)."""
     out = []
     for part in text.split(","):
         part = part.strip()
-        value = float(part[:-1]) / 100 if part.endswith("%") else float(part)
-        if not 0 <= value:
+        try:
+            value = float(part[:-1]) / 100 if part.endswith("%") else float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a noise level: {part!r} (write 10% "
+                                             "or 0.1)") from None
+        if not 0 <= value < float("inf"):
             raise argparse.ArgumentTypeError(f"noise must be >= 0: {part}")
+        if value > 1 and not part.endswith("%"):
+            raise argparse.ArgumentTypeError(
+                f"noise {part} would be {value * 100:g} % of the throughput; write "
+                f"{part}% for {part} %, or a fraction <= 1 (0.1 is 10 %)")
         out.append(value)
     return out
+
+
+def _tuners(text: str) -> str:
+    """``--tuner``: capes, a baseline (``bo``, ``bo:budget=300``) or, for the cluster
+    game, a comma list (``capes,bo,hill``); unknown names are refused here."""
+    from capes.experiments.baselines import tuner_names
+    known = ["capes", *tuner_names()]
+    for part in text.split(","):
+        name = part.partition(":")[0].strip()
+        if "=" in name and ":" not in part:      # an option of the previous tuner
+            continue
+        if name not in known:
+            raise argparse.ArgumentTypeError(f"unknown tuner {name!r} (known: "
+                                             f"{', '.join(known)})")
+    return text
 
 
 def _names(text: str) -> list[str]:
@@ -32,13 +57,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.experiments.converge_test import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
     p.add_argument("--noise", type=_floats, default=None, metavar="LIST",
-                   help="noise levels, e.g. 0.01,0.1,0.5 or 1%%,10%%,50%% "
-                        "(default: the config's game.noise)")
+                   help="noise levels as fractions or percentages, e.g. 0.01,0.1,0.5 or "
+                        "1%%,10%%,50%%; a bare number must be <= 1 (10 is refused, not "
+                        "read as 1000 %%) (default: the config's game.noise)")
     p.add_argument("--reward", type=_names, default=None, metavar="LIST",
                    help="reward types, e.g. diff,diff_avg,diff_ewma "
                         "(default: the config's reward.type)")
     p.add_argument("--seeds", type=int, default=1, metavar="N", help="runs per cell")
-    p.add_argument("--first-seed", type=int, default=0, metavar="S")
+    p.add_argument("--first-seed", type=int, default=0, metavar="S",
+                   help="seeds are S, S+1, ..., S+N-1 (default: %(default)s)")
     p.add_argument("--preset", choices=["default", "paper"], default=None,
                    help="engine preset (default: the config's engine.preset)")
     p.add_argument("--jobs", type=int, default=1, metavar="J",
@@ -64,9 +91,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", metavar="ADDR", default=None,
                    help="with --backend ray: an existing Ray cluster (auto, "
                         "ray://host:10001); default: a local Ray of --jobs CPUs")
-    p.add_argument("--tuner", default="capes", metavar="NAME",
+    p.add_argument("--tuner", default="capes", metavar="NAME", type=_tuners,
                    help="capes (the DRL engine) or a baseline in the same harness: "
-                        "random, hill, bo, cma (default: capes)")
+                        "random, hill, bo, tpe, cma (bo, tpe and cma need the tune "
+                        "extra: pip install 'capes[tune]'); the cluster game takes a "
+                        "comma list (default: capes)")
 
 
 def run(args) -> int:
@@ -74,6 +103,12 @@ def run(args) -> int:
     if args.seeds < 1 or args.jobs < 1:
         print("capes converge-test: --seeds and --jobs must be >= 1", file=sys.stderr)
         return 2
+    from capes.experiments.baselines import missing_dependency
+    for name in args.tuner.split(","):
+        if name.strip() and name.strip() != "capes" and "=" not in name.partition(":")[0]:
+            if problem := missing_dependency(name.strip()):
+                print(f"capes converge-test: {problem}", file=sys.stderr)
+                return 2
     from capes.experiments.cluster_test import is_cluster_config
     if is_cluster_config(args.config):            # a [cluster] table: the cluster game
         from capes.experiments.cluster_test import main as cluster_main

@@ -9,13 +9,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.cli import common_config_args
     from capes.experiments.demo import DEFAULT_CONFIG
     common_config_args(p, default=str(DEFAULT_CONFIG))
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the simulator's noise and of the engine (default: "
+                        "%(default)s)")
     p.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
                    help="wall-clock limit (default: %(default)s)")
     p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
                    help="keep tuning this long after the win")
-    p.add_argument("--plot", default="capes-demo.png", metavar="OUT.png")
-    p.add_argument("--json", default=None, metavar="OUT.json")
+    p.add_argument("--plot", default="capes-demo.png", metavar="OUT.png",
+                   help="PNG of throughput, parameters and ε over the run; a relative path "
+                        "goes into --workdir when one is given, else the current directory "
+                        "(default: %(default)s; \"\": none)")
+    p.add_argument("--json", default=None, metavar="OUT.json",
+                   help="write the summary and every tick's series as JSON")
     p.add_argument("--workdir", default=None,
                    help="run here instead of a temp dir, and keep it: logs/, the replay DB, "
                         "checkpoints/, keys/, engine.json and capes-demo.json (what "
@@ -26,7 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "'capes[tensorboard]')")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt     # SIGTERM stops the demo as Ctrl-C does: summary, then exit
+
+
 def run(args) -> int:
+    import signal
+    signal.signal(signal.SIGTERM, _interrupt)
     from capes.experiments.demo import DemoOptions
     from capes.experiments.demo import run as run_demo
     opts = DemoOptions(config=Path(args.config), overrides=list(args.overrides),

@@ -10,22 +10,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.common.metrics import DEFAULT_ENGINE_METRICS
     common_config_args(p)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--preset", choices=["default", "paper"], default=None)
+    p.add_argument("--preset", choices=["default", "paper"], default=None,
+                   help="engine preset (default: the config's engine.preset)")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="where checkpoints go; the latest one is resumed at start "
                         "(default: capes-checkpoints/ beside the replay DB)")
-    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS",
+                   help="write a checkpoint (model, optimiser, counters) this often "
+                        "(default: %(default)s)")
     p.add_argument("--init-model", metavar="CKPT",
                    help="start from this model's networks when there is no checkpoint")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the network's initialisation, sampling and ε-greedy "
+                        "choices (default: %(default)s)")
     p.add_argument("--max-ticks", type=int, default=0, help="stop after N ticks (0: never)")
-    p.add_argument("--log-every", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--log-every", type=float, default=5.0, metavar="SECONDS",
+                   help="a progress log line this often (default: %(default)s)")
     p.add_argument("--status-file", metavar="PATH",
                    help="rewrite this JSON file (tick, ε, loss, values, ...) every action "
                         "tick; `capes status --engine-status PATH` shows it")
-    p.add_argument("--metrics", default=DEFAULT_ENGINE_METRICS, metavar="HOST:PORT",
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT",
                    help="serve Prometheus metrics here (docs/metrics.md); \"\" turns them "
-                        "off, port 0 picks a free one (default: %(default)s)")
+                        "off, port 0 picks a free one (default: the config's engine.metrics, "
+                        f"else {DEFAULT_ENGINE_METRICS})")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="write TensorBoard scalars here (needs: pip install "
                         "'capes[tensorboard]')")
@@ -39,14 +46,15 @@ def run(args) -> int:
     from drl_engine.daemon import run as run_daemon
 
     settings = load_settings(args.config, args.overrides, args.preset)
+    metrics = settings.engine_metrics if args.metrics is None else args.metrics
     try:
-        parse_address(args.metrics)
+        parse_address(metrics)
     except ValueError as exc:
         raise ConfigError("--metrics", "", str(exc)) from None
     opts = EngineDaemonOptions(device=args.device, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every_s=args.checkpoint_every,
                                init_model=args.init_model, seed=args.seed,
                                log_every_s=args.log_every, max_ticks=args.max_ticks,
-                               status_file=args.status_file, metrics=args.metrics,
+                               status_file=args.status_file, metrics=metrics,
                                tensorboard=args.tensorboard)
     return run_daemon(settings, settings.engine, settings.reward, opts)

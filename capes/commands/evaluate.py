@@ -50,7 +50,9 @@ def add_arguments(p) -> None:
                    "(MSER, see docs/evaluate.md) or a number, e.g. 0 to keep a buffered "
                    "write's page-cache burst (default: auto)")
     p.add_argument("--seed", type=int, default=None, help="seed of the run order")
-    p.add_argument("--confidence", type=float, default=0.95)
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of the intervals and of Welch's test "
+                        "(default: %(default)s)")
     p.add_argument("--precision", type=float, default=0.05,
                    help="wanted relative CI half-width, for 'more reps' (default: 0.05)")
     p.add_argument("--acf-threshold", type=float, default=0.1,

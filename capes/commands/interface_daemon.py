@@ -14,6 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ready-file", metavar="PATH",
                    help="write the bound endpoints as JSON here once serving "
                         "(ports given as 0 are resolved)")
+    p.add_argument("--metrics", default=None, metavar="HOST:PORT",
+                   help="serve Prometheus metrics here (docs/metrics.md); \"\" turns them "
+                        "off, port 0 picks a free one (default: the config's daemon.metrics)")
 
 
 def run(args) -> int:
@@ -22,7 +25,10 @@ def run(args) -> int:
     from capes.common.replay_db import ReplayDBError
     from interface_daemon.daemon import serve
 
-    cfg = load_settings(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if args.metrics is not None:          # the flag wins over the file, as --set does
+        overrides.append(f'daemon.metrics="{args.metrics}"')
+    cfg = load_settings(args.config, overrides)
 
     def ready(endpoints: dict) -> None:
         line = json.dumps({"event": "ready", **endpoints})

@@ -12,14 +12,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="replay_command", metavar="ACTION", required=True)
     info = sub.add_parser("info", help="sessions, ticks, gaps, missing entries, names, size",
                           description="What a replay DB holds.")
-    info.add_argument("db", metavar="DB")
+    info.add_argument("db", metavar="DB", help="a replay DB (SQLite file)")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     merge = sub.add_parser("merge", help="merge the sessions of several DBs into one",
                            description="Copy every session of the sources into OUT; each "
                            "stays a session of its own, and sessions already in OUT (same "
                            "uuid) are not copied again. OUT is replaced atomically.")
-    merge.add_argument("sources", nargs="+", metavar="DB")
+    merge.add_argument("sources", nargs="+", metavar="DB", help="the DBs to merge")
     merge.add_argument("-o", "--out", required=True, metavar="OUT.db",
                        help="the merged DB (merged into when it exists)")
     merge.add_argument("--allow-partial", action="store_true",
@@ -31,9 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             description="CSV: one row per session, tick and node, a column "
                             "per PI, the action and the parameter values. NPZ: dense "
                             "arrays per session plus their names.")
-    export.add_argument("db", metavar="DB")
-    export.add_argument("--format", choices=["csv", "npz"], required=True)
-    export.add_argument("-o", "--out", required=True, metavar="OUT")
+    export.add_argument("db", metavar="DB", help="a replay DB (SQLite file)")
+    export.add_argument("--format", choices=["csv", "npz"], required=True,
+                        help="csv (one row per session, tick and node) or npz (arrays)")
+    export.add_argument("-o", "--out", required=True, metavar="OUT", help="the file to write")
     export.add_argument("--max-bytes", type=int, default=None, metavar="N",
                         help="NPZ: the most one session's dense arrays may take "
                              "(default: 1 GiB); a session spanning more ticks is refused")
@@ -43,28 +44,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                           description="One session of a replay DB over time: the "
                           "objective, chosen PIs (summed over nodes), the parameters' values "
                           "in effect, the reward and the actions taken.")
-    plot.add_argument("db", metavar="DB")
+    plot.add_argument("db", metavar="DB", help="a replay DB (SQLite file)")
     plot.add_argument("-o", "--out", default="replay.png", metavar="OUT.png",
                       help="default: %(default)s")
     plot.add_argument("--session", type=int, metavar="ID", help="default: the newest")
     plot.add_argument("--pis", metavar="A,B,...",
                       help="PIs to plot, one panel each, up to 4 (default: the objective's "
                            "PIs when it has several)")
-    plot.add_argument("--config", metavar="TOML",
-                      help="take the objective and reward from this config's [reward]")
+    from capes.cli import config_file
+    plot.add_argument("--config", metavar="TOML", type=config_file,
+                      help="take the objective and reward from this config's [reward] (a "
+                           "file, or a shipped config's name)")
     plot.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="override one config value (repeatable)")
+    from capes.cli import action_logging_args
     for sp in sub.choices.values():        # --log-level after the action works too
-        _logging_args(sp)
-
-
-def _logging_args(p: argparse.ArgumentParser) -> None:
-    """``capes replay ACTION ... --log-level X``: the same options as on ``capes replay``
-    (whose values win only when given here)."""
-    p.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper,
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="as for capes replay")
-    p.add_argument("--log-format", default=argparse.SUPPRESS, choices=["text", "json"],
-                   help="as for capes replay")
+        action_logging_args(sp)
 
 
 # what a damaged or crafted DB can raise in the tools' own queries (a wrong type in a

@@ -30,13 +30,15 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", metavar="PATH",
                    help="the daemon's TLS certificate, for an address beyond loopback "
                         "(default: the config's keys.dir/tls/server.crt)")
-    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="give up on the daemon after this many seconds (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON")
     if p.prog.split()[-1] == "status":
         from capes.common.metrics import DEFAULT_ENGINE_METRICS
-        p.add_argument("--engine-metrics", default=DEFAULT_ENGINE_METRICS,
+        p.add_argument("--engine-metrics", default=None,
                        metavar="HOST:PORT", help="the engine's metrics endpoint (`capes "
-                       "drl-engine --metrics`; default: %(default)s; \"\": don't ask)")
+                       "drl-engine --metrics`; default: the config's engine.metrics, else "
+                       f"{DEFAULT_ENGINE_METRICS}; \"\": don't ask)")
         p.add_argument("--engine-status", metavar="PATH",
                        help="the engine's status file (`capes drl-engine --status-file`); "
                             "read instead of its metrics")
@@ -45,7 +47,7 @@ def add_status_arguments(p: argparse.ArgumentParser) -> None:
 def add_switch_arguments(p: argparse.ArgumentParser) -> None:
     """``capes tuning on|off`` and ``capes training on|off``."""
     add_status_arguments(p)
-    p.add_argument("state", choices=["on", "off"])
+    p.add_argument("state", choices=["on", "off"], help="on or off")
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,6 +88,8 @@ def _client(args):
         return ControlClient(address, token, args.timeout, cert), demo
     from capes.settings import load_settings
     cfg = load_settings(args.config, args.overrides)
+    if getattr(args, "engine_metrics", "") is None:
+        args.engine_metrics = cfg.engine_metrics
     return ControlClient.from_config(cfg, args.grpc, args.timeout, args.tls_cert), None
 
 
@@ -113,6 +117,11 @@ def run(args) -> int:
             result = client.status()
     except ControlError as exc:
         error, result = str(exc), None
+        if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            error = (f"no interface daemon answers at {client.address} (is one running? "
+                     + ("is the demo still running?)" if demo else
+                        "for a running demo: --workdir DIR; for a deployment: --config "
+                        "FILE or --grpc HOST:PORT)"))
     finally:
         client.close()
     if args.command != "status":
@@ -123,6 +132,9 @@ def run(args) -> int:
               format_nodes(result) if args.command == "nodes" else format_status(result))
         return 0
     engine = engine_status(args, demo)
+    if error and engine.get("error") and not args.json:     # nothing to show but the hint
+        print(f"capes status: {error}", file=sys.stderr)
+        return 1
     if args.json:
         out = dict(result or {"error": error})
         out["engine"] = engine
@@ -132,10 +144,7 @@ def run(args) -> int:
         print(_indent(format_status(result)) if result else f"  not reachable: {error}")
         print(f"engine {engine.get('source', '')}".rstrip())
         print(_indent(format_engine(engine)))
-    if error:
-        print(f"capes status: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if error else 0
 
 
 def _indent(text: str) -> str:

@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from capes.cli import common_config_args
+from capes.common.shipped_configs import config_path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "simulator.toml"
+DEFAULT_CONFIG = config_path("simulator")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=int, default=100, metavar="K",
                    help="steps per progress line and loss-curve point (default: %(default)s)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initialisation and of the minibatch sampling "
+                        "(default: %(default)s)")
     p.add_argument("--plot", metavar="LOSS.png", help="write the loss curve as a PNG")
     p.add_argument("--json", metavar="OUT", help="write the training report as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

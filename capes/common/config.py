@@ -8,6 +8,12 @@ becomes one ``ConfigError`` that names the file, the dotted key and what is wron
 ``--set dotted.key=value`` overrides are parsed as TOML values (falling back to a bare
 string) and merged into the raw table before it is built, so they get the same checks.
 
+A ``[vars]`` table names values said once and used in many places: every ``{name}`` in
+a string of the file becomes ``vars.name`` (``/sys/block/{device}/queue/read_ahead_kb``
+with ``vars.device = "sda"``), after the overrides, so ``--set vars.device=nvme0n1``
+retargets the whole file. Placeholders that are not in ``[vars]`` (``{node}``) are
+left for their component.
+
 Every number is checked for sanity before any ``validate()`` sees it: a float must be
 finite (NaN never; ±inf only where the field says ``metadata={"allow_inf": True}``), an
 integer must fit in 64 bits (TOML's range), and a string may not hold a NUL character.
@@ -247,16 +253,47 @@ def _check_raw(value: Any, source: str, key: str) -> None:
             _check_raw(v, source, _join(key, k))
 
 
+VARS = "vars"
+
+
+def expand_vars(table: dict, source: str = "<config>") -> dict:
+    """A copy of ``table`` without its ``[vars]`` table, each ``{name}`` of a var in its
+    strings (values and table keys) replaced by the var's value."""
+    if VARS not in table:
+        return table
+    names = table[VARS]
+    if not isinstance(names, dict):
+        raise ConfigError(source, VARS, f"expected a table, got {_typename(names)}")
+    for name, value in names.items():
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(source, _join(VARS, name),
+                              f"expected a string or a number, got {_typename(value)}")
+    subs = {"{" + k + "}": str(v) for k, v in names.items()}
+
+    def expand(value: Any) -> Any:
+        if isinstance(value, str):
+            for placeholder, text in subs.items():
+                value = value.replace(placeholder, text)
+            return value
+        if isinstance(value, dict):
+            return {expand(k): expand(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [expand(v) for v in value]
+        return value
+
+    return {k: expand(v) for k, v in table.items() if k != VARS}
+
+
 def load_table(path: str | Path | None, overrides: Iterable[str] = ()) -> tuple[dict, str]:
-    """The raw table of ``path`` (empty when None) with overrides merged, and its source
-    name for error messages."""
+    """The raw table of ``path`` (empty when None) with overrides merged and ``[vars]``
+    expanded, and its source name for error messages."""
     table = read_toml(path) if path else {}
     source = str(path) if path else "<defaults>"
     overrides = list(overrides)
     if overrides:
         table = apply_overrides(table, overrides)
         source = f"{source} (with --set)"
-    return table, source
+    return expand_vars(table, source), source
 
 
 def load(cls: type[T], path: str | Path | None, overrides: Iterable[str] = ()) -> T:

@@ -20,7 +20,12 @@ TOKEN_HEADER = "x-capes-token"
 
 
 class ControlError(RuntimeError):
-    """The daemon could not be reached or refused the call (the message says why)."""
+    """The daemon could not be reached or refused the call (the message says why;
+    ``code`` is the gRPC status name, e.g. ``UNAVAILABLE`` when nothing listens)."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code
 
 
 class TLSCertMissing(ConfigError):
@@ -102,7 +107,7 @@ class ControlClient:
                                               metadata=self.metadata)
         except grpc.RpcError as exc:
             raise ControlError(f"{self.address}: {method}: {exc.code().name}: "
-                               f"{exc.details()}") from None
+                               f"{exc.details()}", exc.code().name) from None
 
     def status(self) -> dict:
         """Counters and flags: messages, bytes, drops, nodes, ticks_written, tuning,

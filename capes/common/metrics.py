@@ -125,11 +125,24 @@ class SnapshotCollector:
             yield fam
 
 
+BUILD_INFO = "capes_build"     # exposed as capes_build_info{version, python} 1
+
+
 def registry_for(specs: Iterable[MetricSpec], snapshot: Callable[[], dict | None]):
-    """A fresh per-process registry holding one :class:`SnapshotCollector`."""
-    from prometheus_client import CollectorRegistry
+    """A fresh per-process registry holding one :class:`SnapshotCollector`, plus the
+    standard ``process_*`` metrics (CPU seconds, resident memory, open files, start time:
+    prometheus_client's process collector, Linux) and ``capes_build_info`` (the CAPES
+    and Python versions, value 1), which every dashboard can join on."""
+    import platform
+
+    from prometheus_client import CollectorRegistry, Info, ProcessCollector
+
+    from capes import __version__
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SnapshotCollector(specs, snapshot))
+    ProcessCollector(registry=registry)
+    Info(BUILD_INFO, "the CAPES build this process runs", registry=registry).info(
+        {"version": __version__, "python": platform.python_version()})
     return registry
 
 

@@ -1,6 +1,6 @@
 """Small statistics for reporting results honestly: intervals for a median, a success
-rate and a mean (the t intervals import scipy, the optional extra ``stats``, when
-called)."""
+rate and a mean (the t intervals import scipy, a base dependency, only when called,
+so that the agents never load it)."""
 from __future__ import annotations
 
 import math

@@ -625,6 +625,22 @@ def tuner_names() -> list[str]:
     return TUNERS.names()
 
 
+def missing_dependency(name: str) -> str | None:
+    """Why tuner ``name`` cannot run here (an optional package is missing), in one line;
+    None when it can. Asked before a run starts, so that a missing extra is an error
+    line, not a traceback from a worker."""
+    cls = TUNERS.get_plugin(parse_tuner(name)[0])
+    if not issubclass(cls, OptunaTuner):
+        return None
+    try:
+        _optuna()
+    except ImportError as exc:
+        return str(exc)
+    if cls is CMAES and not have_cmaes():
+        return "the cma tuner needs the cmaes package: pip install 'capes[tune]'"
+    return None
+
+
 def parse_tuner(spec: str) -> tuple[str, dict[str, Any]]:
     """``"bo:dwell=3,budget=300"`` -> ``("bo", {"dwell": 3, "budget": 300})``: a tuner
     name with options, as one string (for ``--tuner`` and benchmark labels). Values are

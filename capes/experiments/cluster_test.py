@@ -60,8 +60,9 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
+from capes.common.shipped_configs import config_path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "cluster-sim.toml"
+DEFAULT_CONFIG = config_path("cluster-sim")
 DETECT_WINDOW = 300          # an alarm within this many ticks of a phase start detects it
 READER_MAX_NODES = 64        # feed="auto": ReplayReader up to this many nodes
 

@@ -34,8 +34,9 @@ from drl_engine.loop import TickRecord, TickState, run_ticks
 from drl_engine.config import RewardConfig
 from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
 from storagegamesim.phases import phase_starts, score_phases
+from capes.common.shipped_configs import config_path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
+DEFAULT_CONFIG = config_path("storagegamesim")
 
 
 @dataclass
@@ -241,17 +242,23 @@ def _median(values) -> float | None:
     return float(np.median(values)) if values else None
 
 
+MIN_CI_RUNS = 6     # the fewest values whose min..max covers the median with >= 95 %
+
+
 def summarise(runs: list[RunResult]) -> dict:
     wins = [r for r in runs if r.won]
     times = [r.first_win_s for r in wins]
     med = median_ci(times)
+    # with fewer than MIN_CI_RUNS first-win times, the order-statistic interval is just
+    # their range, not a 95 % interval: none is reported
+    ci = [med[1], med[2]] if med and len(times) >= MIN_CI_RUNS else None
     lo, hi = wilson_ci(len(wins), len(runs))
     return {"runs": len(runs), "wins": len(wins),
             "success_rate": len(wins) / len(runs) if runs else 0.0,
             "success_rate_ci95": [lo, hi],
             "converge_times": times,
             "median_converge_s": med[0] if med else None,
-            "median_ci95": [med[1], med[2]] if med else None,
+            "median_ci95": ci,
             "median_in_band_late": _median(r.in_band_late for r in runs),
             "mean_in_band_late": (float(np.mean([r.in_band_late for r in runs]))
                                   if runs and all(r.in_band_late is not None for r in runs)
@@ -346,7 +353,8 @@ def format_table(report: dict) -> str:
              f"{'late':>7} {'':>7} {'':>7} {'>300s':>6} {'':>7} {'':>7}"]
     for c in report["cells"]:
         ci = c["median_ci95"]
-        cis = f"[{ci[0]:.0f}, {ci[1]:.0f}]" if ci else "-"
+        cis = (f"[{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
+               f"n={c['wins']}<{MIN_CI_RUNS}" if c["wins"] else "-")
         lines.append(f"{c['noise'] * 100:>5.0f}% {c['reward']:>10} "
                      f"{c['wins']:>3}/{c['runs']:<3} {c['success_rate'] * 100:>7.0f}% "
                      f"{_fmt(c['median_converge_s'], '.0f'):>9} {cis:>12} "

@@ -27,9 +27,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from capes.common.shipped_configs import config_path
 from capes.experiments.process_group import ProcessGroup
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "simulator.toml"
+DEFAULT_CONFIG = config_path("simulator")
 
 
 @dataclass
@@ -167,10 +168,15 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     result["final"] = {k: (series[k][-1] if series[k] else None)
                        for k in ("tick", "true_throughput", "window", "rate_limit")}
     result["final"].update(result.get("applied") or {})     # what the node really has
-    _summary(result, out)
-    if opts.plot and series["tick"]:
-        plot_demo(series, opts.plot, result)
-        print(f"wrote {opts.plot}", file=out)
+    kept = bool(opts.keep or opts.workdir)
+    _summary(result, out, kept)
+    plot = opts.plot
+    if plot and opts.workdir and not Path(plot).is_absolute():
+        plot = str(workdir / plot)             # a kept work dir holds the whole run
+    if plot and series["tick"]:
+        plot_demo(series, plot, result)
+        result["plot"] = plot
+        print(f"wrote {plot}", file=out)
     if opts.json_out:
         Path(opts.json_out).write_text(json.dumps({**result, "series": series}, indent=1))
     if not opts.keep and not opts.workdir:
@@ -231,10 +237,10 @@ def _watch(opts: DemoOptions, stack: ProcessGroup, poller: _AppliedPoller, sim_d
             shown = poller.values or values
             params = "  ".join(f"{k.replace('_', ' ')} {shown[k]:g}"
                                for k in sorted(shown)) or "(no value applied yet)"
-            eps = engine.get("epsilon")
+            eps = engine.get("epsilon")     # None until the engine's first decision
             print(f"[{now - t0:5.1f} s] tick {sim['ticks']:.0f}  "
                   f"throughput {sim['throughput'] or 0:6.1f} (ideal 100)  {params}  "
-                  f"ε {eps if eps is not None else float('nan'):.2f}  "
+                  f"ε {'-' if eps is None else format(eps, '.2f')}  "
                   f"training steps {engine.get('train_steps', 0)}", file=out, flush=True)
         if sim["won"] and won_at is None:
             won_at = now
@@ -285,7 +291,7 @@ def _daemon_status(client) -> dict | None:
         return None
 
 
-def _summary(result: dict, out) -> None:
+def _summary(result: dict, out, kept: bool = True) -> None:
     final = result["final"]
     print("\n== summary", file=out)
     print(f"won: {result['won']}" + (f" at simulated second {result['won_tick']:.0f} "
@@ -298,9 +304,11 @@ def _summary(result: dict, out) -> None:
               f"rate limit {num(final['rate_limit'], '.0f')} (applied)", file=out)
     e = result.get("engine")
     if e:
+        ckpt = (e.get("checkpoint") if kept else
+                "removed with the temp dir (--keep or --workdir DIR keeps it)")
         print(f"engine: {e.get('action_ticks')} decisions, {e.get('train_steps')} training "
               f"steps, ε {num(e.get('epsilon'), '.3f')}, loss {num(e.get('loss'), '.4g')}, "
-              f"checkpoint {e.get('checkpoint')}", file=out)
+              f"checkpoint {ckpt}", file=out)
     d = result.get("daemon")
     if d:
         print(f"daemon: {d['messages']} messages, {d['bytes']} bytes "

@@ -21,8 +21,9 @@ from capes.common import config as cfgmod
 from drl_engine.config import DQNConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from drl_engine.config import RewardConfig
+from capes.common.shipped_configs import config_path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "storagegamesim.toml"
+DEFAULT_CONFIG = config_path("storagegamesim")
 
 
 @dataclass

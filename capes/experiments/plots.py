@@ -41,10 +41,20 @@ def plot_converge(report: dict, path: str | Path) -> None:
     times = [c["converge_times"] or [float("nan")] for c in cells]
     ax_conv.boxplot(times, tick_labels=names)
     for i, c in enumerate(cells, start=1):
-        ax_conv.annotate(f"{c['success_rate'] * 100:.0f}% won", (i, 0), fontsize=7,
-                         ha="center", va="bottom", xycoords=("data", "axes fraction"))
-    ax_conv.set_ylabel("converge time (simulated s)")
-    ax_conv.set_title(f"preset {report['preset']}, {report['seeds_per_cell']} seeds per cell")
+        ci = c.get("median_ci95")
+        note = (f"{c['wins']}/{c['runs']} won"
+                + (f"\nmedian 95 % CI [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
+                   f"\nn={c['wins']}: too few for a CI" if c["wins"] else ""))
+        ax_conv.annotate(note, (i, 0.98), fontsize=7, ha="center", va="top",
+                         xycoords=("data", "axes fraction"),
+                         bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+    ax_conv.set_ylabel("time to first win (simulated s)")
+    ax_conv.set_title(f"time to the first win per cell (a win is not convergence; tuner "
+                      f"{report.get('tuner', 'capes')}, preset {report['preset']}, "
+                      f"{report['seeds_per_cell']} seeds per cell)", fontsize=9, loc="left")
+    ax_tp.set_title("one traced run per cell", fontsize=9, loc="left")
+    fig.suptitle(f"capes converge-test: {len(cells)} cell(s) × {report['seeds_per_cell']} "
+                 f"seed(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -1,6 +1,8 @@
 """``capes replay plot``: one stored session over time, as a PNG an operator can read.
 
-Panels, top to bottom, on one time axis (seconds since the session started):
+Panels, top to bottom, on one time axis (ticks since the session started: seconds on a
+real target, simulated seconds on the simulator, as in the demo's plot, whatever the
+wall-clock tick length):
 the objective the reward is made of (e.g. total throughput), up to four chosen PIs
 (summed over the nodes; by default the objective's PIs when it has several), every tuned parameter's value in effect, the reward (of the
 config's reward type), and the actions the engine took (one row per action; NULL
@@ -51,7 +53,7 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
         if L == 0:
             raise ReplayDBError(f"{db}: session {sid} has no ticks")
         info = data.info
-        t = np.arange(L) * info.tick_seconds
+        t = np.arange(L)                                       # ticks, as the demo plots
         pi_names = list(layout.pi_names)
         x = data.pis[:L]                                       # (L, nodes, PIs)
         note = ""
@@ -88,8 +90,9 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
         for ax, what in zip(axes, panels):
             if what == "objective":
                 ax.plot(t, p, lw=0.8, color="tab:blue")
-                ax.set_title(f"objective: {reward.objective} of {', '.join(reward.pis)}",
-                             fontsize=9, loc="left")
+                of = ("" if reward.pis == [reward.objective] else
+                      f" of {', '.join(reward.pis)}")
+                ax.set_title(f"objective: {reward.objective}{of}", fontsize=9, loc="left")
                 ax.set_ylabel(reward.objective)
             elif what == "parameters":
                 for k, name in enumerate(params):
@@ -97,7 +100,8 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
                 ax.set_title("parameter values in effect", fontsize=9, loc="left")
                 ax.set_ylabel("value")
                 if params:
-                    ax.legend(fontsize=8, loc="upper right")
+                    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                              borderaxespad=0)
             elif what == "reward":
                 ax.plot(t, r, lw=0.6, color="tab:green")
                 ax.axhline(0, color="grey", lw=0.6, ls=":")
@@ -124,12 +128,13 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
                              fontsize=9, loc="left")
                 ax.set_ylabel(what)
             ax.grid(alpha=0.3)
-        axes[-1].set_xlabel(f"time since session start, s (1 tick = {info.tick_seconds:g} s)")
+        axes[-1].set_xlabel(f"tick since the session started (1 tick = {info.tick_seconds:g} s "
+                            f"of wall time; the simulator's tick is one simulated second)")
         import time as _time
         start = _time.strftime("%Y-%m-%d %H:%M:%SZ", _time.gmtime(info.started_at))
-        fig.suptitle(f"{Path(db).name}: session {sid}"
-                     + (f" '{info.label}'" if info.label else "")
-                     + f", started {start}, {L} ticks, {nodes} node(s)", fontsize=11)
+        fig.suptitle(f"replay session {sid}" + (f" '{info.label}'" if info.label else "")
+                     + f" of {Path(db).name}: {L} ticks from {start}, {nodes} node(s)",
+                     fontsize=11)
         fig.tight_layout()
         fig.savefig(out, dpi=90)
         plt.close(fig)

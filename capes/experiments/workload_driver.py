@@ -37,9 +37,11 @@ from typing import Callable
 
 import numpy as np
 
+from capes.common.shipped_configs import workload_dir
+
 log = logging.getLogger(__name__)
 
-WORKLOAD_DIR = Path(__file__).resolve().parents[2] / "configs" / "workloads"
+WORKLOAD_DIR = workload_dir()
 DIRECTIONS = {"read": (0,), "write": (1,), "trim": (2,), "total": (0, 1, 2)}
 
 
