@@ -481,9 +481,13 @@ class InterfaceDaemon:
 
     def _commit(self) -> bool:
         """Write the buffer, oldest rows first, one chunk per transaction (so a nearly
-        full disk still takes what fits). True when everything buffered is stored."""
+        full disk still takes what fits). True when everything buffered is stored.
+        After a failure only a real write brings SERVING back (:meth:`_probe_db`): an
+        empty buffer proves nothing."""
         if self.writer is None:
             return True
+        if not self.db_ok and not self.writer.pending:
+            return self._probe_db()
         try:
             while True:
                 t0 = time.perf_counter()
@@ -521,6 +525,25 @@ class InterfaceDaemon:
                       "%d rows are kept until it can", self.cfg.daemon.db, exc,
                       self.cfg.daemon.max_buffered_rows)
             control_service.set_serving(self.health, False)
+
+    def _probe_db(self) -> bool:
+        """The DB failed and nothing is buffered: write what the next row needs (the
+        session, when it could not begin) or a no-op update, and serve again only if
+        that succeeds."""
+        if self.session is None:
+            ok = self._ensure_session()          # counts and logs a failure itself
+        else:
+            try:
+                with self.writer.conn:
+                    self.writer.conn.execute("UPDATE meta SET value = value WHERE key = "
+                                             "'schema_version'")
+                ok = True
+            except DB_ERRORS as exc:
+                self._db_failed(exc)
+                ok = False
+        if ok:
+            self._db_writable()
+        return ok
 
     def _db_writable(self) -> None:
         """A commit succeeded: if the DB had failed, resume serving."""

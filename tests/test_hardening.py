@@ -541,7 +541,7 @@ def test_sighup_reloads_the_allow_list(deployment, ctx):
 def test_a_key_bound_to_nodes_cannot_speak_for_another(tmp_path, ctx):
     cli = [sys.executable, "-m", "capes", "keys", "generate", "--dir", str(tmp_path / "keys")]
     out = subprocess.run(cli + ["--client", "mon1", "--client", "mon2", "--client", "ctl",
-                                "--bind", "mon1=n1", "--bind", "ctl=n1"],
+                                "--bind", "mon1=n1", "--bind", "ctl=n1", "--any-node", "mon2"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "keys" / "clients" / "mon1.nodes").read_text() == "n1\n"
