@@ -27,7 +27,9 @@ simulator node ``sim0``, and the DRL engine. Beside them, in this process:
 - **faults**: every ``--kill-every`` s a ``kill -9`` of the daemon, the engine, the
   monitoring agent or the control agent (in turn), restarted at once; every
   ``--fill-every`` s the disk holding the replay DB (a small tmpfs, needs root; skipped
-  otherwise) is filled for ``--fill-hold`` s and freed;
+  otherwise) is filled for ``--fill-hold`` s and freed (health sampled with the
+  daemon's ``rows_written``: SERVING while no row is written is a false SERVING, goal 0;
+  SERVING while rows still go into the WAL's space is true);
 - **observers**: the simulator's knob files polled every 5 ms (what was really applied),
   the replay DB read (read-only) every second (what was committed), the daemon's RSS.
 
@@ -355,12 +357,7 @@ class Intruder(threading.Thread):
             for s in (ing, ctl):
                 s.close(linger=0)
 
-    def _send(self, sock, msg: bytes, kind: str) -> None:
-        try:
-            sock.send(msg, zmq.NOBLOCK)
-            self.sent[kind] += 1
-        except zmq.Again:
-            self.sent[kind + " (HWM)"] += 1
+    _send = Rogue._send                  # count each message by kind (HWM apart)
 
     def _streams(self, channel, streams: list, grpc) -> list:
         """Keep 4 token-less reflection and 4 health-Watch streams open (reopen the
@@ -875,9 +872,16 @@ def disk_full(disk: Disk, hold: float, sampler: Sampler, dbw: DBWatch) -> dict:
     filler = disk.fill()
     health = Counter()
     end = time.time() + hold
+    written = None
     while time.time() < end:
-        try:
-            health[sampler.client.health()] += 1
+        try:                  # SERVING is true while rows are still written (WAL space)
+            rows = sampler.client.status()["rows_written"]
+            state = sampler.client.health()
+            if state == "SERVING":
+                state += ", rows written" if written is None or rows > written \
+                    else ", NO rows written"
+            health[state] += 1
+            written = rows
         except Exception:
             pass
         time.sleep(0.5)
@@ -1103,7 +1107,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1, default=str))
     checks = r["sampler_checks"]
-    bad = (r["committed_rows_lost"] or r["rows_lost_unexplained"] or r["applied_not_recorded"]
+    serving_unwritten = sum(f["health_while_full"].get("SERVING, NO rows written", 0)
+                            for f in r["disk_full"])
+    bad = (serving_unwritten or r["committed_rows_lost"] or r["rows_lost_unexplained"] or r["applied_not_recorded"]
            or r["out_of_range_applied"] or r["rogue_bad_actions_accepted"]
            or checks.get("node held by the intruder") or checks.get("ghost values in effect")
            or checks.get("status failed (daemon up)")

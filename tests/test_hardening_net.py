@@ -8,7 +8,6 @@ scrapes keep working; the health service says NOT_SERVING for as long as the rep
 cannot be written, a restart on a full disk included."""
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -21,25 +20,15 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
-import zmq
 
 from capes.common import curve
 from capes.common.control_client import ControlClient, TLSCertMissing, tls_certificate
 from capes.common.deployment import KeysConfig
 from capes.common.metrics import scrape
-from capes.common.protocol import Ack, Action, decode, encode
-from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
+from daemon_harness import (ROOT, Agent, ControlAgent, DaemonProcess, fill_disk, mount_tmpfs,
+                            wait_for, write_config)
 
 PIS = ["cpu", "mem", "disk.sda.read_bps"]
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    try:
-        yield c
-    finally:
-        c.destroy(linger=0)
 
 
 def keys_for(tmp: Path, name: str) -> KeysConfig:
@@ -55,21 +44,6 @@ def keys_cli(tmp: Path, *args: str) -> None:
 
 def client(tmp: Path, d: DaemonProcess, timeout: float = 5.0) -> ControlClient:
     return ControlClient(d.info["grpc"], curve.load_token(keys_for(tmp, "x")), timeout)
-
-
-class ControlAgent:
-    """A synthetic control agent: says hello with ``values``, then receives Actions."""
-
-    def __init__(self, ctx, endpoint, keys, node, values):
-        self.sock = curve.client_socket(ctx, zmq.DEALER, keys)
-        self.sock.connect(endpoint)
-        self.node = node
-        self.sock.send(encode(Ack(node, 0, values)))
-
-    def recv(self, timeout_ms=3000) -> Action | None:
-        if not self.sock.poll(timeout_ms):
-            return None
-        return decode(self.sock.recv())
 
 
 # ----------------------------------------------------------------------- 1. key bindings
@@ -136,20 +110,6 @@ def test_a_made_up_node_s_hello_never_changes_what_real_nodes_are_sent(tmp_path,
         assert d.stop() == 0
 
 
-def test_a_key_directory_made_before_bindings_still_loads(tmp_path, ctx):
-    curve.generate(tmp_path / "keys", ["mon", "ctl"])      # no NAME.nodes files at all
-    d = DaemonProcess(write_config(tmp_path), tmp_path / "ready.json")
-    try:
-        c = client(tmp_path, d)
-        mon = Agent(ctx, d.info["ingest"], keys_for(tmp_path, "mon"), None, "n1", PIS)
-        mon.send(1, [1.0, 1.0, 1.0])
-        wait_for(lambda: c.status()["rows_written"] == 1)
-        c.close()
-    finally:
-        assert d.stop() == 0
-    assert "client keys bound to no node: ctl, mon" in d.log.read_text()
-
-
 # ----------------------------------------------------------------------- 2. control plane
 
 def _slow_streams(address: str, n: int) -> tuple[list, list]:
@@ -171,6 +131,13 @@ def _slow_streams(address: str, n: int) -> tuple[list, list]:
         calls.append(health_pb2_grpc.HealthStub(ch).Watch(
             health_pb2.HealthCheckRequest(service=""), timeout=60))
     return calls, channels
+
+
+def _close(calls: list, channels: list) -> None:
+    for call in calls:
+        call.cancel()
+    for ch in channels:
+        ch.close()
 
 
 def _capes_status(tmp: Path, d: DaemonProcess) -> subprocess.CompletedProcess:
@@ -200,10 +167,7 @@ def test_token_less_streams_cannot_block_capes_status(tmp_path):
                 codes[exc.code().name] += 1
         assert codes == {"UNAUTHENTICATED": 8, "UNIMPLEMENTED": 8}, codes
     finally:
-        for call in calls:
-            call.cancel()
-        for ch in channels:
-            ch.close()
+        _close(calls, channels)
         assert d.stop() == 0
 
 
@@ -237,10 +201,7 @@ def test_token_less_large_requests_are_refused_and_memory_stays_flat(tmp_path):
         out = _capes_status(tmp_path, d)
         assert out.returncode == 0, out.stderr
     finally:
-        for call in calls:
-            call.cancel()
-        for ch in channels:
-            ch.close()
+        _close(calls, channels)
         assert d.stop() == 0
 
 
@@ -315,38 +276,13 @@ def test_half_sent_metrics_requests_pin_no_threads_and_scrapes_go_on(tmp_path):
 
 # ----------------------------------------------------------------------- 11. disk full
 
-def _mount_tmpfs(path: Path, size: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    path.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
-
-
-def _fill(disk: Path) -> Path:
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for size in (65536, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def test_health_is_not_serving_all_the_time_the_disk_is_full(tmp_path, ctx):
     """A daemon restarted (kill -9) on a full disk cannot begin its session: health
     must stay NOT_SERVING, not flip to SERVING at every empty commit; and come back
     by itself once space returns."""
     curve.generate(tmp_path / "keys", ["mon"])
     disk = tmp_path / "disk"
-    _mount_tmpfs(disk, "4m")
+    mount_tmpfs(disk, "4m")
     d = None
     stop = threading.Event()
     try:
@@ -358,7 +294,7 @@ def test_health_is_not_serving_all_the_time_the_disk_is_full(tmp_path, ctx):
             mon.send(t, [float(t), 1.0, 2.0])
         wait_for(lambda: c.status()["rows_written"] == 20)
         c.close()
-        filler = _fill(disk)
+        filler = fill_disk(disk)
         d.stop(signal.SIGKILL)
         d = DaemonProcess(cfg, tmp_path / "ready.json")
         c = client(tmp_path, d)
