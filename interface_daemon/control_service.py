@@ -44,7 +44,6 @@ SERVER_OPTIONS = [
     ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
     ("grpc.max_connection_idle_ms", 5 * 60_000),      # a connection with no call: closed
     ("grpc.server_handshake_timeout_ms", 10_000),     # TLS/HTTP2 handshake half-sent
-    ("grpc.http2.max_pings_without_data", 2),
 ]
 
 
