@@ -144,8 +144,8 @@ class MetricsServer:
     ``MAX_CONNECTIONS`` connections are handled at once (one thread each), a request
     must arrive whole within ``REQUEST_DEADLINE_S`` and fit ``MAX_REQUEST_BYTES``, and
     when every slot is taken a new connection evicts the oldest one still sending its
-    request. Half-sent requests therefore pin no thread for long, and a scraper (which
-    sends its request at once) always gets in."""
+    request after ``EVICT_AFTER_S``. Half-sent requests therefore pin no thread for
+    long, and a scraper (which sends its request at once) always gets in."""
 
     MAX_CONNECTIONS = 16
     REQUEST_DEADLINE_S = 5.0
@@ -173,6 +173,9 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(2)
+
+
+EVICT_AFTER_S = 0.5     # a connection still sending its request after this may be closed
 
 
 class _MetricsHandler(http.server.BaseHTTPRequestHandler):
@@ -211,17 +214,18 @@ class _BoundedHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.registry, self.deadline_s, self.max_bytes = registry, deadline_s, max_bytes
         self.slots = threading.BoundedSemaphore(max_connections)
         self.lock = threading.Lock()
-        self.reading: collections.OrderedDict = collections.OrderedDict()  # sock -> None
+        self.reading: collections.OrderedDict = collections.OrderedDict()  # sock -> since
         super().__init__((host, port), _MetricsHandler)
 
     def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
+        deadline = time.monotonic() + 1.0
+        while not self.slots.acquire(timeout=0.05):
             self._evict_oldest_reader()
-            if not self.slots.acquire(timeout=1.0):
+            if time.monotonic() > deadline:
                 self.shutdown_request(request)          # every slot is answering
                 return
         with self.lock:
-            self.reading[request] = None
+            self.reading[request] = time.monotonic()
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -241,10 +245,14 @@ class _BoundedHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             self.reading.pop(request, None)
 
     def _evict_oldest_reader(self) -> None:
+        """Close the connection that has been sending its request longest, if for
+        more than ``EVICT_AFTER_S`` (a scraper's request, sent at once, is never cut
+        while a slow machine gets round to reading it)."""
         with self.lock:
             victim = next(iter(self.reading), None)
-            if victim is not None:
-                del self.reading[victim]
+            if victim is None or time.monotonic() - self.reading[victim] < EVICT_AFTER_S:
+                return
+            del self.reading[victim]
         if victim is not None:
             try:
                 victim.shutdown(socket.SHUT_RDWR)       # its recv returns at once
