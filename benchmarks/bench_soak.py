@@ -511,6 +511,7 @@ class Sampler(threading.Thread):
         self.statuses: dict[int, dict] = {}                # daemon pid -> last status
         self.health: Counter = Counter()
         self.checks: Counter = Counter()                   # issue 27: what got through
+        self.scrape_errors: list[str] = []
 
     def run(self) -> None:
         while not self.stop_ev.wait(1.0):
@@ -547,9 +548,11 @@ class Sampler(threading.Thread):
                 try:
                     scrape(self.metrics_addr, timeout=3.0)
                     self.checks["scrape ok"] += 1
-                except (OSError, ValueError):
+                except (OSError, ValueError) as exc:
                     if d.alive():
                         self.checks["scrape failed (daemon up)"] += 1
+                        if len(self.scrape_errors) < 5:
+                            self.scrape_errors.append(f"{time.strftime('%H:%M:%S')} {exc}")
         self.client.close()
 
 
@@ -799,6 +802,7 @@ def soak(args) -> dict:
     result["intruder_sent"] = dict(intruder.sent) if intruder and args.intruder else {}
     result["intruder_grpc_codes"] = dict(intruder.grpc_codes) if intruder else {}
     result["sampler_checks"] = dict(sampler.checks) if sampler else {}
+    result["scrape_errors"] = sampler.scrape_errors if sampler else []
     result["daemon_threads_max"] = max(sampler.threads) if sampler and sampler.threads \
         else None
     if not args.keep and not args.workdir:
@@ -1062,6 +1066,8 @@ def print_table(r: dict) -> None:
     row("/metrics scrapes failed while the daemon was up",
         checks.get("scrape failed (daemon up)", 0), f"(goal 0; {checks.get('scrape ok', 0)} ok)")
     row("daemon threads max", r["daemon_threads_max"])
+    for e in r["scrape_errors"]:
+        print(f"    scrape failed: {e}")
     print(f"  daemon drops (summed over daemon lives): {r['daemon_drops']}")
     print(f"  rogue sent: {r['rogue_sent']}")
     print(f"  intruder sent: {r['intruder_sent']}")

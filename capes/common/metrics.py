@@ -144,8 +144,8 @@ class MetricsServer:
     ``MAX_CONNECTIONS`` connections are handled at once (one thread each), a request
     must arrive whole within ``REQUEST_DEADLINE_S`` and fit ``MAX_REQUEST_BYTES``, and
     when every slot is taken a new connection evicts the oldest one still sending its
-    request after ``EVICT_AFTER_S``. Half-sent requests therefore pin no thread for
-    long, and a scraper (which sends its request at once) always gets in."""
+    request. Half-sent requests therefore pin no thread for long, and a scraper (which
+    sends its request at once) always gets in."""
 
     MAX_CONNECTIONS = 16
     REQUEST_DEADLINE_S = 5.0
@@ -173,9 +173,6 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(2)
-
-
-EVICT_AFTER_S = 0.5     # a connection still sending its request after this may be closed
 
 
 class _MetricsHandler(http.server.BaseHTTPRequestHandler):
@@ -212,25 +209,40 @@ class _BoundedHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     def __init__(self, registry, host, port, max_connections, deadline_s, max_bytes):
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.registry, self.deadline_s, self.max_bytes = registry, deadline_s, max_bytes
-        self.slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
         self.lock = threading.Lock()
-        self.reading: collections.OrderedDict = collections.OrderedDict()  # sock -> since
+        self.held: set = set()                  # connections holding a slot (a thread)
+        self.reading: collections.OrderedDict = collections.OrderedDict()  # sock -> None
         super().__init__((host, port), _MetricsHandler)
 
     def process_request(self, request, client_address):
-        deadline = time.monotonic() + 1.0
-        while not self.slots.acquire(timeout=0.05):
-            self._evict_oldest_reader()
-            if time.monotonic() > deadline:
-                self.shutdown_request(request)          # every slot is answering
-                return
+        """Give the connection a slot, taking the one of the oldest connection still
+        sending its request when all are held (it is shut down and its thread ends at
+        once); never waits, so the accept loop keeps up with a flood of connections."""
+        victim = None
         with self.lock:
-            self.reading[request] = time.monotonic()
+            if len(self.held) >= self.max_connections:
+                victim = next(iter(self.reading), None)
+                if victim is not None:
+                    del self.reading[victim]
+                    self.held.discard(victim)
+            admit = len(self.held) < self.max_connections
+            if admit:
+                self.held.add(request)
+                if not self._head_arrived(request):   # a scraper's, sent at once: kept
+                    self.reading[request] = None
+        if victim is not None:
+            try:
+                victim.shutdown(socket.SHUT_RDWR)       # its recv returns at once
+            except OSError:
+                pass
+        if not admit:
+            self.shutdown_request(request)              # every slot is answering
+            return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._forget(request)
-            self.slots.release()
             raise
 
     def process_request_thread(self, request, client_address):
@@ -238,26 +250,21 @@ class _BoundedHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._forget(request)
-            self.slots.release()
 
     def _forget(self, request) -> None:
         with self.lock:
             self.reading.pop(request, None)
+            self.held.discard(request)
 
-    def _evict_oldest_reader(self) -> None:
-        """Close the connection that has been sending its request longest, if for
-        more than ``EVICT_AFTER_S`` (a scraper's request, sent at once, is never cut
-        while a slow machine gets round to reading it)."""
-        with self.lock:
-            victim = next(iter(self.reading), None)
-            if victim is None or time.monotonic() - self.reading[victim] < EVICT_AFTER_S:
-                return
-            del self.reading[victim]
-        if victim is not None:
-            try:
-                victim.shutdown(socket.SHUT_RDWR)       # its recv returns at once
-            except OSError:
-                pass
+    @staticmethod
+    def _head_arrived(sock) -> bool:
+        """Whether the request line and headers wait, complete, in the buffer of a
+        socket just accepted (blocking mode, no other reader yet)."""
+        try:
+            data = sock.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:                 # nothing there yet (EAGAIN), or gone
+            return False
+        return b"\r\n\r\n" in data
 
     def read_head(self, sock) -> bytes:
         """The request line and headers, read within the deadline (b"" when the
@@ -277,7 +284,8 @@ class _BoundedHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
         except OSError:
             return b""
         finally:
-            self._forget(sock)
+            with self.lock:
+                self.reading.pop(sock, None)        # no longer evictable
             try:
                 sock.settimeout(self.deadline_s)
             except OSError:
