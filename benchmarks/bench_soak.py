@@ -525,6 +525,10 @@ class Sampler(threading.Thread):
             if not d.alive():
                 continue
             settled = time.time() - d.started_at > 5        # past its restart
+            pid = d.pid
+
+            def up() -> bool:      # the same daemon still runs (no kill -9 meanwhile)
+                return d.alive() and d.pid == pid
             try:
                 if settled:
                     p = psutil.Process(d.pid)
@@ -542,14 +546,14 @@ class Sampler(threading.Thread):
                     if n.get("key") == "intruder" and not n["name"].startswith("ghost"):
                         self.checks["node held by the intruder"] += 1
             except ControlError:
-                if settled and d.alive():
+                if settled and up():
                     self.checks["status failed (daemon up)"] += 1
             if settled:
                 try:
                     scrape(self.metrics_addr, timeout=3.0)
                     self.checks["scrape ok"] += 1
                 except (OSError, ValueError) as exc:
-                    if d.alive():
+                    if up():
                         self.checks["scrape failed (daemon up)"] += 1
                         if len(self.scrape_errors) < 5:
                             self.scrape_errors.append(f"{time.strftime('%H:%M:%S')} {exc}")
