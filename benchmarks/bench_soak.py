@@ -6,7 +6,8 @@ simulator node ``sim0``, and the DRL engine. Beside them, in this process:
 
 - a **fleet** of N monitoring agents (default 64): one thread, one DEALER socket and one
   ``DeltaEncoder`` per node (``f00``, ``f01``, ...), all with the key ``fleet`` bound to
-  those node names, each sending one frame per tick with the simulator's three PIs,
+  those node names (no ``daemon.nodes`` allow-list: the key bindings alone keep every
+  node to its key), each sending one frame per tick with the simulator's three PIs,
   answering the daemon's FullRequests and keeping and resending its last seconds after a
   reconnect (the same ``monitor_agent.agent.Outbox`` and socket-monitor events) exactly
   as ``capes monitor-agent`` does. (N real agent processes would need N Python
@@ -16,10 +17,19 @@ simulator node ``sim0``, and the DRL engine. Beside them, in this process:
   clock, PI-name floods, bursts of thousands of frames, an unauthenticated socket, junk on
   the control socket, and gRPC actions that are out of range, off the grid, forbidden,
   NaN or at absurd ticks;
+- an **intruder** (issue 27, items 1-3): an admitted key bound to no node claims the
+  bound nodes ``sim0`` and ``f00`` (frames and hellos) and says hello as made-up nodes
+  with marker values (window 97, rate_limit 190); token-less reflection and health-Watch
+  streams and token-less 4 MB calls on the gRPC control plane; 100 half-sent HTTP
+  requests held open on the daemon's ``/metrics``. The sampler counts what got
+  through: nodes held by the intruder, the marker values becoming the daemon's, status
+  calls and scrapes that failed while the daemon was up, the daemon's thread count;
 - **faults**: every ``--kill-every`` s a ``kill -9`` of the daemon, the engine, the
   monitoring agent or the control agent (in turn), restarted at once; every
   ``--fill-every`` s the disk holding the replay DB (a small tmpfs, needs root; skipped
-  otherwise) is filled for ``--fill-hold`` s and freed;
+  otherwise) is filled for ``--fill-hold`` s and freed (health sampled with the
+  daemon's ``rows_written``: SERVING while no row is written is a false SERVING, goal 0;
+  SERVING while rows still go into the WAL's space is true);
 - **observers**: the simulator's knob files polled every 5 ms (what was really applied),
   the replay DB read (read-only) every second (what was committed), the daemon's RSS.
 
@@ -38,6 +48,7 @@ At the end every process is stopped cleanly and the table is printed:
 
     python benchmarks/bench_soak.py --minutes 30          # the issue's soak
     python benchmarks/bench_soak.py --minutes 4 --json soak.json
+    python benchmarks/bench_soak.py --quick               # 24 s, 8 agents, one of each fault
 """
 from __future__ import annotations
 
@@ -71,6 +82,7 @@ import zmq  # noqa: E402
 from capes.common import curve  # noqa: E402
 from capes.common.control_client import ControlClient, ControlError  # noqa: E402
 from capes.common.deployment import KeysConfig  # noqa: E402
+from capes.common.metrics import scrape  # noqa: E402
 from capes.common.params import ParameterSpec  # noqa: E402
 from capes.common.protocol import (Ack, DeltaEncoder, FullRequest, Indicators,  # noqa: E402
                                    decode, encode)
@@ -289,6 +301,132 @@ class Rogue(threading.Thread):
                 self.accepted_bad_actions.append({"tick": t, "values": values})
 
 
+# ------------------------------------------------------------------------ the intruder
+GHOST_VALUES = {"window": 97.0, "rate_limit": 190.0}     # marker values of made-up nodes
+
+
+class Intruder(threading.Thread):
+    """Issue 27's attacks on items 1-3, once a second (see the module docstring)."""
+
+    HALF_SENT = 100
+
+    def __init__(self, ctx, endpoints: dict, keys: KeysConfig, grpc_addr: str,
+                 metrics_addr: str, stop: threading.Event):
+        super().__init__(name="intruder", daemon=True)
+        self.ctx, self.endpoints, self.keys = ctx, endpoints, keys
+        self.grpc_addr, self.metrics_addr, self.stop_ev = grpc_addr, metrics_addr, stop
+        self.sent = Counter()
+        self.grpc_codes = Counter()          # what the token-less calls got back
+
+    def run(self) -> None:
+        import grpc
+        ing = curve.client_socket(self.ctx, zmq.DEALER, self.keys, "intruder")
+        ing.connect(self.endpoints["ingest"])
+        ctl = curve.client_socket(self.ctx, zmq.DEALER, self.keys, "intruder")
+        ctl.connect(self.endpoints["control"])
+        channel = grpc.insecure_channel(self.grpc_addr, options=[
+            ("grpc.max_send_message_length", 8 << 20)])
+        streams: list = []
+        half_sent: list[socket.socket] = []
+        cycle = 0
+        try:
+            while not self.stop_ev.wait(1.0):
+                cycle += 1
+                tick = int(time.time() / 0.1)
+                for node in ("sim0", "f00"):                         # bound to other keys
+                    self._send(ing, encode(Indicators(node, 0, tick, True, {0: 1.0}, PIS)),
+                               "claim bound node (frame)")
+                    self._send(ctl, encode(Ack(node, 0, GHOST_VALUES)),
+                               "claim bound node (hello)")
+                self._send(ctl, encode(Ack(f"ghost{cycle % 20}", 0, GHOST_VALUES)),
+                           "made-up node hello")
+                while ing.poll(0):
+                    ing.recv()
+                while ctl.poll(0):
+                    ctl.recv()
+                streams = self._streams(channel, streams, grpc)
+                if cycle % 10 == 0:
+                    self._large_calls(channel, grpc)
+                half_sent = self._half_sent(half_sent)
+        finally:
+            for call in streams:
+                call.cancel()
+            channel.close()
+            for s in half_sent:
+                s.close()
+            for s in (ing, ctl):
+                s.close(linger=0)
+
+    _send = Rogue._send                  # count each message by kind (HWM apart)
+
+    def _streams(self, channel, streams: list, grpc) -> list:
+        """Keep 4 token-less reflection and 4 health-Watch streams open (reopen the
+        ones that ended, counting how they ended)."""
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+        open_ = []
+        for call in streams:
+            if call.done():
+                self.grpc_codes[f"stream {call.code().name}"] += 1
+            else:
+                open_.append(call)
+        stop = self.stop_ev
+
+        def requests():
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+            stop.wait(120)
+        while len(open_) < 8:
+            if len(open_) % 2:
+                open_.append(reflection_pb2_grpc.ServerReflectionStub(channel)
+                             .ServerReflectionInfo(requests(), timeout=120))
+            else:
+                open_.append(health_pb2_grpc.HealthStub(channel).Watch(
+                    health_pb2.HealthCheckRequest(service=""), timeout=120))
+            self.sent["token-less stream"] += 1
+        return open_
+
+    def _large_calls(self, channel, grpc) -> None:
+        submit = channel.unary_unary("/capes.v1.ControlPlane/SubmitAction",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        blob = b"\x0a" + b"\xff" * (4 << 20)
+        futures = [submit.future(blob, timeout=10) for _ in range(20)]
+        for f in futures:
+            try:
+                f.result()
+                self.grpc_codes["4 MB call OK"] += 1
+            except grpc.RpcError as exc:
+                self.grpc_codes[f"4 MB call {exc.code().name}"] += 1
+        self.sent["token-less 4 MB call"] += len(futures)
+
+    def _half_sent(self, socks: list[socket.socket]) -> list[socket.socket]:
+        """Keep ``HALF_SENT`` requests to /metrics open, never finished."""
+        host, port = self.metrics_addr.rsplit(":", 1)
+        kept = []
+        for s in socks:
+            try:
+                s.settimeout(0)
+                if s.recv(1) == b"":
+                    self.sent["half-sent request closed by the daemon"] += 1
+                    s.close()
+                    continue
+            except (BlockingIOError, socket.timeout):
+                pass
+            except OSError:
+                s.close()
+                continue
+            kept.append(s)
+        while len(kept) < self.HALF_SENT:
+            try:
+                s = socket.create_connection((host, int(port)), timeout=0.5)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            except OSError:
+                break                                   # the daemon is down
+            kept.append(s)
+            self.sent["half-sent request"] += 1
+        return kept
+
+
 # ------------------------------------------------------------------------ observers
 class KnobWatch(threading.Thread):
     """What was really applied: the simulator's knob files, polled every 5 ms."""
@@ -362,14 +500,18 @@ class Sampler(threading.Thread):
     """The daemon's RSS (after its first 5 s) and its status, every second."""
 
     def __init__(self, children: dict[str, Child], grpc_addr: str, token: str,
-                 stop: threading.Event):
+                 metrics_addr: str, stop: threading.Event):
         super().__init__(name="sampler", daemon=True)
         self.children, self.stop_ev = children, stop
         self.client = ControlClient(grpc_addr, token, timeout=2.0)
+        self.metrics_addr = metrics_addr
         self.rss: list[float] = []
         self.engine_rss: list[float] = []
+        self.threads: list[int] = []                       # the daemon's thread count
         self.statuses: dict[int, dict] = {}                # daemon pid -> last status
         self.health: Counter = Counter()
+        self.checks: Counter = Counter()                   # issue 27: what got through
+        self.scrape_errors: list[str] = []
 
     def run(self) -> None:
         while not self.stop_ev.wait(1.0):
@@ -382,13 +524,39 @@ class Sampler(threading.Thread):
             d = self.children["interface-daemon"]
             if not d.alive():
                 continue
+            settled = time.time() - d.started_at > 5        # past its restart
+            pid = d.pid
+
+            def up() -> bool:      # the same daemon still runs (no kill -9 meanwhile)
+                return d.alive() and d.pid == pid
             try:
-                if time.time() - d.started_at > 5:
-                    self.rss.append(psutil.Process(d.pid).memory_info().rss / 2**20)
-                self.statuses[d.pid] = self.client.status()
-                self.health[self.client.health()] += 1
-            except (psutil.Error, ControlError):
+                if settled:
+                    p = psutil.Process(d.pid)
+                    self.rss.append(p.memory_info().rss / 2**20)
+                    self.threads.append(p.num_threads())
+            except psutil.Error:
                 pass
+            try:
+                self.statuses[d.pid] = status = self.client.status()
+                self.health[self.client.health()] += 1
+                self.checks["status ok"] += 1
+                if all(status["parameters"].get(k) == v for k, v in GHOST_VALUES.items()):
+                    self.checks["ghost values in effect"] += 1
+                for n in self.client.nodes():
+                    if n.get("key") == "intruder" and not n["name"].startswith("ghost"):
+                        self.checks["node held by the intruder"] += 1
+            except ControlError:
+                if settled and up():
+                    self.checks["status failed (daemon up)"] += 1
+            if settled:
+                try:
+                    scrape(self.metrics_addr, timeout=3.0)
+                    self.checks["scrape ok"] += 1
+                except (OSError, ValueError) as exc:
+                    if up():
+                        self.checks["scrape failed (daemon up)"] += 1
+                        if len(self.scrape_errors) < 5:
+                            self.scrape_errors.append(f"{time.strftime('%H:%M:%S')} {exc}")
         self.client.close()
 
 
@@ -430,7 +598,6 @@ class Disk:
 # ------------------------------------------------------------------------ the soak
 def write_config(path: Path, work: Path, db: Path, ports: dict, tick_s: float,
                  fleet: list[str], max_pis: int, game_ticks: int = 3600) -> None:
-    nodes = ", ".join(f'"{n}"' for n in ["sim0", "rogue0", *fleet])
     path.write_text(f"""
 tick_seconds = {tick_s}
 [keys]
@@ -447,7 +614,6 @@ full_request_every_s = {tick_s}
 max_clock_skew_s = 120
 max_pis_per_node = {max_pis}
 metrics = "127.0.0.1:{ports['metrics']}"
-nodes = [{nodes}]
 [monitor]
 node = "sim0"
 daemon = "tcp://127.0.0.1:{ports['ingest']}"
@@ -512,7 +678,7 @@ def soak(args) -> dict:
     game_ticks = min(10**9, int(args.minutes * 60 / tick_s) + 36_000)
     write_config(cfg, work, db, ports, tick_s, fleet_names, args.max_pis_per_node, game_ticks)
     keys = work / "keys"
-    curve.generate(keys, ["monitor", "control", "engine", "fleet", "rogue"])
+    curve.generate(keys, ["monitor", "control", "engine", "fleet", "rogue", "intruder"])
     curve.bind(keys, "fleet", fleet_names)
     curve.bind(keys, "monitor", ["sim0"])
     curve.bind(keys, "control", ["sim0"])
@@ -544,7 +710,7 @@ def soak(args) -> dict:
     grpc_addr = f"127.0.0.1:{ports['grpc']}"
     dbw = DBWatch(db, stop)
     knobs = KnobWatch(work / "sim", stop)
-    fleet = rogue = sampler = None
+    fleet = rogue = sampler = intruder = None
 
     def start_daemon() -> float:
         ready = work / "daemon.ready"
@@ -578,11 +744,15 @@ def soak(args) -> dict:
                      "control": f"tcp://127.0.0.1:{ports['control']}"}
         fleet = Fleet(ctx, endpoints["ingest"], kc, args.agents, tick_s, stop, args.resend)
         rogue = Rogue(ctx, endpoints, kc, grpc_addr, token, tick_s, 65_536, stop)
-        sampler = Sampler(children, grpc_addr, token, stop)
+        metrics_addr = f"127.0.0.1:{ports['metrics']}"
+        intruder = Intruder(ctx, endpoints, kc, grpc_addr, metrics_addr, stop)
+        sampler = Sampler(children, grpc_addr, token, metrics_addr, stop)
         for th in (dbw, knobs, fleet, sampler):
             th.start()
         if args.rogue:
             rogue.start()
+        if args.intruder:
+            intruder.start()
 
         end = t0 + args.minutes * 60
         next_kill = t0 + args.kill_every
@@ -613,7 +783,7 @@ def soak(args) -> dict:
         log("stopping")
     finally:
         stop.set()
-        for th in (fleet, rogue, sampler, knobs):
+        for th in (fleet, rogue, intruder, sampler, knobs):
             if th is not None and th.is_alive():
                 th.join(10)
         for name in ("drl-engine", "control-agent", "monitor-agent", "interface-daemon",
@@ -633,6 +803,12 @@ def soak(args) -> dict:
     dbw.poll()                                          # the last look, all stopped
     result = analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills,
                      fills, children)
+    result["intruder_sent"] = dict(intruder.sent) if intruder and args.intruder else {}
+    result["intruder_grpc_codes"] = dict(intruder.grpc_codes) if intruder else {}
+    result["sampler_checks"] = dict(sampler.checks) if sampler else {}
+    result["scrape_errors"] = sampler.scrape_errors if sampler else []
+    result["daemon_threads_max"] = max(sampler.threads) if sampler and sampler.threads \
+        else None
     if not args.keep and not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return result
@@ -704,9 +880,16 @@ def disk_full(disk: Disk, hold: float, sampler: Sampler, dbw: DBWatch) -> dict:
     filler = disk.fill()
     health = Counter()
     end = time.time() + hold
+    written = None
     while time.time() < end:
-        try:
-            health[sampler.client.health()] += 1
+        try:                  # SERVING is true while rows are still written (WAL space)
+            rows = sampler.client.status()["rows_written"]
+            state = sampler.client.health()
+            if state == "SERVING":
+                state += ", rows written" if written is None or rows > written \
+                    else ", NO rows written"
+            health[state] += 1
+            written = rows
         except Exception:
             pass
         time.sleep(0.5)
@@ -877,8 +1060,22 @@ def print_table(r: dict) -> None:
         rec = f"{f['recovery_s']:.1f} s" if f["recovery_s"] is not None else "NOT"
         print(f"  disk full {f['hold_s']:g} s: health while full {f['health_while_full']}, "
               f"writing and SERVING again {rec} after space returned")
+    checks = r["sampler_checks"]
+    row("intruder: nodes held (sampled every second)",
+        checks.get("node held by the intruder", 0), "(goal 0)")
+    row("intruder: made-up nodes' values in effect", checks.get("ghost values in effect", 0),
+        "(goal 0)")
+    row("capes status failed while the daemon was up",
+        checks.get("status failed (daemon up)", 0), f"(goal 0; {checks.get('status ok', 0)} ok)")
+    row("/metrics scrapes failed while the daemon was up",
+        checks.get("scrape failed (daemon up)", 0), f"(goal 0; {checks.get('scrape ok', 0)} ok)")
+    row("daemon threads max", r["daemon_threads_max"])
+    for e in r["scrape_errors"]:
+        print(f"    scrape failed: {e}")
     print(f"  daemon drops (summed over daemon lives): {r['daemon_drops']}")
     print(f"  rogue sent: {r['rogue_sent']}")
+    print(f"  intruder sent: {r['intruder_sent']}")
+    print(f"  intruder's token-less gRPC calls ended: {r['intruder_grpc_codes']}")
 
 
 def main(argv=None) -> int:
@@ -893,6 +1090,11 @@ def main(argv=None) -> int:
     p.add_argument("--disk-mb", type=int, default=256)
     p.add_argument("--no-disk", dest="disk", action="store_false")
     p.add_argument("--no-rogue", dest="rogue", action="store_false")
+    p.add_argument("--no-intruder", dest="intruder", action="store_false",
+                   help="no issue-27 intruder (keys, control plane, /metrics)")
+    p.add_argument("--quick", action="store_true",
+                   help="24 s, 8 fleet agents, one kill -9 of the daemon, one disk-full "
+                        "phase (root), rogue and intruder on: the CI smoke run (< 60 s)")
     p.add_argument("--recovery-timeout", type=float, default=45.0)
     p.add_argument("--resend", type=float, default=10.0, metavar="S",
                    help="the fleet's monitor.resend_s: seconds of frames kept and sent "
@@ -906,12 +1108,22 @@ def main(argv=None) -> int:
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json")
     args = p.parse_args(argv)
+    if args.quick:
+        args.minutes, args.agents, args.kill_every = 24 / 60, 8, 12.0
+        args.fill_offset, args.fill_hold, args.fill_every = 4.0, 3.0, 1e9
+        args.disk_mb, args.recovery_timeout = 64, 20.0
     r = soak(args)
     print_table(r)
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1, default=str))
-    bad = (r["committed_rows_lost"] or r["rows_lost_unexplained"] or r["applied_not_recorded"]
-           or r["out_of_range_applied"] or r["rogue_bad_actions_accepted"])
+    checks = r["sampler_checks"]
+    serving_unwritten = sum(f["health_while_full"].get("SERVING, NO rows written", 0)
+                            for f in r["disk_full"])
+    bad = (serving_unwritten or r["committed_rows_lost"] or r["rows_lost_unexplained"] or r["applied_not_recorded"]
+           or r["out_of_range_applied"] or r["rogue_bad_actions_accepted"]
+           or checks.get("node held by the intruder") or checks.get("ghost values in effect")
+           or checks.get("status failed (daemon up)")
+           or checks.get("scrape failed (daemon up)"))
     return 1 if bad else 0
 
 

@@ -8,6 +8,11 @@ agent is live is refused, ``node_live``). Sequence numbers start at the daemon's
 time in milliseconds and only grow, so a restarted daemon never reuses an old one.
 No socket here: the daemon passes a ``send(identity, payload) -> bool`` function.
 
+A hello's values (what an agent holds) become the daemon's current values only while
+the engine has not set them, and only from a node the deployment vouches for
+(``vouched``: named in ``daemon.nodes`` or a parameter's ``nodes``, or bound to the
+speaking key): a made-up node name never changes what is sent to real nodes.
+
 The daemon takes an engine action in two steps, :meth:`ActionPlane.decide` (check it,
 change nothing) and, once its row is committed to the replay DB, :meth:`ActionPlane.
 broadcast`: an action that reaches a control agent is always recorded.
@@ -48,7 +53,8 @@ class ActionPlane:
                  allowed_nodes: frozenset[str] = frozenset(),
                  may_speak: Callable[[str | None, str], bool] = lambda key, node: True,
                  liveness_s: float = 15.0,
-                 peer_alive: Callable[[ControlPeer], bool] = lambda peer: False):
+                 peer_alive: Callable[[ControlPeer], bool] = lambda peer: False,
+                 vouched: Callable[[str | None, str], bool] = lambda key, node: True):
         self.specs = {s.name: s for s in specs}
         self.order = [s.name for s in specs]
         self.checker = checker
@@ -61,6 +67,7 @@ class ActionPlane:
         self.may_speak = may_speak              # (CURVE key, node) -> bound to it?
         self.liveness_s = liveness_s            # heard from this recently: the node is live
         self.peer_alive = peer_alive            # its connection is still there?
+        self.vouched = vouched                  # (key, node) -> a real node: adopt its hello
         self.peers: dict[str, ControlPeer] = {}
         self.current = {s.name: float(s.default) for s in specs}
         self.decided: set[str] = set()       # parameters set by an accepted action
@@ -107,7 +114,8 @@ class ActionPlane:
             if name in held:
                 self.checker.hold(name, left, now)
         if msg.seq == 0:                                     # hello / heartbeat
-            for name in held:                                # adopt values nobody set yet
+            adopt = held if self.vouched(key, msg.node) else ()
+            for name in adopt:                               # adopt values nobody set yet
                 v = values.get(name)
                 if name not in self.decided and v is not None and \
                         self.checker.check_value(name, v) is None:

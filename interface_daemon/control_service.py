@@ -3,8 +3,17 @@
 Handlers run on gRPC's threads; every one of them hands its work to the daemon's loop
 thread through ``daemon.call`` so the daemon's state has a single owner. With keys
 enabled, each call must carry the ``x-capes-token`` metadata (the contents of
-``KEYS_DIR/control.token``); the standard health service needs no token. Health is
-NOT_SERVING while the replay DB cannot be written (see :func:`set_serving`).
+``KEYS_DIR/control.token``), checked by an interceptor before any handler runs; only the
+health service's ``Check`` (one short unary call) needs no token. Health is NOT_SERVING
+while the replay DB cannot be written (see :func:`set_serving`).
+
+Nobody without the token can hold a worker thread: every other method, streams
+included, is refused before it starts. Reflection is off unless
+``daemon.grpc_reflection`` (and then behind the token too). Calls beyond
+``MAX_CONCURRENT_RPCS`` are refused at once (RESOURCE_EXHAUSTED) rather than queued,
+requests are at most ``MAX_RECEIVE_BYTES``, one connection carries at most
+``MAX_STREAMS_PER_CONNECTION`` calls at a time, and idle or half-open connections are
+closed (``SERVER_OPTIONS``).
 
 On an address other computers can reach (anything but loopback) the control plane
 speaks TLS with the certificate ``capes keys generate`` makes (``KEYS_DIR/tls``), and
@@ -18,73 +27,102 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from capes.common import control_plane_pb2 as pb
 from capes.common import control_plane_pb2_grpc as pb_grpc
 
 SERVICE = pb.DESCRIPTOR.services_by_name["ControlPlane"].full_name
 TOKEN_HEADER = "x-capes-token"
+OPEN_METHODS = frozenset({"/grpc.health.v1.Health/Check"})     # no token needed
+
+WORKERS = 8                      # handler threads
+MAX_CONCURRENT_RPCS = 32         # beyond: RESOURCE_EXHAUSTED at once, no thread taken
+MAX_RECEIVE_BYTES = 64 << 10     # the largest request (an action with its values) is < 1 kB
+MAX_STREAMS_PER_CONNECTION = 8
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
+    ("grpc.max_connection_idle_ms", 5 * 60_000),      # a connection with no call: closed
+    ("grpc.server_handshake_timeout_ms", 10_000),     # TLS/HTTP2 handshake half-sent
+]
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Refuse every call without the right ``x-capes-token`` before its handler runs
+    (the refusal itself takes no time), except the methods in ``OPEN_METHODS``."""
+
+    def __init__(self, token: str):
+        self.token = token.encode()
+
+    def intercept_service(self, continuation, details):
+        handler = continuation(details)
+        if handler is None or details.method in OPEN_METHODS:
+            return handler
+        sent = dict(details.invocation_metadata or ()).get(TOKEN_HEADER, "")
+        if isinstance(sent, str) and hmac.compare_digest(sent.encode(), self.token):
+            return handler
+        return _refusal(handler)
+
+
+def _refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that answers UNAUTHENTICATED."""
+    def deny(request, context):
+        context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                      f"missing or wrong {TOKEN_HEADER} (see KEYS_DIR/control.token)")
+    make = {(False, False): grpc.unary_unary_rpc_method_handler,
+            (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler,
+            (True, True): grpc.stream_stream_rpc_method_handler}
+    return make[(bool(handler.request_streaming), bool(handler.response_streaming))](deny)
 
 
 class ControlPlane(pb_grpc.ControlPlaneServicer):
-    def __init__(self, daemon, token: str | None):
+    def __init__(self, daemon):
         self.daemon = daemon
-        self.token = token
-
-    def _auth(self, context) -> None:
-        if self.token is None:
-            return
-        sent = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
-        if not hmac.compare_digest(sent.encode(), self.token.encode()):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          f"missing or wrong {TOKEN_HEADER} (see KEYS_DIR/control.token)")
 
     def _status(self, context) -> pb.Status:
         return pb.Status(**self.daemon.call(self.daemon.status))
 
     def GetStatus(self, request, context):
-        self._auth(context)
         return self._status(context)
 
     def SetTuning(self, request, context):
-        self._auth(context)
         self.daemon.call(lambda: self.daemon.set_flag("tuning", request.on))
         return self._status(context)
 
     def SetTraining(self, request, context):
-        self._auth(context)
         self.daemon.call(lambda: self.daemon.set_flag("training", request.on))
         return self._status(context)
 
     def WorkloadChanged(self, request, context):
-        self._auth(context)
         self.daemon.call(lambda: self.daemon.workload_changed(request.note))
         return self._status(context)
 
     def ListNodes(self, request, context):
-        self._auth(context)
         nodes = self.daemon.call(self.daemon.nodes)
         return pb.NodeList(nodes=[pb.NodeInfo(**n) for n in nodes])
 
     def SubmitAction(self, request, context):
-        self._auth(context)
         reply = self.daemon.call(lambda: self.daemon.submit_action(
             request.tick, request.action, dict(request.values)))
         return pb.ActionReply(**reply)
 
 
-def start_server(daemon, address: str, token: str | None, workers: int = 4
-                 ) -> tuple[grpc.Server, health.HealthServicer, int]:
-    """Start the control plane (plus health and reflection) on ``address``;
-    return the server, its health servicer and the bound port (``host:0`` = any free)."""
+def start_server(daemon, address: str, token: str | None, workers: int = WORKERS,
+                 reflect: bool = False) -> tuple[grpc.Server, health.HealthServicer, int]:
+    """Start the control plane (plus health, and reflection when ``reflect``) on
+    ``address``; return the server, its health servicer and the bound port (``host:0``
+    = any free). ``token`` None: no token check (keys disabled)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers,
-                                                    thread_name_prefix="capes-grpc"))
-    pb_grpc.add_ControlPlaneServicer_to_server(ControlPlane(daemon, token), server)
+                                                    thread_name_prefix="capes-grpc"),
+                         interceptors=[TokenCheck(token)] if token is not None else [],
+                         options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    pb_grpc.add_ControlPlaneServicer_to_server(ControlPlane(daemon), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if reflect:
+                reflection.enable_server_reflection(
+            (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     _resolve(address)
     tls = _tls_credentials(daemon, address)
     daemon.grpc_tls = tls is not None

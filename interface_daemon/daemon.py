@@ -156,7 +156,7 @@ class InterfaceDaemon:
                                    ack_timeout_s=d.ack_timeout_s, max_nodes=d.max_nodes,
                                    max_bytes=d.max_message_bytes, allowed_nodes=allowed,
                                    may_speak=self._may_speak, liveness_s=d.liveness_s,
-                                   peer_alive=self._control_alive)
+                                   peer_alive=self._control_alive, vouched=self._vouched)
         self.tuning = d.tuning
         self.training = d.training
         self.workload_epoch = 0
@@ -196,12 +196,18 @@ class InterfaceDaemon:
             self._release()
             raise
         host = d.grpc.rsplit(":", 1)[0]
-        if host not in ("127.0.0.1", "localhost", "[::1]") and not self.grpc_tls:
+        if not curve.is_loopback(d.grpc) and not self.grpc_tls:
             log.warning("the gRPC control plane listens on %s without TLS "
                         "(daemon.allow_insecure_grpc): its token authenticates callers "
                         "but crosses the network in clear text", d.grpc)
         if not self.ingest.allowed_nodes:
-            log.info("no daemon.nodes allow-list: an admitted key may speak for any node")
+            log.info("no daemon.nodes allow-list: an admitted key may speak for any node "
+                     "its binding allows")
+        if self.auth is not None and self.auth.unbound():
+            log.warning("client keys bound to no node: %s; each may speak for any node no "
+                        "key is bound to, and their hellos set no values (bind them: "
+                        "`capes keys generate --bind KEY=NODE`, or `--any-node KEY` to "
+                        "share one on purpose)", ", ".join(self.auth.unbound()[:10]))
         self.endpoints = {"ingest": ingest, "control": control, "grpc": f"{host}:{port}",
                           "db": str(Path(d.db).resolve()), "pid": os.getpid(),
                           "metrics": self.metrics_server.url if self.metrics_server else ""}
@@ -257,7 +263,7 @@ class InterfaceDaemon:
             raise curve.KeysMissing(f"{Path(self.cfg.keys.dir) / curve.TOKEN_FILE}: no "
                                     "control-plane token (run `capes keys generate`)")
         self.grpc_server, self.health, port = control_service.start_server(
-            self, self.cfg.daemon.grpc, token)
+            self, self.cfg.daemon.grpc, token, reflect=self.cfg.daemon.grpc_reflection)
         return port
 
     def _release(self, clean: bool = False) -> None:
@@ -487,9 +493,13 @@ class InterfaceDaemon:
 
     def _commit(self) -> bool:
         """Write the buffer, oldest rows first, one chunk per transaction (so a nearly
-        full disk still takes what fits). True when everything buffered is stored."""
+        full disk still takes what fits). True when everything buffered is stored.
+        After a failure only a real write brings SERVING back (:meth:`_probe_db`): an
+        empty buffer proves nothing."""
         if self.writer is None:
             return True
+        if not self.db_ok and not self.writer.pending:
+            return self._probe_db()
         try:
             while True:
                 t0 = time.perf_counter()
@@ -528,6 +538,25 @@ class InterfaceDaemon:
                       self.cfg.daemon.max_buffered_rows)
             control_service.set_serving(self.health, False)
 
+    def _probe_db(self) -> bool:
+        """The DB failed and nothing is buffered: write what the next row needs (the
+        session, when it could not begin) or a no-op update, and serve again only if
+        that succeeds."""
+        if self.session is None:
+            ok = self._ensure_session()          # counts and logs a failure itself
+        else:
+            try:
+                with self.writer.conn:
+                    self.writer.conn.execute("UPDATE meta SET value = value WHERE key = "
+                                             "'schema_version'")
+                ok = True
+            except DB_ERRORS as exc:
+                self._db_failed(exc)
+                ok = False
+        if ok:
+            self._db_writable()
+        return ok
+
     def _db_writable(self) -> None:
         """A commit succeeded: if the DB had failed, resume serving."""
         if not self.db_ok:
@@ -539,6 +568,15 @@ class InterfaceDaemon:
     def _may_speak(self, key: str | None, node: str) -> bool:
         """Whether CURVE key ``key`` may use node name ``node`` (its binding, if any)."""
         return self.auth is None or self.auth.may_speak_for(key, node)
+
+    def _vouched(self, key: str | None, node: str) -> bool:
+        """Whether ``node`` is a real node whose hello may set the daemon's current
+        values: named by ``daemon.nodes`` or a parameter's ``nodes``, or bound to the
+        key speaking for it. Keys disabled (a trusted loopback): every node."""
+        if self.auth is None:
+            return True
+        return (node in self.ingest.allowed_nodes or any(node in s.nodes for s in self.specs)
+                or self.auth.bound_to(key, node))
 
     def _reload_allow_list(self) -> None:
         """SIGHUP: re-read DIR/clients (on error the old allow-list stays)."""

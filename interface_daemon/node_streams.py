@@ -149,7 +149,12 @@ class Ingest:
         elif identity != stream.identity and self._live(stream, now):
             return Outcome(stream=stream, drop="node_live")  # a second connection
         if stream.identity and identity != stream.identity:
-            stream.decoder.vector = None     # a new connection: deltas wait for a full frame
+            # a new connection: deltas wait for a full frame, and sequence numbers start
+            # afresh (a restarted agent counts from 0; had its first frame been lost, the
+            # old agent's higher numbers would refuse it for minutes). Ticks, not
+            # sequence numbers, keep history append-only.
+            stream.decoder.vector = None
+            stream.decoder.last_seq = None
         stream.identity = identity
         stream.last_seen = now
         stream.messages += 1

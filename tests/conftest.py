@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import zmq
 
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayWriter, SessionInfo
@@ -28,3 +29,13 @@ def make_session():
         w.commit()
         return w, info
     return make
+
+
+@pytest.fixture
+def ctx():
+    """A ZeroMQ context for a test's sockets, destroyed (linger 0) at its end."""
+    c = zmq.Context()
+    try:
+        yield c
+    finally:
+        c.destroy(linger=0)

@@ -3,16 +3,18 @@ monitoring agent / control agent speaking the wire protocol."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import zmq
 
 from capes.common import curve
-from capes.common.protocol import DeltaEncoder, FullRequest, decode
+from capes.common.protocol import Ack, Action, DeltaEncoder, FullRequest, decode, encode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,6 +119,52 @@ class Agent:
 
     def close(self) -> None:
         self.sock.close(linger=0)
+
+
+class ControlAgent:
+    """A synthetic control agent: says hello with ``values``, receives and acks Actions."""
+
+    def __init__(self, ctx, endpoint, keys, node, values):
+        self.sock = curve.client_socket(ctx, zmq.DEALER, keys)
+        self.sock.connect(endpoint)
+        self.node = node
+        self.sock.send(encode(Ack(node, 0, values)))
+
+    def recv(self, timeout_ms=3000) -> Action | None:
+        if not self.sock.poll(timeout_ms):
+            return None
+        return decode(self.sock.recv())
+
+    def ack(self, action: Action) -> None:
+        self.sock.send(encode(Ack(self.node, action.seq, action.values)))
+
+
+def mount_tmpfs(path: Path, size: str) -> None:
+    """Mount a small tmpfs at ``path`` (skip the test without root); the caller
+    unmounts it (``umount -l``) in a ``finally``."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir()
+    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+
+
+def fill_disk(disk: Path) -> Path:
+    """Fill the filesystem to the last byte; return the filler to delete later."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (65536, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    return filler
 
 
 def free_port_below_ephemeral() -> int:

@@ -6,7 +6,6 @@ made-up nodes or record labels that do not match the change; secrets are never
 readable by others; SIGHUP reloads the allow-list."""
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -23,10 +22,10 @@ from capes.common import curve
 from capes.common.control_client import ControlClient
 from capes.common.deployment import KeysConfig, load_deployment
 from capes.common.params import ParameterSpec
-from capes.common.protocol import Ack, Action, DeltaEncoder, decode, encode
+from capes.common.protocol import Ack, Action, DeltaEncoder, encode
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
-from daemon_harness import (ROOT, Agent, DaemonProcess, free_port_below_ephemeral, wait_for,
-                            write_config)
+from daemon_harness import (ROOT, Agent, ControlAgent, DaemonProcess, fill_disk,
+                            free_port_below_ephemeral, mount_tmpfs, wait_for, write_config)
 
 PIS = ["cpu", "mem", "disk.sda.read_bps"]
 TICK_S = 0.05                       # the harness's tick
@@ -36,15 +35,6 @@ TICK_S = 0.05                       # the harness's tick
 def deployment(tmp_path):
     curve.generate(tmp_path / "keys", ["mon", "ctl"])
     return tmp_path
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    try:
-        yield c
-    finally:
-        c.destroy(linger=0)
 
 
 def keys_for(tmp, name: str) -> KeysConfig:
@@ -57,22 +47,6 @@ def client(tmp, d: DaemonProcess) -> ControlClient:
 
 def now_tick() -> int:
     return int(time.time() / TICK_S)
-
-
-class ControlAgent:
-    def __init__(self, ctx, endpoint, keys, node, values):
-        self.sock = curve.client_socket(ctx, zmq.DEALER, keys)
-        self.sock.connect(endpoint)
-        self.node = node
-        self.sock.send(encode(Ack(node, 0, values)))
-
-    def recv(self, timeout_ms=3000) -> Action | None:
-        if not self.sock.poll(timeout_ms):
-            return None
-        return decode(self.sock.recv())
-
-    def ack(self, action: Action) -> None:
-        self.sock.send(encode(Ack(self.node, action.seq, action.values)))
 
 
 def recorded_actions(db) -> dict[int, tuple[int, list[float]]]:
@@ -183,35 +157,9 @@ def test_an_applied_action_is_always_recorded_even_after_kill_9(deployment, ctx)
 
 # ----------------------------------------------------------------------- 3. disk full
 
-def _mount_tmpfs(path: Path, size: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    path.mkdir()
-    out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
-
-
-def _fill(disk: Path) -> Path:
-    """Fill the filesystem to the last byte; return the filler to delete later."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for size in (65536, 4096, 1):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return filler
-
-
 def test_a_full_disk_holds_tuning_bounds_the_buffer_and_recovers(deployment, ctx):
     disk = deployment / "disk"
-    _mount_tmpfs(disk, "4m")
+    mount_tmpfs(disk, "4m")
     d = None
     try:
         cfg = write_config(deployment, db=disk / "replay.db",
@@ -226,7 +174,7 @@ def test_a_full_disk_holds_tuning_bounds_the_buffer_and_recovers(deployment, ctx
         wait_for(lambda: c.status()["rows_written"] == 50)
         assert c.health() == "SERVING"
 
-        filler = _fill(disk)
+        filler = fill_disk(disk)
         tick = 50
 
         def send_until(pred):
@@ -258,7 +206,7 @@ def test_a_full_disk_holds_tuning_bounds_the_buffer_and_recovers(deployment, ctx
         assert r["accepted"], r
         dropped = c.status()["drops"]["db_buffer_full"]
 
-        filler = _fill(disk)                             # full again, then SIGTERM
+        filler = fill_disk(disk)                             # full again, then SIGTERM
         send_until(lambda: c.health() == "NOT_SERVING")
         c.close()
         assert d.stop(signal.SIGTERM) == 0
@@ -541,7 +489,7 @@ def test_sighup_reloads_the_allow_list(deployment, ctx):
 def test_a_key_bound_to_nodes_cannot_speak_for_another(tmp_path, ctx):
     cli = [sys.executable, "-m", "capes", "keys", "generate", "--dir", str(tmp_path / "keys")]
     out = subprocess.run(cli + ["--client", "mon1", "--client", "mon2", "--client", "ctl",
-                                "--bind", "mon1=n1", "--bind", "ctl=n1"],
+                                "--bind", "mon1=n1", "--bind", "ctl=n1", "--any-node", "mon2"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "keys" / "clients" / "mon1.nodes").read_text() == "n1\n"

@@ -18,10 +18,9 @@ import zmq
 from capes.common import curve
 from capes.common.control_client import ControlClient, ControlError
 from capes.common.deployment import KeysConfig
-from capes.common.protocol import (PROTOCOL_VERSION, Ack, Action, DeltaEncoder, Indicators,
-                            decode, encode)
+from capes.common.protocol import PROTOCOL_VERSION, Action, DeltaEncoder, Indicators, encode
 from capes.common.replay_db import ReplayReader
-from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
+from daemon_harness import ROOT, Agent, ControlAgent, DaemonProcess, wait_for, write_config
 
 PIS = ["cpu", "mem", "disk.sda.read_bps"]
 
@@ -39,15 +38,6 @@ def daemon(deployment):
         yield d
     finally:
         d.stop()
-
-
-@pytest.fixture
-def ctx():
-    c = zmq.Context()
-    try:
-        yield c
-    finally:
-        c.destroy(linger=0)
 
 
 def keys_for(tmp, name: str) -> KeysConfig:
@@ -195,22 +185,6 @@ def test_a_node_is_pinned_to_the_key_that_first_spoke_for_it(deployment, daemon,
         wait_for(lambda: c.status()["drops"].get("auth") == 1)
     finally:
         c.close()
-
-
-class ControlAgent:
-    def __init__(self, ctx, endpoint, keys, node, values):
-        self.sock = curve.client_socket(ctx, zmq.DEALER, keys)
-        self.sock.connect(endpoint)
-        self.node = node
-        self.sock.send(encode(Ack(node, 0, values)))
-
-    def recv(self, timeout_ms=3000) -> Action | None:
-        if not self.sock.poll(timeout_ms):
-            return None
-        return decode(self.sock.recv())
-
-    def ack(self, action: Action) -> None:
-        self.sock.send(encode(Ack(self.node, action.seq, action.values)))
 
 
 def test_actions_are_checked_recorded_and_sent_to_their_targets(deployment, daemon, ctx):

@@ -5,7 +5,8 @@ Key directory (made by ``capes keys generate --dir DIR --client NAME ...``)::
     DIR/server.key            the daemon's public key (every client needs it)
     DIR/server.key_secret     the daemon's secret key (daemon only, mode 0600)
     DIR/clients/NAME.key      allow-list: public keys of admitted clients
-    DIR/clients/NAME.nodes    optional: the node names key NAME may speak for, one a line
+    DIR/clients/NAME.nodes    the node names key NAME may speak for, one a line (``*``:
+                              any node no other key is bound to)
     DIR/secret/NAME.key_secret  a client's secret key (copy to that client only, 0600)
     DIR/control.token         shared secret of the gRPC control plane (0600)
     DIR/tls/server.crt        the control plane's TLS certificate (self-signed, name
@@ -17,7 +18,14 @@ client only if its public key is in ``DIR/clients``; a peer without an admitted 
 completes the handshake, so none of its bytes reach the daemon's code. The authenticator
 reports the key's file name (``NAME``) as the ZMQ ``User-Id`` of every message, which the
 daemon uses to pin a node name to the key that first spoke for it, and to refuse node
-names outside the key's binding (``capes keys generate --bind NAME=NODE,...``).
+names outside the key's binding.
+
+Bindings (:meth:`AllowList.may_speak_for`): ``capes keys generate --client n1`` binds key
+``n1`` to node ``n1`` (``--bind NAME=NODE,...`` names other nodes). A key bound to nodes
+speaks for those only; a node bound to some key is refused to every key not bound to
+it. A key with ``*`` (``--any-node NAME``: a key shared on purpose) or with no
+``NAME.nodes`` file at all (key directories made before bindings were the default) may
+speak for any node that no key is bound to; the daemon names such keys at startup.
 
 With ``KeysConfig.enabled = false`` sockets are plain: only for protocol tests on a
 trusted loopback.
@@ -52,12 +60,14 @@ def _enabled(keys) -> bool:
     return bool(getattr(keys, "enabled", True)) and keys is not None
 
 
-def generate(keys_dir: str | Path, clients: list[str], overwrite: bool = False) -> list[Path]:
+def generate(keys_dir: str | Path, clients: list[str], overwrite: bool = False,
+             bind_to_name: bool = False) -> list[Path]:
     """Create the server key pair (unless present), one key pair per client and the
     control-plane token; return the files written. Existing keys are kept unless
-    ``overwrite``, so adding a client never invalidates the others. Secret files are
-    created 0600 (the secret directory 0700): there is no moment a secret is readable
-    by others, whatever the umask."""
+    ``overwrite``, so adding a client never invalidates the others. ``bind_to_name``:
+    each client key made now is bound to the node of its own name (``capes keys
+    generate`` does this). Secret files are created 0600 (the secret directory 0700):
+    there is no moment a secret is readable by others, whatever the umask."""
     root = Path(keys_dir)
     allow, secret = root / "clients", root / "secret"
     for d in (root, allow):
@@ -73,6 +83,8 @@ def generate(keys_dir: str | Path, clients: list[str], overwrite: bool = False) 
         if not overwrite and (secret / f"{name}.key_secret").exists():
             continue
         written += _key_pair(allow / f"{name}.key", secret / f"{name}.key_secret")
+        if bind_to_name:
+            written.append(bind(root, name, [name]))
     token = root / TOKEN_FILE
     if overwrite or not token.exists():
         _write_new(token, secrets.token_hex(32) + "\n", 0o600)
@@ -131,12 +143,28 @@ def tls_files(keys) -> tuple[bytes, bytes] | None:
 
 
 def is_loopback(address: str) -> bool:
-    """Whether a gRPC ``host:port`` address stays on this machine (127.x, ::1,
-    localhost, unix sockets). ``0.0.0.0`` and ``[::]`` listen on every interface."""
+    """Whether a gRPC ``host:port`` address stays on this machine: an IP literal of the
+    loopback range (127.0.0.0/8, ::1), exactly ``localhost``, or a unix socket. A name
+    is never guessed from its look (``127.attacker.example`` resolves anywhere), and
+    ``0.0.0.0`` and ``[::]`` listen on every interface."""
+    import ipaddress
     if address.startswith(("unix:", "unix-abstract:")):
         return True
-    host = address.rpartition(":")[0].strip("[]").lower() if ":" in address else address
-    return host == "localhost" or host == "::1" or host.startswith("127.")
+    for scheme in ("ipv4:", "ipv6:", "dns:///", "dns:"):
+        if address.startswith(scheme):
+            address = address[len(scheme):]
+            break
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        host = address                      # no port: the whole text is the host
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _BANNER = ("#   ****  Generated on {} by CAPES (capes keys generate)  ****\n"
@@ -171,13 +199,22 @@ def _write_new(path: Path, text: str, mode: int) -> None:
         raise
 
 
+ANY_NODE = "*"                       # a binding file line: a key shared on purpose
+
+
 def bind(keys_dir: str | Path, client: str, nodes: list[str]) -> Path:
     """Bind client key ``client`` to ``nodes``: the daemon then refuses any other node
-    name from that key. Return the binding file written."""
+    name from that key, and these nodes to any other key. ``[ANY_NODE]``: the key is
+    shared on purpose (any node no key is bound to). Return the binding file written."""
     root = Path(keys_dir)
     if not (root / "clients" / f"{client}.key").exists():
         raise ValueError(f"--bind {client}: no client key {client!r} in {root / 'clients'}")
-    bad = [n for n in nodes if not n or n != n.strip() or "\n" in n or len(n.encode()) > 255]
+    if nodes == [ANY_NODE]:
+        path = root / "clients" / f"{client}.nodes"
+        _write_new(path, ANY_NODE + "\n", 0o644)
+        return path
+    bad = [n for n in nodes if not n or n != n.strip() or "\n" in n or len(n.encode()) > 255
+           or n == ANY_NODE]
     if bad or not nodes:
         raise ValueError(f"--bind {client}: bad node name {bad[0] if bad else ''!r}")
     path = root / "clients" / f"{client}.nodes"
@@ -229,7 +266,8 @@ class AllowList(ThreadAuthenticator):
         super().__init__(ctx)
         self.clients_dir = _dir(keys_dir) / "clients"
         self.names: dict[bytes, str] = {}
-        self.bindings: dict[str, frozenset[str]] = {}
+        self.bindings: dict[str, frozenset[str]] = {}   # key -> its nodes (ANY_NODE: shared)
+        self.bound_nodes: frozenset[str] = frozenset()  # nodes some key is bound to
         self.denied = 0
 
     def reload(self) -> int:
@@ -243,14 +281,28 @@ class AllowList(ThreadAuthenticator):
             names[zmq.utils.z85.decode(public)] = path.stem
         bindings = read_bindings(self.clients_dir)
         self.names, self.bindings = names, bindings
+        self.bound_nodes = frozenset().union(*bindings.values()) - {ANY_NODE}
         self.configure_curve(domain="*", location=str(self.clients_dir))
         return len(names)
 
+    def unbound(self) -> list[str]:
+        """Admitted keys with no binding file (made before bindings were the default):
+        they may speak for any node no key is bound to."""
+        return sorted(set(self.names.values()) - set(self.bindings))
+
     def may_speak_for(self, key: str | None, node: str) -> bool:
-        """Whether client key ``key`` may use node name ``node``: yes unless the key is
-        bound to other nodes (``DIR/clients/KEY.nodes``)."""
+        """Whether client key ``key`` may use node name ``node``: a key bound to nodes
+        speaks for those only; a node bound to keys is theirs alone; a shared or
+        unbound key speaks for any other node."""
         bound = self.bindings.get(key or "")
-        return bound is None or node in bound
+        if bound is not None and ANY_NODE not in bound:
+            return node in bound
+        return node not in self.bound_nodes
+
+    def bound_to(self, key: str | None, node: str) -> bool:
+        """Whether key ``key`` is bound to ``node`` by name (not merely allowed to use
+        it): the node is then a real one, vouched for by the key directory."""
+        return node in self.bindings.get(key or "", ()) and node != ANY_NODE
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return self.names.get(client_public_key, "?")

@@ -63,6 +63,7 @@ class DaemonConfig:
     # a non-loopback grpc address speaks TLS (keys.dir/tls); without a certificate the
     # daemon refuses to start unless this is true (the token then crosses in clear text)
     allow_insecure_grpc: bool = False
+    grpc_reflection: bool = False            # gRPC server reflection (for grpcurl), behind the token
 
     # upper bounds: beyond them a value is a typo, not a deployment
     LIMITS = {"high_water_mark": 1_000_000, "max_message_bytes": 16 << 20,

@@ -16,8 +16,14 @@ The metric names are listed in ``docs/metrics.md`` (a test keeps them in step).
 from __future__ import annotations
 
 import bisect
+import collections
+import http.server
+import io
 import logging
 import math
+import socket
+import socketserver
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -147,11 +153,23 @@ def registry_for(specs: Iterable[MetricSpec], snapshot: Callable[[], dict | None
 
 
 class MetricsServer:
-    """``/metrics`` over HTTP for one registry, on a thread of its own."""
+    """``/metrics`` over HTTP for one registry, on a thread of its own, bounded: at most
+    ``MAX_CONNECTIONS`` connections are handled at once (one thread each), a request
+    must arrive whole within ``REQUEST_DEADLINE_S`` and fit ``MAX_REQUEST_BYTES``, and
+    when every slot is taken a new connection evicts the oldest one still sending its
+    request. Half-sent requests therefore pin no thread for long, and a scraper (which
+    sends its request at once) always gets in."""
+
+    MAX_CONNECTIONS = 16
+    REQUEST_DEADLINE_S = 5.0
+    MAX_REQUEST_BYTES = 16 << 10
 
     def __init__(self, registry, host: str, port: int):
-        from prometheus_client import start_http_server
-        self.httpd, self.thread = start_http_server(port, host, registry=registry)
+        self.httpd = _BoundedHTTPServer(registry, host, port, self.MAX_CONNECTIONS,
+                                        self.REQUEST_DEADLINE_S, self.MAX_REQUEST_BYTES)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="capes-metrics",
+                                       kwargs={"poll_interval": 0.5}, daemon=True)
+        self.thread.start()
         self.host = host
         self.port = self.httpd.server_port
 
@@ -168,6 +186,124 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(2)
+
+
+class _MetricsHandler(http.server.BaseHTTPRequestHandler):
+    """Answers GET (any path) with the registry's metrics; the request head was read
+    by the server within its deadline."""
+    protocol_version = "HTTP/1.0"           # one request per connection
+
+    def setup(self):
+        self.timeout = self.server.deadline_s    # each later send or recv
+        super().setup()
+        self.rfile = io.BytesIO(self.server.read_head(self.connection))
+
+    def do_GET(self):
+        from prometheus_client.exposition import choose_encoder
+        encoder, content_type = choose_encoder(self.headers.get("Accept"))
+        body = encoder(self.server.registry)
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+        log.debug("metrics %s: " + format, self.client_address[0], *args)
+
+
+class _BoundedHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    """One thread per connection, at most ``max_connections`` of them (see
+    :class:`MetricsServer`)."""
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 64
+
+    def __init__(self, registry, host, port, max_connections, deadline_s, max_bytes):
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.registry, self.deadline_s, self.max_bytes = registry, deadline_s, max_bytes
+        self.max_connections = max_connections
+        self.lock = threading.Lock()
+        self.held: set = set()                  # connections holding a slot (a thread)
+        self.reading: collections.OrderedDict = collections.OrderedDict()  # sock -> None
+        super().__init__((host, port), _MetricsHandler)
+
+    def process_request(self, request, client_address):
+        """Give the connection a slot, taking the one of the oldest connection still
+        sending its request when all are held (it is shut down and its thread ends at
+        once); never waits, so the accept loop keeps up with a flood of connections."""
+        victim = None
+        with self.lock:
+            if len(self.held) >= self.max_connections:
+                victim = next(iter(self.reading), None)
+                if victim is not None:
+                    del self.reading[victim]
+                    self.held.discard(victim)
+            admit = len(self.held) < self.max_connections
+            if admit:
+                self.held.add(request)
+                if not self._head_arrived(request):   # a scraper's, sent at once: kept
+                    self.reading[request] = None
+        if victim is not None:
+            try:
+                victim.shutdown(socket.SHUT_RDWR)       # its recv returns at once
+            except OSError:
+                pass
+        if not admit:
+            self.shutdown_request(request)              # every slot is answering
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._forget(request)
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._forget(request)
+
+    def _forget(self, request) -> None:
+        with self.lock:
+            self.reading.pop(request, None)
+            self.held.discard(request)
+
+    @staticmethod
+    def _head_arrived(sock) -> bool:
+        """Whether the request line and headers wait, complete, in the buffer of a
+        socket just accepted (blocking mode, no other reader yet)."""
+        try:
+            data = sock.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except OSError:                 # nothing there yet (EAGAIN), or gone
+            return False
+        return b"\r\n\r\n" in data
+
+    def read_head(self, sock) -> bytes:
+        """The request line and headers, read within the deadline (b"" when the
+        peer is too slow, sends too much, or was evicted)."""
+        deadline = time.monotonic() + self.deadline_s
+        head = b""
+        try:
+            while b"\r\n\r\n" not in head and len(head) <= self.max_bytes:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return b""
+                sock.settimeout(left)
+                chunk = sock.recv(4096)
+                if not chunk:
+                    return b""
+                head += chunk
+        except OSError:
+            return b""
+        finally:
+            with self.lock:
+                self.reading.pop(sock, None)        # no longer evictable
+            try:
+                sock.settimeout(self.deadline_s)
+            except OSError:
+                pass
+        return head if len(head) <= self.max_bytes else b""
 
 
 def serve_metrics(registry, address: str, what: str) -> MetricsServer | None:

@@ -70,7 +70,7 @@ def read_number(path: Path) -> float | None:
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
     from capes.common.atomic import write_json
     from capes.common.control_client import ControlClient
-    from capes.common.curve import TOKEN_FILE, generate, load_token
+    from capes.common.curve import TOKEN_FILE, bind, generate, load_token
     from capes.common.metrics import iso
     from capes.settings import load_settings
 
@@ -101,8 +101,11 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     for s in sets:
         cfg_args += ["--set", s]
     game_sets = [a for s in opts.overrides if s.startswith("game.") for a in ("--set", s)]
-    if deploy.keys.enabled:
+    if deploy.keys.enabled:            # each agent's key bound to its node (docs/protocol.md)
         generate(keys_dir, ["monitor", "control", "engine"])
+        bind(keys_dir, "monitor", [deploy.monitor.node])
+        bind(keys_dir, "control", [deploy.control.node])
+        bind(keys_dir, "engine", ["engine"])         # as `capes keys generate --client`
     sim_dir = workdir / "sim"
     engine_status = workdir / ENGINE_STATUS
     stack = ProcessGroup(workdir)
