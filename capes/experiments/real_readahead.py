@@ -609,6 +609,15 @@ def worst_window(x, width: int = 10) -> float:
     return float(np.convolve(x, np.ones(width) / width, mode="valid").min())
 
 
+def _batch_ci(x, batch_s: int = 10) -> list[float] | None:
+    """95 % t-interval of the mean of ``batch_s``-second batch means (None: < 3 batches)."""
+    nb = np.size(x) // batch_s
+    if nb < 3:
+        return None
+    c = mean_ci(np.asarray(x[:nb * batch_s], float).reshape(nb, batch_s).mean(1))
+    return [float(c.low), float(c.high)]
+
+
 def normalised(rows: list[Row], best: dict[str, float]) -> np.ndarray:
     return np.array([r.bytes_s / best[r.workload] for r in rows])
 
@@ -628,8 +637,11 @@ def score(rows: list[Row], schedule: list[Phase], best: dict[str, float],
         x = np.array([r.bytes_s for r in rows if r.phase == i])
         if not x.size:
             continue
+        last = x[-120:]
         per_phase.append({"phase": i, "workload": ph.workload, "seconds": int(x.size),
-                          "mean": float(x.mean()),
+                          "mean": float(x.mean()), "ci95": _batch_ci(x, batch_s),
+                          "last_120s_mean": float(last.mean()),
+                          "last_120s_ci95": _batch_ci(last, batch_s),
                           "relative": float(x.mean() / best[ph.workload]),
                           "vs_original": float(x.mean() / original[ph.workload]),
                           "last_120s_relative": float(x[-120:].mean() / best[ph.workload]),
