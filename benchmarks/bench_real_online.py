@@ -7,7 +7,7 @@ The device is a loop device over a sparse file in a tmpfs, capped by a blkio cgr
 every request costs the same, where readahead decides throughput), with the readers in
 a ``--memory-mib`` memory cgroup; or (``--backing seekdisk``) the emulated seek disk.
 ``read_ahead_kb`` starts at ``--original`` (the wrong default: 128, the kernel's).
-The workload (``--workload``: ``seqread`` 16 KiB sequential buffered reads,
+The workload (``--workload``: ``seqread-plain`` 16 KiB sequential buffered reads with ``fadvise_hint=0``,
 ``mmaprand`` random 4 KiB reads through mmap with ``fadvise_hint=0``, ``seqread4``, or
 any fio job file) runs in back-to-back fio segments of ``--segment`` s, each reopening
 the device, since a new read_ahead_kb reaches a reader only when it opens the device.
@@ -20,7 +20,7 @@ stack through the ``command`` collector (``configs/linux-readahead-app.toml``).
    engine with the ``default`` preset; ``--tuners capes,hill,bo`` adds the baselines
    live) for ``--tuning`` s; the original comes back when it stops (checked).
 
-    sudo .venv/bin/python benchmarks/bench_real_online.py --workload seqread \\
+    sudo .venv/bin/python benchmarks/bench_real_online.py --workload seqread-plain \\
         --read-iops 200 --read-bps 104857600 --json seq.json
     sudo .venv/bin/python benchmarks/bench_real_online.py --workload mmaprand \\
         --read-iops 300 --read-bps 12500000 --json mmap.json
@@ -49,8 +49,8 @@ class Stop(StopSignal):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", default="seqread",
-                    help="seqread, mmaprand, seqread4 or a fio job file")
+    ap.add_argument("--workload", default="seqread-plain",
+                    help="seqread-plain, mmaprand, seqread4, seqread or a fio job file")
     ap.add_argument("--original", type=int, default=128,
                     help="read_ahead_kb at the start (the wrong default)")
     ap.add_argument("--read-iops", type=int, default=200, help="read IOPS cap (0: none)")
