@@ -808,11 +808,80 @@ def report_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# -- recorded traces (the change detector's real test) ------------------------------------
+
+def detector_traces(result: dict, source: str) -> list[dict]:
+    """A bench result's per-second application throughput as replayable traces: each
+    ``{name, p (bytes/s), key (read_ahead_kb in effect), phase, workloads, stationary}``.
+    The grid's repetitions (one workload, the setting changing every repetition) and
+    every tuner session; a session with several phases has workload switches where
+    ``phase`` changes. Rounded to whole KiB/s: small enough for tests/fixtures."""
+    out = []
+    for w, rep in (result.get("grid_reports") or {}).items():
+        p, key = [], []
+        for run in rep.get("runs", []):
+            v = run["values"]["read_ahead_kb"]
+            p += run["samples"]
+            key += [int(round(v))] * len(run["samples"])
+        if p:
+            out.append({"name": f"{source}:grid:{w}", "p": p, "key": key,
+                        "phase": [0] * len(p), "workloads": [w], "stationary": True})
+    sched = [w for w, _ in result.get("schedule", [])]
+    for name, sc in (result.get("tuners") or {}).items():
+        rows = sc.get("series") or []
+        if not rows:
+            continue
+        phases = [int(r[3]) for r in rows]
+        out.append({"name": f"{source}:{name}", "p": [r[1] for r in rows],
+                    "key": [int(r[2]) for r in rows], "phase": phases,
+                    "workloads": [sched[i] for i in sorted(set(phases))],
+                    "stationary": len(set(sched[i] for i in set(phases))) == 1})
+    for t in out:
+        t["p"] = [int(round(x / 1024)) for x in t["p"]]
+    return out
+
+
+def replay_detector(trace: dict, config=None, window: int = 60) -> dict:
+    """Replay one trace through the engine's change detector
+    (:class:`drl_engine.change_detection.SettingResidualDetector`, keyed by the
+    read_ahead_kb in effect): alarms, the switches found within ``window`` seconds, and
+    the false alarms (any alarm not within ``window`` s after a switch) over the
+    trace's hours outside those windows."""
+    from drl_engine.change_detection import SettingResidualDetector
+    det = SettingResidualDetector(config)
+    alarms = [i for i, (x, k) in enumerate(zip(trace["p"], trace["key"]))
+              if det.update(float(x), k)]
+    ph = trace["phase"]
+    switches = [i for i in range(1, len(ph)) if ph[i] != ph[i - 1]]
+    found = [any(s <= a < s + window for a in alarms) for s in switches]
+    near = [a for a in alarms if any(s <= a < s + window for s in switches)]
+    quiet_s = len(ph) - sum(min(window, len(ph) - s) for s in switches)
+    return {"alarms": alarms, "switches": switches, "found": found,
+            "false": len(alarms) - len(near), "quiet_hours": quiet_s / 3600}
+
+
 __all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
            "SessionRunner", "static_grid", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",
-           "BenchOptions", "run_bench", "report_table"]
+           "BenchOptions", "run_bench", "report_table", "detector_traces",
+           "replay_detector"]
 
 
-if __name__ == "__main__":         # pragma: no cover
-    sys.exit("use benchmarks/bench_real_alternating.py or bench_real_online.py")
+def main(argv: list[str] | None = None) -> int:
+    """``python -m capes.experiments.real_readahead traces OUT.json BENCH.json...``:
+    the detector traces of bench results, for tests/fixtures."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 3 or argv[0] != "traces":
+        print("usage: python -m capes.experiments.real_readahead traces OUT.json "
+              "BENCH.json...", file=sys.stderr)
+        return 2
+    traces = []
+    for path in argv[2:]:
+        traces += detector_traces(json.loads(Path(path).read_text()), Path(path).stem)
+    Path(argv[1]).write_text(json.dumps({"traces": traces}, separators=(",", ":")))
+    print(f"{len(traces)} traces, {sum(len(t['p']) for t in traces)} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
