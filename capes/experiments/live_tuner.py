@@ -16,6 +16,9 @@ import argparse
 import logging
 import sys
 
+from dataclasses import replace
+
+from capes.common import actions
 from capes.common.config import ConfigError
 from capes.common.control_client import ControlClient
 from capes.common.replay_db import ReplayDBError, ReplayReader
@@ -23,6 +26,7 @@ from capes.common.stop_signal import StopSignal
 from capes.experiments.baselines import make_tuner
 from capes.settings import load_settings
 from drl_engine.daemon import LiveSource, _wait_for_db
+from drl_engine.engine import Decision
 from drl_engine.loop import WallClock, run_ticks
 
 log = logging.getLogger("capes.live_tuner")
@@ -32,9 +36,33 @@ class TunerSource(LiveSource):
     """The daemon as the tick loop's source for a search tuner (it has no experience
     buffer; the parameter names come from the replay DB's layout)."""
 
+    def __init__(self, client, tuner, specs):
+        super().__init__(client, tuner)
+        self.specs = specs
+
     def names(self) -> list[str]:
         layout = self.engine.reader.layout
         return list(layout.param_names) if layout is not None else []
+
+    def apply(self, decision: Decision) -> None:
+        """A search tuner names the setting it wants; the daemon takes moves (it checks
+        that an action's values are the move it names). So each tick makes the move of
+        up to ``MAX_STEPS`` steps of one parameter towards the wanted setting, as a
+        probe walk of the engine does; the target is reached in a tick or two."""
+        names = self.names()
+        if self.current is None or len(names) != len(decision.values):
+            return
+        for k, (want, now) in enumerate(zip(decision.values, self.current)):
+            step = self.specs[k].step
+            steps = int(round((want - now) / step))
+            if steps == 0:
+                continue
+            steps = max(-actions.MAX_STEPS, min(actions.MAX_STEPS, steps))
+            values = list(self.current)
+            values[k] = now + steps * step
+            super().apply(replace(decision, action=actions.encode(k, steps, len(names)),
+                                  values=values))
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, ImportError) as exc:
             print(f"live_tuner: {exc}", file=sys.stderr)
             return 2
-        source = TunerSource(client, tuner)
+        source = TunerSource(client, tuner, specs)
         log.info("tuner %s on %s, tick %g s", args.tuner, db, settings.tick_seconds)
 
         def progress(rec) -> None:
