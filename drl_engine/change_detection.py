@@ -37,7 +37,13 @@ the setting applied ``delay`` updates earlier, and ``delays`` does so per elemen
 tuple key when knobs act with different delays (StorageGameSim: the window acts
 ``delay_ticks`` late, the rate limit at once: ``delays = [3, 0]`` for the key
 ``(window, rate_limit)``; with one delay for both, every rate change would leave three
-residuals keyed to the wrong setting). A workload change
+residuals keyed to the wrong setting). On one stream (the guide's) each residual is
+also divided by its setting's own spread (``scale_prior``), and the CUSUM takes the
+result as standardised, without a reference window of its own: real devices are
+heteroscedastic (an IOPS-capped readahead of 4 KiB gives the same bytes every second, one
+of 4 MiB swings ±30 %), and a reference estimated while the agent explores took minutes
+and swallowed the first workload switch (measured on recorded real traces,
+``tests/test_change_detection_real.py``). A workload change
 moves the level of every setting at once, which the agent's own moves do not; on an
 alarm the table is cleared (its levels belong to the old workload).
 
@@ -88,10 +94,12 @@ class ChangeDetectorConfig:
     delay: int = 0                # a sample reflects the setting of this many updates ago
     delays: list[int] = field(default_factory=list)   # or per element of a tuple key
     clear_on_alarm: bool = True   # forget every setting's level on an alarm
-    scale_prior: float = 3.0      # per-setting spread: each setting's residuals are
-    #                               divided by its own mean |deviation|, shrunk towards
-    #                               the pooled one by this many pseudo-samples (0: one
-    #                               pooled scale for all settings, the earlier behaviour)
+    scale_prior: float = 3.0      # per-setting spread (SettingResidualDetector, one
+    #                               stream): each setting's residuals are divided by its
+    #                               own mean |deviation|, shrunk towards the pooled one by
+    #                               this many pseudo-samples, and the CUSUM then takes them
+    #                               as standardised (0: one pooled scale for all settings
+    #                               and a reference window, the earlier behaviour)
 
     def validate(self) -> None:
         if self.method not in ("cusum", "page_hinkley"):
@@ -380,8 +388,10 @@ class SettingResidualDetector:
         # CUSUM needs no reference window of its own (a reference estimated from them,
         # 30 held samples while an agent explores, took minutes and swallowed the
         # first switch: measured on the alternating readahead session)
-        test_cfg = (replace(self.config, standardised=True) if self.config.scale_prior > 0
-                    and pool == "none" else self.config)
+        # One stream only (the guide's): the cluster engine's per-node vote keeps one
+        # pooled scale with its floor (contention shifts of a few % are not a change).
+        self._own_scale = self.config.scale_prior > 0 and streams == 1 and pool == "none"
+        test_cfg = replace(self.config, standardised=True) if self._own_scale else self.config
         self.detector = ChangeDetector(test_cfg, 1 if pool == "mean" else streams)
         self.streams = streams
         self.residual = np.full(streams, np.nan)      # last residuals (NaN: none)
@@ -459,9 +469,9 @@ class SettingResidualDetector:
         if n >= cfg.min_samples:
             var = 1.0 / n if n < 1.0 / cfg.forget else cfg.forget / (2.0 - cfg.forget)
             r = d / math.sqrt(1.0 + var)
-            if cfg.scale_prior > 0 and self._pooled_n < cfg.warmup:
+            if self._own_scale and self._pooled_n < cfg.warmup:
                 r = math.nan                  # the pooled spread is not known yet
-            elif cfg.scale_prior > 0:
+            elif self._own_scale:
                 k0 = cfg.scale_prior
                 spread = (k0 * self._pooled_dev + m * dev) / (k0 + m)
                 r = r / max(spread * SIGMA_TO_MEAN_ABS, 1e-12)
