@@ -523,7 +523,9 @@ class SettingResidualDetector:
         alarm = self.detector.update(r)          # NaN: no sample, but the clock runs
         if alarm and self.config.clear_on_alarm:
             keep = [list(q) for q in self._keys]
+            pooled = self._pooled_dev, self._pooled_n     # the noise's spread stays
             self.reset_tables()
+            self._pooled_dev, self._pooled_n = pooled
             for q, old in zip(self._keys, keep):
                 q.extend(old)
         return alarm
