@@ -425,7 +425,8 @@ default = {device.original}
 def static_grid(runner: SessionRunner, workloads: list[str], values: list[int],
                 reps: int, duration: float, seed: int, stop=None, log=print) -> dict:
     """``capes evaluate`` per workload: the original and every value, ``reps``
-    randomised interleaved repetitions of one ``duration`` s segment each. Returns
+    randomised interleaved repetitions of ``duration`` s each, played in the runner's
+    segments (the same reopening as a live session). Returns
     {workload: report}; each report's configs carry mean and CI (bytes/s)."""
     out = {}
     knobs = _knobs(runner.device, runner.workdir)
@@ -436,7 +437,15 @@ def static_grid(runner: SessionRunner, workloads: list[str], values: list[int],
                 if v != runner.device.original]
 
             def measure(stop_, w=w):
-                return runner.segment(w, duration, stop_, label=f"grid:{w}")
+                # segments as long as the live sessions' (each reopens the device), so
+                # that static and live figures carry the same per-open cost
+                out: list[float] = []
+                end = time.monotonic() + duration
+                while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
+                    out += runner.segment(w, min(runner.segment_s,
+                                                 max(1.0, end - time.monotonic())),
+                                          stop_, label=f"grid:{w}")
+                return out
 
             def on_rep(r, i, total, w=w, configs=configs):
                 x = r.samples
@@ -841,16 +850,19 @@ def detector_traces(result: dict, source: str) -> list[dict]:
     return out
 
 
-def replay_detector(trace: dict, config=None, window: int = 60) -> dict:
+def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3) -> dict:
     """Replay one trace through the engine's change detector
     (:class:`drl_engine.change_detection.SettingResidualDetector`, keyed by the
-    read_ahead_kb in effect): alarms, the switches found within ``window`` seconds, and
-    the false alarms (any alarm not within ``window`` s after a switch) over the
-    trace's hours outside those windows."""
+    read_ahead_kb in effect), as the engine's guide feeds it: only seconds whose setting
+    held over the ``held`` seconds before. Returns the alarms, the switches found within
+    ``window`` seconds, and the false alarms (any alarm not within ``window`` s after a
+    switch) over the trace's hours outside those windows."""
     from drl_engine.change_detection import SettingResidualDetector
     det = SettingResidualDetector(config)
-    alarms = [i for i, (x, k) in enumerate(zip(trace["p"], trace["key"]))
-              if det.update(float(x), k)]
+    p, key = trace["p"], trace["key"]
+    alarms = [i for i in range(len(p))
+              if i >= held and all(key[j] == key[i] for j in range(i - held, i))
+              and det.update(float(p[i]), key[i])]
     ph = trace["phase"]
     switches = [i for i in range(1, len(ph)) if ph[i] != ph[i - 1]]
     found = [any(s <= a < s + window for a in alarms) for s in switches]
