@@ -158,6 +158,7 @@ def test_alternating_bench_small_seeded_run_meets_the_contract(tmp_path):
     _need("seekdisk")
     out = tmp_path / "alt.json"
     before = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    mounts = Path("/proc/mounts").read_text().count("capes-real")
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_real_alternating.py"),
          "--phases", "2", "--phase-s", "15", "--grid", "4,4096", "--grid-reps", "1",
@@ -175,5 +176,5 @@ def test_alternating_bench_small_seeded_run_meets_the_contract(tmp_path):
         assert 4 <= t["applied_min"] <= t["applied_max"] <= 4096
         assert len(t["phases"]) == 2
     after = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    assert after == before
-    assert "capes-real" not in Path("/proc/mounts").read_text()
+    assert after == before                      # its loop device is gone
+    assert Path("/proc/mounts").read_text().count("capes-real") <= mounts   # its FUSE too
