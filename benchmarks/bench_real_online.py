@@ -29,22 +29,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from capes.common.atomic import write_json  # noqa: E402
-from capes.common.stop_signal import StopSignal  # noqa: E402
-from capes.experiments import evaluate as ev  # noqa: E402
 from capes.experiments import real_readahead as rr  # noqa: E402
 
 SKIP = 77
-
-
-class Stop(StopSignal):
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def parse_args(argv=None):
@@ -139,25 +130,7 @@ def main(argv=None) -> int:
         grid_duration=args.grid_duration, segment_s=args.segment,
         exploration_ticks=args.exploration_ticks, seed=args.seed,
         extra_sets=tuple(args.sets))
-    print(f"command: {' '.join(sys.argv)}")
-    print(f"device: {spec.describe()}; workload {args.workload}; load average "
-          f"{os.getloadavg()[0]:.2f}", flush=True)
-    with Stop() as stop:
-        try:
-            result = rr.run_bench(opts, stop, log=lambda m: print(m, flush=True))
-        except (rr.RealTargetError, OSError) as exc:
-            print(f"bench_real_online: {exc}", file=sys.stderr)
-            return 1
-    result["command"] = sys.argv
-    result["load_average_end"] = os.getloadavg()[0]
-    if "static" in result:
-        print()
-        print(online_table(result))
-    print(f"\ntotal {result['wall_s']:.0f} s; load average at the end "
-          f"{result['load_average_end']:.2f}")
-    if args.json:
-        write_json(args.json, ev.jsonable(result))
-    return 130 if stop.signum is not None else 0
+    return rr.run_and_report(opts, "bench_real_online", online_table, args.json)
 
 
 if __name__ == "__main__":

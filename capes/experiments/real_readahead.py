@@ -116,17 +116,7 @@ class MemoryCgroup:
                 return
         raise RealTargetError("no memory cgroup controller")
 
-    def remove(self) -> None:
-        if self.path:
-            for _ in range(50):
-                try:
-                    os.rmdir(self.path)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            self.path = None
+    remove = wd.ThrottledCgroup.remove        # rmdir, retried while members exit
 
 
 @dataclass
@@ -817,6 +807,38 @@ def report_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def run_and_report(opts: BenchOptions, name: str, table, json_path: str | None) -> int:
+    """The benches' main: run, print ``table(result)``, write the JSON; 130 when
+    interrupted (everything is cleaned up either way)."""
+    import signal
+
+    from capes.common.atomic import write_json
+    from capes.common.stop_signal import StopSignal
+
+    class Stop(StopSignal):
+        SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"device: {opts.device.describe()}; schedule "
+          f"{[(p.workload, p.seconds) for p in opts.schedule]}; load average "
+          f"{os.getloadavg()[0]:.2f}", flush=True)
+    with Stop() as stop:
+        try:
+            result = run_bench(opts, stop, log=lambda m: print(m, flush=True))
+        except (RealTargetError, OSError) as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 1
+    result["command"] = sys.argv
+    result["load_average_end"] = os.getloadavg()[0]
+    if "static" in result:
+        print()
+        print(table(result))
+    print(f"\ntotal {result['wall_s']:.0f} s; load average at the end "
+          f"{result['load_average_end']:.2f}")
+    if json_path:
+        write_json(json_path, ev.jsonable(result))
+    return 130 if stop.signum is not None else 0
+
+
 # -- recorded traces (the change detector's real test) ------------------------------------
 
 def detector_traces(result: dict, source: str) -> list[dict]:
@@ -875,7 +897,7 @@ def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3) -
 __all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
            "SessionRunner", "static_grid", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",
-           "BenchOptions", "run_bench", "report_table", "detector_traces",
+           "BenchOptions", "run_bench", "report_table", "run_and_report", "detector_traces",
            "replay_detector"]
 
 
