@@ -60,11 +60,11 @@ def parse_args(argv=None):
                     help="a --set for every process of the stack (e.g. engine.probe_dwell=5)")
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true",
-                    help="a small run (≤ 60 s): 2 phases of 12 s, a 2-value grid, CAPES")
+                    help="a small run (≤ 60 s): 2 phases of 10 s, a 2-value grid, CAPES")
     args = ap.parse_args(argv)
     if args.quick:
-        args.phases, args.phase_s, args.grid, args.grid_reps = 2, 12, "4,4096", 1
-        args.grid_duration, args.tuners, args.size_gib = 4, "capes", 1
+        args.phases, args.phase_s, args.grid, args.grid_reps = 2, 10, "4,4096", 1
+        args.grid_duration, args.tuners, args.size_gib = 3, "capes", 1
     if args.exploration_ticks is None:
         args.exploration_ticks = max(1, int(args.phase_s / 2))
     return args

@@ -62,10 +62,10 @@ def parse_args(argv=None):
     ap.add_argument("--set", dest="sets", action="append", default=[])
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true",
-                    help="a small run (≤ 60 s): 30 s of tuning, a 2-value grid")
+                    help="a small run (≤ 60 s): 25 s of tuning, a 2-value grid")
     args = ap.parse_args(argv)
     if args.quick:
-        args.tuning, args.grid, args.grid_reps, args.grid_duration = 30, "128,1024", 1, 4
+        args.tuning, args.grid, args.grid_reps, args.grid_duration = 25, "128,1024", 1, 4
         args.size_gib = 1
     if args.exploration_ticks is None:
         args.exploration_ticks = max(1, int(args.tuning / 2))
