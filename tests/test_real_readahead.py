@@ -178,3 +178,42 @@ def test_alternating_bench_small_seeded_run_meets_the_contract(tmp_path):
     after = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     assert after == before                      # its loop device is gone
     assert Path("/proc/mounts").read_text().count("capes-real") <= mounts   # its FUSE too
+
+
+def test_live_tuner_reaches_a_wanted_setting_by_moves_the_daemon_accepts():
+    """A search tuner names the setting it wants; the daemon only takes moves (of at most
+    8 steps) whose values are the move: the jump 128 → 4096 KiB on the ladder (index 5
+    → 10) goes as one move of +5, the jump 10 → 0 as -8 then -2."""
+    from capes.common import actions
+    from capes.common.params import ParameterSpec
+    from capes.experiments.live_tuner import TunerSource
+    from drl_engine.engine import Decision
+
+    class Client:
+        def __init__(self):
+            self.sent = []
+
+        def submit_action(self, tick, action, values):
+            self.sent.append((action, dict(values)))
+            return {"values": dict(values)}
+
+    class Layout:
+        param_names = ("read_ahead_kb",)
+
+    class Tuner:
+        class reader:
+            layout = Layout()
+
+    spec = ParameterSpec(values=[str(v) for v in rr.LADDER], default="128")
+    spec.validate()
+    client = Client()
+    src = TunerSource(client, Tuner(), [spec])
+    src.current = [5.0]
+    src.apply(Decision(1, 0, [10.0], 1.0, True, None))
+    assert client.sent == [(actions.encode(0, 5, 1), {"read_ahead_kb": 10.0})]
+    for tick in (2, 3, 4):
+        src.apply(Decision(tick, 0, [0.0], 1.0, True, None))
+    assert [a for a, _ in client.sent[1:]] == [actions.encode(0, -8, 1),
+                                                actions.encode(0, -2, 1)]
+    assert src.current == [0.0]                 # there: nothing more is sent
+    assert all(actions.valid(a, 1) for a, _ in client.sent)
