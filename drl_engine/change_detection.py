@@ -39,7 +39,9 @@ tuple key when knobs act with different delays (StorageGameSim: the window acts
 ``(window, rate_limit)``; with one delay for both, every rate change would leave three
 residuals keyed to the wrong setting). On one stream (the guide's) each residual is
 also divided by its setting's own spread (``scale_prior``), and the CUSUM takes the
-result as standardised, without a reference window of its own: real devices are
+result as standardised, without a reference window of its own (levels and spreads learn
+from winsorised samples, so a wild second or a new workload does not drag them): real
+devices are
 heteroscedastic (an IOPS-capped readahead of 4 KiB gives the same bytes every second, one
 of 4 MiB swings ±30 %), and a reference estimated while the agent explores took minutes
 and swallowed the first workload switch (measured on recorded real traces,
@@ -463,18 +465,25 @@ class SettingResidualDetector:
             return math.nan
         mu, n, dev, m = e
         r = math.nan
-        d = x - mu
-        if cfg.relative:
-            d = d / max(abs(mu), cfg.level_floor)
+        scale = max(abs(mu), cfg.level_floor) if cfg.relative else 1.0
+        d = (x - mu) / scale
+        armed = self._own_scale and self._pooled_n >= cfg.warmup
+        spread = ((cfg.scale_prior * self._pooled_dev + m * dev) / (cfg.scale_prior + m)
+                  if armed else math.nan)
         if n >= cfg.min_samples:
             var = 1.0 / n if n < 1.0 / cfg.forget else cfg.forget / (2.0 - cfg.forget)
             r = d / math.sqrt(1.0 + var)
-            if self._own_scale and self._pooled_n < cfg.warmup:
+            if self._own_scale and not armed:
                 r = math.nan                  # the pooled spread is not known yet
-            elif self._own_scale:
-                k0 = cfg.scale_prior
-                spread = (k0 * self._pooled_dev + m * dev) / (k0 + m)
+            elif armed:
                 r = r / max(spread * SIGMA_TO_MEAN_ABS, 1e-12)
+        if armed:
+            # level and spread learn from the winsorised sample: one wild second (or the
+            # first seconds of a new workload) must not inflate the spread and drag the
+            # level along, which would hide the change from the test
+            lim = cfg.clip * max(spread * SIGMA_TO_MEAN_ABS, 1e-12)
+            d = max(-lim, min(lim, d))
+            x = mu + d * scale
         if n >= 2 or cfg.min_samples <= 1:  # the level's first sample deviates by 0
             a = max(1.0 / (m + 1), cfg.forget)
             e[2] = dev + a * (abs(d) - dev)

@@ -52,14 +52,14 @@ def test_holds_on_stationary_real_workloads(traces):
 
 def test_fires_on_most_real_workload_switches(traces):
     """Switches between sequential and mmap random reads found within 60 s. Issue 24's
-    floor is 90 %; measured 15 of 21 (71 %): the misses are switches while the agent
+    floor is 90 %; measured 18 of 21 (86 %): the misses are switches while the agent
     hops between settings it has seen only once or twice before (their levels are then
-    learnt from the new workload). This guards what holds: ≥ 70 %, and more than the
+    learnt from the new workload). This guards what holds: ≥ 80 %, and more than the
     earlier detector (12 of 21)."""
     _, _, found, switches = _replay(traces)
     _, _, old, _ = _replay(traces, ChangeDetectorConfig(scale_prior=0))
     assert switches >= 20
-    assert found >= 0.7 * switches, f"{found}/{switches}"
+    assert found >= 0.8 * switches, f"{found}/{switches}"
     assert found > old
 
 
