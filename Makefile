@@ -7,7 +7,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-quick converge bench clean
+.PHONY: run test test-quick converge bench clean seekdisk
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test-quick: $(STAMP)
 converge: $(STAMP)
 	$(VENV)/bin/capes converge-test --noise 1%,10%,50% --reward diff,diff_avg,diff_ewma \
 	    --seeds 30 --jobs 2 --json converge-grid.json --plot converge-grid.png
+
+# the emulated seek disk (tools/seekdisk, docs/targets.md): needs libfuse3-dev, pkg-config
+seekdisk:
+	$(MAKE) -C tools/seekdisk
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

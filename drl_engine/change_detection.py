@@ -37,7 +37,15 @@ the setting applied ``delay`` updates earlier, and ``delays`` does so per elemen
 tuple key when knobs act with different delays (StorageGameSim: the window acts
 ``delay_ticks`` late, the rate limit at once: ``delays = [3, 0]`` for the key
 ``(window, rate_limit)``; with one delay for both, every rate change would leave three
-residuals keyed to the wrong setting). A workload change
+residuals keyed to the wrong setting). On one stream (the guide's) each residual is
+also divided by its setting's own spread (``scale_prior``), and the CUSUM takes the
+result as standardised, without a reference window of its own (levels and spreads learn
+from winsorised samples, so a wild second or a new workload does not drag them): real
+devices are
+heteroscedastic (an IOPS-capped readahead of 4 KiB gives the same bytes every second, one
+of 4 MiB swings ±30 %), and a reference estimated while the agent explores took minutes
+and swallowed the first workload switch (measured on recorded real traces,
+``tests/test_change_detection_real.py``). A workload change
 moves the level of every setting at once, which the agent's own moves do not; on an
 alarm the table is cleared (its levels belong to the old workload).
 
@@ -56,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Hashable, Literal, Sequence
 
 import numpy as np
@@ -78,6 +86,8 @@ class ChangeDetectorConfig:
     vote_window: int = 10         # updates a stream's vote lasts
     refine: int = 600             # keep refining centre and scale over up to this many
     #                               in-control samples after the reference (0: never)
+    standardised: bool = False    # the stream is already in units of its noise (centre
+    #                               0, scale 1): no reference window, monitoring at once
     # SettingResidualDetector only
     min_samples: int = 3          # samples of a setting before its residuals count
     forget: float = 0.005         # EWMA weight floor of a setting's level (1/n until then)
@@ -86,6 +96,12 @@ class ChangeDetectorConfig:
     delay: int = 0                # a sample reflects the setting of this many updates ago
     delays: list[int] = field(default_factory=list)   # or per element of a tuple key
     clear_on_alarm: bool = True   # forget every setting's level on an alarm
+    scale_prior: float = 3.0      # per-setting spread (SettingResidualDetector, one
+    #                               stream): each setting's residuals are divided by its
+    #                               own mean |deviation|, shrunk towards the pooled one by
+    #                               this many pseudo-samples, and the CUSUM then takes them
+    #                               as standardised (0: one pooled scale for all settings
+    #                               and a reference window, the earlier behaviour)
 
     def validate(self) -> None:
         if self.method not in ("cusum", "page_hinkley"):
@@ -118,6 +134,8 @@ class ChangeDetectorConfig:
             raise ValueError(f"delay: must be >= 0 (got {self.delay})")
         if any(d < 0 for d in self.delays):
             raise ValueError(f"delays: must all be >= 0 (got {self.delays})")
+        if not self.scale_prior >= 0:
+            raise ValueError(f"scale_prior: must be >= 0 (got {self.scale_prior})")
 
     @property
     def history(self) -> int:
@@ -169,6 +187,12 @@ class ChangeDetector:
         self._zsum = np.zeros(k)
         self._zn = np.zeros(k)
         self._voted = np.full(k, -10 ** 18, np.int64)   # update index of each stream's vote
+        if self.config.standardised:          # known reference: nothing to estimate
+            self._nref[:] = self.config.warmup
+            self.center[:] = 0.0
+            self.scale[:] = 1.0
+            self._absdev[:] = 1.0 / SIGMA_TO_MEAN_ABS
+            self._nest[:] = self.config.refine
 
     def reset(self) -> None:
         """Forget the reference and the statistics (counters are kept)."""
@@ -236,7 +260,7 @@ class ChangeDetector:
             self._pos, self._neg = self._mp - self._Mp, self._mn - self._Mn
         over = np.maximum(self._pos, self._neg) > cfg.threshold
         if not over.any():
-            if cfg.refine > cfg.warmup:
+            if cfg.refine > cfg.warmup and not cfg.standardised:
                 self._refine(z, live)
             return False
         self.stream_alarms += over
@@ -253,7 +277,7 @@ class ChangeDetector:
         # not enough votes yet: restart the voting streams' statistics only
         self._pos[over] = self._neg[over] = 0.0
         self._mp[over] = self._Mp[over] = self._mn[over] = self._Mn[over] = 0.0
-        if cfg.refine > cfg.warmup:
+        if cfg.refine > cfg.warmup and not cfg.standardised:
             self._refine(z, live & ~over)
         return False
 
@@ -297,7 +321,7 @@ class ChangeDetector:
             pos, neg = mp - Mp, mn - Mn
         self._pos[0], self._neg[0] = pos, neg
         if max(pos, neg) <= cfg.threshold:
-            if cfg.refine > cfg.warmup:
+            if cfg.refine > cfg.warmup and not cfg.standardised:
                 n = min(float(self._nest[0]) + 1.0, float(cfg.refine))
                 a = 1.0 / n
                 xc = c + z * s
@@ -362,13 +386,22 @@ class SettingResidualDetector:
         if pool not in ("none", "mean"):
             raise ValueError(f"pool: must be 'none' or 'mean' (got {pool!r})")
         self.pool = pool
-        self.detector = ChangeDetector(self.config, 1 if pool == "mean" else streams)
+        # residuals divided by their setting's own spread are already standardised: the
+        # CUSUM needs no reference window of its own (a reference estimated from them,
+        # 30 held samples while an agent explores, took minutes and swallowed the
+        # first switch: measured on the alternating readahead session)
+        # One stream only (the guide's): the cluster engine's per-node vote keeps one
+        # pooled scale with its floor (contention shifts of a few % are not a change).
+        self._own_scale = self.config.scale_prior > 0 and streams == 1 and pool == "none"
+        test_cfg = replace(self.config, standardised=True) if self._own_scale else self.config
+        self.detector = ChangeDetector(test_cfg, 1 if pool == "mean" else streams)
         self.streams = streams
         self.residual = np.full(streams, np.nan)      # last residuals (NaN: none)
         self.reset_tables()
 
     def reset_tables(self) -> None:
         self._tables: list[dict[Hashable, list]] = [{} for _ in range(self.streams)]
+        self._pooled_dev, self._pooled_n = 0.0, 0    # all settings' mean |deviation|
         self._keys: list[deque] = [deque(maxlen=self.config.history)
                                    for _ in range(self.streams)]
 
@@ -415,20 +448,49 @@ class SettingResidualDetector:
         return self._test(np.array(r))
 
     def _residual_scalar(self, table: dict, key: Hashable, x: float) -> float:
-        """:meth:`_residual` for one float (plain Python: no numpy per node)."""
+        """:meth:`_residual` for one float (plain Python: no numpy per node).
+
+        With ``scale_prior`` > 0 the residual is also divided by the setting's own
+        spread (its mean |deviation| from its level, shrunk towards the pooled mean
+        |deviation| of all settings by ``scale_prior`` pseudo-samples). Real devices are
+        heteroscedastic: on an IOPS-capped loop device a small readahead gives the same
+        bytes every second (±0.1 %) while a large one swings ±30 % with the bandwidth
+        cap and the CPU; one pooled scale made every sample of a noisy setting an
+        outlier (measured: 12 false alarms per hour on a stationary sequential reader;
+        docs/results-real.md)."""
         cfg = self.config
         e = table.get(key)
         if e is None:
-            table[key] = [x, 1]
+            table[key] = [x, 1, 0.0, 0]      # level, samples, mean |dev|, deviations
             return math.nan
-        mu, n = e
+        mu, n, dev, m = e
         r = math.nan
+        scale = max(abs(mu), cfg.level_floor) if cfg.relative else 1.0
+        d = (x - mu) / scale
+        armed = self._own_scale and self._pooled_n >= cfg.warmup
+        spread = ((cfg.scale_prior * self._pooled_dev + m * dev) / (cfg.scale_prior + m)
+                  if armed else math.nan)
         if n >= cfg.min_samples:
             var = 1.0 / n if n < 1.0 / cfg.forget else cfg.forget / (2.0 - cfg.forget)
-            d = x - mu
-            if cfg.relative:
-                d = d / max(abs(mu), cfg.level_floor)
             r = d / math.sqrt(1.0 + var)
+            if self._own_scale and not armed:
+                r = math.nan                  # the pooled spread is not known yet
+            elif armed:
+                r = r / max(spread * SIGMA_TO_MEAN_ABS, 1e-12)
+        if armed:
+            # level and spread learn from the winsorised sample: one wild second (or the
+            # first seconds of a new workload) must not inflate the spread and drag the
+            # level along, which would hide the change from the test
+            lim = cfg.clip * max(spread * SIGMA_TO_MEAN_ABS, 1e-12)
+            d = max(-lim, min(lim, d))
+            x = mu + d * scale
+        if n >= 2 or cfg.min_samples <= 1:  # the level's first sample deviates by 0
+            a = max(1.0 / (m + 1), cfg.forget)
+            e[2] = dev + a * (abs(d) - dev)
+            e[3] = m + 1
+            self._pooled_n += 1
+            self._pooled_dev += max(1.0 / self._pooled_n, cfg.forget) * (
+                abs(d) - self._pooled_dev)
         n += 1
         e[0] = mu + max(1.0 / n, cfg.forget) * (x - mu)
         e[1] = n
@@ -470,7 +532,9 @@ class SettingResidualDetector:
         alarm = self.detector.update(r)          # NaN: no sample, but the clock runs
         if alarm and self.config.clear_on_alarm:
             keep = [list(q) for q in self._keys]
+            pooled = self._pooled_dev, self._pooled_n     # the noise's spread stays
             self.reset_tables()
+            self._pooled_dev, self._pooled_n = pooled
             for q, old in zip(self._keys, keep):
                 q.extend(old)
         return alarm

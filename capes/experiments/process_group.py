@@ -58,11 +58,11 @@ class ProcessGroup:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str, *args: str) -> None:
-        """Start ``python -m capes ARGS`` in the work dir."""
+    def start(self, name: str, *args: str, module: str = "capes") -> None:
+        """Start ``python -m MODULE ARGS`` (``capes`` by default) in the work dir."""
         with open(self.logs / f"{name}.log", "wb") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "capes", *args], cwd=self.workdir, stdout=log,
+                [sys.executable, "-m", module, *args], cwd=self.workdir, stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 preexec_fn=die_with_parent())
 

@@ -267,7 +267,7 @@ def run_fio(jobfile, env: dict[str, str], direction: str = "total", stop=None,
 
 class ThrottledCgroup:
     """A cgroup whose members' I/O on one block device is capped at ``read_iops`` /
-    ``write_iops`` (0: no cap), to make a fast device (a loop device over a sparse file,
+    ``write_iops`` (0: no cap) and reads at ``read_bps`` bytes/s (0: no cap), to make a fast device (a loop device over a sparse file,
     tmpfs, an SSD) behave like a slow, IOPS-capped one (a disk, a cloud volume): where
     each request costs a fixed time, the request size, and so readahead, matters. cgroup
     v1 ``blkio.throttle.*_iops_device`` or v2 ``io.max``; root only. Pass ``path`` as
@@ -277,7 +277,7 @@ class ThrottledCgroup:
     V2 = "/sys/fs/cgroup"
 
     def __init__(self, device: str, read_iops: int = 0, write_iops: int = 0,
-                 name: str | None = None):
+                 name: str | None = None, read_bps: int = 0):
         st = os.stat(device)
         if not stat.S_ISBLK(st.st_mode):
             raise WorkloadError(f"{device}: not a block device")
@@ -287,16 +287,18 @@ class ThrottledCgroup:
         if os.path.isfile(os.path.join(self.V1, "blkio.throttle.read_iops_device")):
             self.path = os.path.join(self.V1, name)
             os.makedirs(self.path, exist_ok=True)
-            for key, val in (("read", read_iops), ("write", write_iops)):
+            for key, val in (("read_iops", read_iops), ("write_iops", write_iops),
+                             ("read_bps", read_bps)):
                 if val:
-                    with open(os.path.join(self.path, f"blkio.throttle.{key}_iops_device"),
+                    with open(os.path.join(self.path, f"blkio.throttle.{key}_device"),
                               "w") as fh:
                         fh.write(f"{majmin} {int(val)}\n")
         elif "io" in _read_words(os.path.join(self.V2, "cgroup.subtree_control")):
             self.path = os.path.join(self.V2, name)
             os.makedirs(self.path, exist_ok=True)
             limits = " ".join(f"{k}={int(v)}" for k, v in (("riops", read_iops),
-                                                           ("wiops", write_iops)) if v)
+                                                           ("wiops", write_iops),
+                                                           ("rbps", read_bps)) if v)
             with open(os.path.join(self.path, "io.max"), "w") as fh:
                 fh.write(f"{majmin} {limits}\n")
         else:

@@ -1,0 +1,219 @@
+"""Real readahead sessions (capes/experiments/real_readahead.py): fio's live status
+parsed, the alternating schedule, the scores against the best static setting, the
+shipped application-objective config, the live baseline tuner's source; and (slow, as
+root with fio and FUSE) the emulated seek disk and a small seeded alternating bench
+through the whole stack, checking the contract, the safe range and the clean-up."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capes.experiments import real_readahead as rr
+from capes.settings import load_settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ pieces
+
+def test_terse_status_lines_give_kib_and_runtime_and_junk_is_none():
+    line = "3;fio-3.33;x;0;0;18688;10200;643;1832;0;0"
+    assert rr.parse_terse_status(line) == (18688.0, 1832.0)
+    assert rr.parse_terse_status("fio: some note") is None
+    assert rr.parse_terse_status("3;fio;x;0;0;abc;1;2;3") is None
+
+
+def test_alternating_schedule_alternates_and_rejects_nonsense():
+    s = rr.alternating_schedule(4, 120)
+    assert [p.workload for p in s] == ["seqread4", "mmaprand"] * 2
+    assert all(p.seconds == 120 for p in s)
+    with pytest.raises(ValueError):
+        rr.alternating_schedule(0, 120)
+
+
+def _rows(label, schedule, levels, seconds):
+    rows = []
+    for i, ph in enumerate(schedule):
+        for k in range(seconds):
+            rows.append(rr.Row(float(k), levels[ph.workload] * (1 + 0.01 * (k % 3 - 1)), 128,
+                               i, ph.workload, label))
+    return rows
+
+
+def test_score_normalises_each_workload_by_its_own_best():
+    sched = rr.alternating_schedule(4, 60)
+    best = {"seqread4": 80e6, "mmaprand": 1e6}
+    # the tuner gets each workload's best in full: relative 1, whatever the scales
+    rows = _rows("t", sched, best, 60)
+    sc = rr.score(rows, sched, best, static_rel=0.7, static_se=0.01,
+                  original={"seqread4": 40e6, "mmaprand": 0.5e6})
+    assert sc["relative"] == pytest.approx(1.0, abs=0.01)
+    assert sc["diff_vs_best_static"] == pytest.approx(0.3, abs=0.01)
+    lo, hi = sc["ci95"]
+    assert lo < sc["diff_vs_best_static"] < hi and lo > 0
+    assert [p["vs_original"] for p in sc["phases"]] == pytest.approx([2, 2, 2, 2], abs=0.03)
+    # half of each workload's best: 0.5, below the static's 0.7
+    half = _rows("t", sched, {w: v / 2 for w, v in best.items()}, 60)
+    sc = rr.score(half, sched, best, 0.7, 0.01, best)
+    assert sc["relative"] == pytest.approx(0.5, abs=0.01)
+    assert sc["ci95"][1] < 0
+
+
+def _report(original, means):
+    """An evaluate report with the fields static_summary reads."""
+    configs = []
+    for v, m in means.items():
+        name = "original" if v == original else f"read_ahead_kb={v}"
+        configs.append({"name": name, "n": 10, "mean": m, "ci_low": m * 0.98,
+                        "ci_high": m * 1.02, "values": {"read_ahead_kb": v}})
+    return {"configs": configs}
+
+
+def test_static_summary_finds_the_best_single_setting_and_per_workload_bests():
+    sched = rr.alternating_schedule(4, 120)
+    grids = {"seqread4": _report(128, {128: 30e6, 4: 5e6, 512: 70e6, 4096: 76e6}),
+             "mmaprand": _report(128, {128: 0.5e6, 4: 0.9e6, 512: 0.3e6, 4096: 0.05e6})}
+    st = rr.static_summary(grids, 128, sched)
+    assert st["per_workload_best_setting"] == {"seqread4": 4096, "mmaprand": 4}
+    rel = {int(k): v for k, v in st["relative_by_setting"].items()}
+    assert rel[512] == pytest.approx((70 / 76 + 0.3 / 0.9) / 2)
+    assert st["best_static"]["setting"] == max(rel, key=rel.get)
+    assert st["original"]["setting"] == 128
+    assert st["original"]["relative"] == pytest.approx((30 / 76 + 0.5 / 0.9) / 2)
+    assert st["best_static"]["se"] > 0
+
+
+def test_app_config_objective_is_the_application_figure_and_reaches_4_kib(tmp_path):
+    s = load_settings(rr.APP_CONFIG)
+    spec = s.parameters["read_ahead_kb"]
+    assert [int(v) for v in spec.values] == rr.LADDER
+    assert spec.values[0] == "4" and spec.values[-1] == "4096"
+    assert s.reward.pis == [rr.PI_NAME]
+    collectors = [c.name for c in s.monitor.collectors]
+    assert "command" in collectors
+
+    class Dev:
+        name = "loop7"
+    path = rr.stack_config(tmp_path, Dev(), tmp_path / "app")
+    text = path.read_text()
+    assert "/sys/block/loop7/queue/read_ahead_kb" in text and str(tmp_path / "app") in text
+    assert '"sda"' not in text
+    load_settings(path)
+
+
+def test_worst_window():
+    x = [10] * 20 + [1] * 10 + [10] * 20
+    assert rr.worst_window(x) == pytest.approx(1)
+    assert math.isnan(rr.worst_window([1, 2]))
+
+
+# ------------------------------------------------------------------ real (root, slow)
+
+def _need(backing: str) -> None:
+    why = rr.missing_requirements(backing)
+    if why:
+        pytest.skip(why)
+
+
+def _leftovers() -> tuple[str, str]:
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    mounts = Path("/proc/mounts").read_text()
+    return loops, mounts
+
+
+@pytest.mark.slow
+def test_seekdisk_charges_seeks_and_is_removed(tmp_path):
+    """Random 4 KiB reads pay the seek (≈ 4 ms each, < 250 IOPS at most); sequential
+    reads stream far faster; everything is gone afterwards."""
+    _need("seekdisk")
+    spec = rr.DeviceSpec(backing="seekdisk", size_gib=0.25, memory_mib=0, original=4)
+    dev = rr.ReadaheadDevice(spec, tmp_path)
+    with dev:
+        name, mount = dev.dev, dev.mount
+        assert os.path.ismount(mount) and dev.read_ahead() == 4
+        runner = rr.SessionRunner(dev, tmp_path / "fio", 3)
+        rand = np.mean(runner.segment("mmaprand", 3))
+        dev.set_read_ahead(1024)
+        seq = np.mean(runner.segment("seqread", 3))
+    assert rand / 4096 < 260            # IOPS: each random read pays the seek
+    assert seq > 20 * rand
+    loops, mounts = _leftovers()
+    assert name not in loops and str(mount) not in mounts
+    assert not list(Path("/dev/shm").glob(f"capes-real-*{os.getpid()}*"))
+
+
+@pytest.mark.slow
+def test_alternating_bench_small_seeded_run_meets_the_contract(tmp_path):
+    """Two 15 s phases, a 2-value grid, CAPES and the hill climber live through the
+    stack: the JSON contract, nothing outside the safe range, the original back."""
+    _need("seekdisk")
+    out = tmp_path / "alt.json"
+    before = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    mounts = Path("/proc/mounts").read_text().count("capes-real")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "bench_real_alternating.py"),
+         "--phases", "2", "--phase-s", "15", "--grid", "4,4096", "--grid-reps", "1",
+         "--grid-duration", "4", "--tuners", "capes,hill", "--size-gib", "1",
+         "--seed", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert set(res["best_static"]) >= {"setting", "relative"}
+    for name in ("capes", "hill"):
+        t = res["tuners"][name]
+        assert {"relative", "diff_vs_best_static", "ci95"} <= set(t)
+        assert t["restored"] is True
+        assert t["outside_safe_range"] == 0
+        assert 4 <= t["applied_min"] <= t["applied_max"] <= 4096
+        assert len(t["phases"]) == 2
+    after = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert after == before                      # its loop device is gone
+    assert Path("/proc/mounts").read_text().count("capes-real") <= mounts   # its FUSE too
+
+
+def test_live_tuner_reaches_a_wanted_setting_by_moves_the_daemon_accepts():
+    """A search tuner names the setting it wants; the daemon only takes moves (of at most
+    8 steps) whose values are the move: the jump 128 → 4096 KiB on the ladder (index 5
+    → 10) goes as one move of +5, the jump 10 → 0 as -8 then -2."""
+    from capes.common import actions
+    from capes.common.params import ParameterSpec
+    from capes.experiments.live_tuner import TunerSource
+    from drl_engine.engine import Decision
+
+    class Client:
+        def __init__(self):
+            self.sent = []
+
+        def submit_action(self, tick, action, values):
+            self.sent.append((action, dict(values)))
+            return {"values": dict(values)}
+
+    class Layout:
+        param_names = ("read_ahead_kb",)
+
+    class Tuner:
+        class reader:
+            layout = Layout()
+
+    spec = ParameterSpec(values=[str(v) for v in rr.LADDER], default="128")
+    spec.validate()
+    client = Client()
+    src = TunerSource(client, Tuner(), [spec])
+    src.current = [5.0]
+    src.apply(Decision(1, 0, [10.0], 1.0, True, None))
+    assert client.sent == [(actions.encode(0, 5, 1), {"read_ahead_kb": 10.0})]
+    for tick in (2, 3, 4):
+        src.apply(Decision(tick, 0, [0.0], 1.0, True, None))
+    assert [a for a, _ in client.sent[1:]] == [actions.encode(0, -8, 1),
+                                                actions.encode(0, -2, 1)]
+    assert src.current == [0.0]                 # there: nothing more is sent
+    assert all(actions.valid(a, 1) for a, _ in client.sent)
