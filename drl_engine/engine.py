@@ -24,7 +24,8 @@ from capes.common.replay_db import ReplayReader
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
-from drl_engine.guide import Guide
+from drl_engine.context import WorkloadContexts
+from drl_engine.guide import Guide, step_towards
 
 CHECKPOINT_VERSION = 1
 # temp names of a killed save: atomic_write's, and those of the code before it
@@ -85,6 +86,7 @@ class Engine:
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
+        self.context: WorkloadContexts | None = None   # [context hook] built with the guide
         self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
         self._pending_state: dict | None = None
@@ -113,6 +115,8 @@ class Engine:
 
     @property
     def epsilon(self) -> float:
+        if self.context is not None:         # [context hook] ε on the context's own clock
+            return self.context.epsilon(self)
         return epsilon(self.action_ticks, self.cfg, self.bumped_at, self.pretrained)
 
     @property
@@ -163,6 +167,8 @@ class Engine:
             explored = bool(self.rng.random() < eps)
             if explored:
                 action, q_max = int(self.rng.integers(self.dqn.n_actions)), None
+            elif not self.cfg.use_q_network:     # [ablation hook] greedy: no move
+                action, q_max = 0, None
             else:
                 q = self.dqn.q_values(obs[None])[0]
                 action, q_max = int(q.argmax()), float(q.max())
@@ -191,17 +197,29 @@ class Engine:
             n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
             guide = self.guide = Guide(lo, step, n, self.cfg, self.rng,
                                        frozen=np.array([not tuned_online(s) for s in specs]))
+            if self.cfg.use_context:          # [context hook]
+                self.context = WorkloadContexts.build(self.cfg, self.experience.layout,
+                                                      self.reward_cfg.pis)
         d = self.experience.derived[session]
+        if self.context is not None:          # [context hook] switch the guide's memory
+            self.context.follow(self, self.experience.reader.sessions[session].pis, d.n, guide)
         if guide.credit(d.p, d.values, d.n):
             self.change_detected()
         guide.best_setting(self.action_ticks)
         cur = guide.grid(current)
+        if self.context is not None:          # [context hook] a return: walk to its best
+            action = self.context.recall_action(cur, guide)
+            if action is not None:
+                return action, False, None
         action = guide.probe_action(cur)
         if action is None and (obs is None or self.rng.random() < eps):
             guide.start_probe(self.global_share, cur)
             action = guide.probe_action(cur) or 0
         if action is not None:
             return action, True, None
+        if not self.cfg.use_q_network:        # [ablation hook] greedy holds the best-known
+            best = guide.best                 # setting
+            return (step_towards(cur, best, guide.n_steps) if best is not None else 0), False, None
         q = self.dqn.q_values(obs[None])[0]
         return guide.guard(int(q.argmax()), cur), False, float(q.max())
 

@@ -44,6 +44,8 @@ class GamePhase:
     curve_width: float | None = None
     peak_throughput: float | None = None
     noise: float | None = None
+    workload: str | None = None       # a name from ``game.workloads``: its optimum and
+                                      # signature (the keys above still override it)
 
     def validate(self) -> None:
         if self.curve_width is not None and not self.curve_width > 0:
@@ -56,7 +58,7 @@ class GamePhase:
     def overrides(self) -> dict:
         """The game constants this phase sets (the ones it leaves as None are kept)."""
         return {k: v for k, v in asdict(self).items()
-                if k not in ("at_tick", "name") and v is not None}
+                if k not in ("at_tick", "name", "workload") and v is not None}
 
 
 @dataclass
