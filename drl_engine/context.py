@@ -16,7 +16,7 @@ context what the guide knows:
   every PI lies within ``context_threshold`` of its spreads (a spread never below
   ``context_floor``, so a context's first noisy samples do not split it). When the
   current context no longer fits for ``context_confirm`` ticks, the engine switches: to
-  the nearest context that fits, or to a new one.
+  the nearest context that fits, or (after at least ``NEW_CONFIRM`` ticks) to a new one.
 * **Memory per context** (:class:`WorkloadContexts`). On a switch the guide's per-setting
   statistics, its change detector and the engine's exploration clock are stored with the
   context left and those of the context entered are restored: a **return** walks at
@@ -60,6 +60,8 @@ class SignatureClusters:
     """Online clustering of signature vectors with change points (see module doc)."""
 
     PRIOR_SAMPLES = 5      # pseudo-samples of the floor spread in every context's spread
+    NEW_CONFIRM = 3        # ticks a signature that fits no context must last to make one:
+                           # a real workload stays, a noise excursion of the median rarely
     MOST_SAMPLES = 500     # a context's statistics become running averages after this
 
     def __init__(self, window: int = 3, threshold: float = 5.0, floor: float = 0.1,
@@ -124,7 +126,7 @@ class SignatureClusters:
         candidate = min(fits)[1] if fits else -1
         seen = self._pending[1] + 1 if self._pending and self._pending[0] == candidate else 1
         self._pending = (candidate, seen)
-        if seen < self.confirm:
+        if seen < (self.confirm if candidate >= 0 else max(self.confirm, self.NEW_CONFIRM)):
             return None
         self._pending = None
         new = candidate < 0

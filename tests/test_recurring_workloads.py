@@ -83,3 +83,79 @@ def test_recurring_config_repeats_workloads_in_phases_of_varying_length():
     lengths = np.diff(starts)
     assert lengths.min() <= 150 and lengths.max() >= 500
     assert len({c.peak_window for c in game.phase_configs()}) == 3
+
+
+# -- contexts (drl_engine/context.py) ---------------------------------------------------
+def signatures(centre, ticks, noise, rng):
+    centre = np.asarray(centre, float)
+    return centre * np.maximum(0.0, 1.0 + rng.normal(0.0, noise, (ticks, len(centre))))
+
+
+A_SIG, B_SIG = [0.9, 1024, 0.95, 4], [0.2, 16, 0.05, 32]
+
+
+def play(clusters, rows):
+    return [c for c in (clusters.update(x) for x in rows) if c is not None]
+
+
+@pytest.mark.parametrize("noise", [0.1, 0.3])
+def test_noise_does_not_split_a_context(noise):
+    from drl_engine.context import SignatureClusters
+    clusters = SignatureClusters()
+    changes = play(clusters, signatures(A_SIG, 1500, noise, np.random.default_rng(0)))
+    assert changes == [(0, True)] and clusters.count == 1
+
+
+def test_a_new_signature_makes_a_new_context_and_a_seen_one_is_recalled():
+    from drl_engine.context import SignatureClusters
+    rng = np.random.default_rng(1)
+    clusters = SignatureClusters()
+    rows = np.concatenate([signatures(A_SIG, 200, 0.1, rng), signatures(B_SIG, 100, 0.1, rng),
+                           signatures(A_SIG, 50, 0.1, rng), signatures(B_SIG, 50, 0.1, rng)])
+    switched_at = []
+    for i, x in enumerate(rows):
+        if clusters.update(x) is not None:
+            switched_at.append((i, clusters.current))
+    # new A, new B, A recalled, B recalled: each within two ticks of the change
+    assert [c for _, c in switched_at] == [0, 1, 0, 1] and clusters.count == 2
+    assert [i for i, _ in switched_at][1:] == [203, 301, 351]
+
+
+def test_context_columns_default_to_pis_that_are_neither_objective_nor_knob():
+    from drl_engine.config import DQNConfig
+    from drl_engine.context import context_columns
+    names = list(PI_NAMES + SIGNATURE_PI_NAMES)
+    assert context_columns(DQNConfig(), names, ["throughput"], ["rate_limit", "window"]) \
+        == [3, 4, 5, 6]
+    assert context_columns(DQNConfig(), PI_NAMES, ["throughput"], ["rate_limit", "window"]) == []
+    with pytest.raises(ValueError, match="context_pis: iops"):
+        context_columns(DQNConfig(context_pis=["iops"]), names, ["throughput"], [])
+
+
+def short_recurring(**engine_sets):
+    from capes.experiments.converge_test import load_config
+    sets = ["game.time_limit_ticks=1100"] + [f"engine.{k}={v}" for k, v in engine_sets.items()]
+    cfg = load_config(CONFIGS / "recurring-workloads.toml", sets)
+    cfg.game.phases = [p for p in cfg.game.phases if p.at_tick < 1100]   # A B A
+    return cfg
+
+
+def test_paper_game_builds_no_context_so_the_default_plays_as_before():
+    from capes.experiments.converge_test import load_config, run_one
+    cfg = load_config(CONFIGS / "storagegamesim.toml", ["game.time_limit_ticks=60"])
+    off = load_config(CONFIGS / "storagegamesim.toml",
+                      ["game.time_limit_ticks=60", "engine.use_context=false"])
+    a, b = run_one(cfg, 3, keep_trace=True), run_one(off, 3, keep_trace=True)
+    assert cfg.engine.use_context and a.trace["window"] == b.trace["window"]
+
+
+@pytest.mark.slow
+def test_a_return_reaches_its_band_faster_than_its_first_visit():
+    from capes.experiments.converge_test import run_one
+    r = run_one(short_recurring(), seed=0)
+    first, ret = r.phases[0], r.phases[2]
+    assert (first["workload"], first["visit"]) == (ret["workload"], 1) == ("seqread", 1) \
+        or (ret["workload"], ret["visit"]) == ("seqread", 2)
+    assert ret["visit"] == 2 and ret["recover_ticks"] is not None
+    assert first["recover_ticks"] is None or ret["recover_ticks"] < first["recover_ticks"]
+    assert ret["recover_ticks"] <= 15
