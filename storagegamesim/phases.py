@@ -74,6 +74,8 @@ class Workload:
     demand: float = field(default=math.inf, metadata={"allow_inf": True})   # config: inf allowed
     write_fraction: float = 0.5
     demand_spread: float = 0.0
+    request_kb: float = 1024.0    # signature PIs (``cluster.signature_pis``): mean request
+    sequential: float = 0.5       # size and sequential share, as a monitor sees them
 
     def validate(self) -> None:
         if not self.share > 0 or not math.isfinite(self.share):
@@ -82,6 +84,10 @@ class Workload:
             raise ValueError(f"demand: must be >= 0 MB/s (got {self.demand})")
         if not 0 <= self.write_fraction <= 1:
             raise ValueError(f"write_fraction: must lie in [0, 1] (got {self.write_fraction})")
+        if not self.request_kb > 0:
+            raise ValueError(f"request_kb: must be > 0 (got {self.request_kb})")
+        if not 0 <= self.sequential <= 1:
+            raise ValueError(f"sequential: must lie in [0, 1] (got {self.sequential})")
         if not 0 <= self.demand_spread <= 3:
             raise ValueError(f"demand_spread: must lie in [0, 3] (got {self.demand_spread})")
 

@@ -159,3 +159,22 @@ def test_a_return_reaches_its_band_faster_than_its_first_visit():
     assert ret["visit"] == 2 and ret["recover_ticks"] is not None
     assert first["recover_ticks"] is None or ret["recover_ticks"] < first["recover_ticks"]
     assert ret["recover_ticks"] <= 15
+
+
+def test_cluster_recurring_config_gives_each_class_its_signature():
+    from capes.experiments.cluster_test import load_config
+    from storagegamesim.cluster import PI_NAMES as CLUSTER_PIS, SIGNATURE_PI_NAMES as SIG
+    from storagegamesim.cluster import ClusterSim
+    ccfg = load_config(CONFIGS / "recurring-workloads-cluster.toml").cluster
+    assert ccfg.nodes == 64 and ccfg.pi_names() == CLUSTER_PIS + SIG
+    names = [p.name for p in ccfg.phases]
+    assert len(set(names)) == 3 and len(names) >= 9
+    sim = ClusterSim(dataclasses.replace(ccfg, nodes=16, time_limit_ticks=2000), seed=0)
+    for _ in range(1000):                                  # into phase 2 ("checkpoint")
+        sim.tick()
+    req = sim.pis()["request_kb"]
+    assert np.median(req) == pytest.approx(1024, rel=0.1)
+    for _ in range(400):                                   # "mixed": two classes
+        sim.tick()
+    req = sim.pis()["request_kb"]
+    assert (req < 150).sum() == 4 and (req > 300).sum() == 12
