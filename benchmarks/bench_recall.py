@@ -35,9 +35,7 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
 def _config(game: str, arm: str, noise: float, limit: int | None):
     cfg = load_config(GAMES[game], [f"game.noise={noise}", *ARMS[arm]])
     if limit:            # a shorter session: the phases that start before it
-        g = cfg.game
-        cfg.game = dataclasses.replace(g, time_limit_ticks=limit,
-                                       phases=[p for p in g.phases if p.at_tick < limit])
+        cfg.game = cfg.game.until(limit)
     return cfg
 
 
@@ -83,10 +81,10 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", default="", help="write every run here")
-    p.add_argument("--quick", action="store_true", help="one seed, default arm, 1,100 s")
+    p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
     a = p.parse_args()
     if a.quick:
-        a.seeds, a.games, a.arms, a.limit, a.noise = 1, ["recurring"], ["default"], 1100, [0.1]
+        a.seeds, a.games, a.arms, a.limit, a.noise = 1, ["recurring"], ["default"], 700, [0.1]
     plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
             for s in range(a.seeds) for arm in a.arms]
     runs = []

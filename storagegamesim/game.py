@@ -168,6 +168,11 @@ class GameConfig:
             out.append(dataclasses.replace(cfg, phases=[], **ph.overrides()))
         return out
 
+    def until(self, ticks: int) -> "GameConfig":
+        """This game cut to ``ticks`` simulated seconds: the phases that start before."""
+        return dataclasses.replace(self, time_limit_ticks=ticks,
+                                   phases=[p for p in self.phases if p.at_tick < ticks])
+
     def pi_names(self) -> tuple[str, ...]:
         """The PIs the game reports: the paper's three, and the signature with workloads."""
         return PI_NAMES + SIGNATURE_PI_NAMES if self.workloads else PI_NAMES
