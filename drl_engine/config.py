@@ -62,6 +62,17 @@ class DQNConfig:
     guard_steps: int = 3               # local probes stay this close to the best-known setting
     greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
+    # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
+    # apart by their PI signature, keep each one's best-known setting, recall it on return.
+    use_q_network: bool = True         # False: greedy holds the best-known setting (ablation)
+    use_context: bool = False          # per-workload memory (the default preset turns it on)
+    context_pis: list[str] = field(default_factory=list)   # [] : every PI that is neither
+                                       # the objective's nor a parameter's
+    context_window: int = 3            # ticks in the signature's running median
+    context_threshold: float = 5.0     # a context fits while every PI is this many spreads near
+    context_floor: float = 0.1         # least spread of a signature PI (log scale: ~10 %)
+    context_confirm: int = 1           # ticks a misfit must last before a switch
+    context_recall_steps: int = 8      # steps per tick of the walk to a recalled setting
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
@@ -92,6 +103,15 @@ class DQNConfig:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 0 < self.model_length <= 10:
             raise ValueError(f"model_length: must lie in (0, 10] (got {self.model_length})")
+        for name in ("context_window", "context_confirm"):       # [context hook]
+            if not 1 <= getattr(self, name) <= 10_000:
+                raise ValueError(f"{name}: must lie in [1, 10000] (got {getattr(self, name)})")
+        if not 1 <= self.context_recall_steps <= MAX_STEPS:
+            raise ValueError(f"context_recall_steps: must lie in [1, {MAX_STEPS}] "
+                             f"(got {self.context_recall_steps})")
+        for name in ("context_threshold", "context_floor"):
+            if not 0 < getattr(self, name) <= 1e6:
+                raise ValueError(f"{name}: must lie in (0, 1e6] (got {getattr(self, name)})")
         for name in ("hidden_width", "workload_ticks", "grad_clip"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
@@ -116,7 +136,8 @@ PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
-                "probe_model": True, "learn_lags": True, "action_steps": 2},
+                "probe_model": True, "learn_lags": True, "action_steps": 2,
+                "use_context": True},
 }
 
 

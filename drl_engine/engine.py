@@ -24,7 +24,8 @@ from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temp
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
-from drl_engine.guide import Guide
+from drl_engine.context import WorkloadContexts
+from drl_engine.guide import Guide, step_towards
 
 CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
 
@@ -78,6 +79,7 @@ class Engine:
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
+        self.context: WorkloadContexts | None = None   # [context hook] built with the guide
         self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
         self.guide_session: int | None = None  # the session the guide credits
@@ -115,6 +117,8 @@ class Engine:
 
     @property
     def epsilon(self) -> float:
+        if self.context is not None:         # [context hook] ε on the context's own clock
+            return self.context.epsilon(self)
         return epsilon(self.action_ticks, self.cfg, self.bumped_at, self.pretrained)
 
     @property
@@ -165,6 +169,8 @@ class Engine:
             explored = bool(self.rng.random() < eps)
             if explored:
                 action, q_max = int(self.rng.integers(self.dqn.n_actions)), None
+            elif not self.cfg.use_q_network:     # [ablation hook] greedy: no move
+                action, q_max = 0, None
             else:
                 q = self.dqn.q_values(obs[None])[0]
                 action, q_max = int(q.argmax()), float(q.max())
@@ -189,10 +195,15 @@ class Engine:
         guide = self.guide
         if guide is None:
             guide = self.guide = self._new_guide(specs)
+            if self.cfg.use_context:          # [context hook]
+                self.context = WorkloadContexts.build(self.cfg, self.experience.layout,
+                                                      self.reward_cfg.pis)
         if self.guide_session is not None and session != self.guide_session:
             guide.new_session()
         self.guide_session = session
         d = self.experience.derived[session]
+        if self.context is not None:          # [context hook] switch the guide's memory
+            self.context.follow(self, self.experience.reader.sessions[session].pis, d.n, guide)
         first_action = None
         if guide.await_action:
             acted = self.experience.reader.sessions[session].actions[:d.n] >= 0
@@ -201,12 +212,19 @@ class Engine:
             self.change_detected()
         guide.best_setting(self.action_ticks)
         cur = guide.grid(current)
+        if self.context is not None:          # [context hook] a return: walk to its best
+            action = self.context.recall_action(cur, guide)
+            if action is not None:
+                return action, False, None
         action = guide.probe_action(cur)
         if action is None and (obs is None or self.rng.random() < eps):
             guide.start_probe(self.global_share, cur)
             action = guide.probe_action(cur) or 0
         if action is not None:
             return action, True, None
+        if not self.cfg.use_q_network:        # [ablation hook] greedy holds the best-known
+            best = guide.best                 # setting
+            return (step_towards(cur, best, guide.n_steps) if best is not None else 0), False, None
         q = self.dqn.q_values(obs[None])[0]
         return guide.guard(int(q.argmax()), cur), False, float(q.max())
 

@@ -68,6 +68,10 @@ from storagegamesim.phases import (ClusterPhase, Workload, phase_starts,
 PI_NAMES = ("throughput", "latency_ms", "rpcs_in_flight", "dirty_mb", "window", "rate_limit")
 KNOBS = ("window", "rate_limit")
 _MEASURED = ("throughput", "latency_ms", "rpcs_in_flight", "dirty_mb")
+# the workload's signature (``signature_pis``, issue 25): per node, its class's read
+# share, request size and sequential share (0 when idle), each with relative noise
+# ``signature_noise``; they do not change the model, they let a tuner tell classes apart
+SIGNATURE_PI_NAMES = ("read_fraction", "request_kb", "sequential")
 
 
 @dataclass
@@ -96,8 +100,15 @@ class ClusterConfig:
     workloads: list[Workload] = field(default_factory=lambda: [Workload()])
     absent: list[int] = field(default_factory=list)   # nodes not in the cluster (yet)
     phases: list[ClusterPhase] = field(default_factory=list)
+    signature_pis: bool = False       # report SIGNATURE_PI_NAMES too
+    signature_noise: float = 0.10
+
+    def pi_names(self) -> tuple[str, ...]:
+        return PI_NAMES + SIGNATURE_PI_NAMES if self.signature_pis else PI_NAMES
 
     def validate(self) -> None:
+        if not 0 <= self.signature_noise <= 10:
+            raise ValueError(f"signature_noise: must lie in [0, 10] (got {self.signature_noise})")
         if self.nodes < 1:
             raise ValueError(f"nodes: must be >= 1 (got {self.nodes})")
         if self.servers < 0:
@@ -177,6 +188,7 @@ class PhaseState:
     h0: np.ndarray             # (S,) server seconds per read RPC
     noise: float
     thrash_rpcs: float
+    signature: np.ndarray | None = None   # (3, N): read share, request KiB, sequential
 
 
 class _Layout:
@@ -233,8 +245,10 @@ def _state(cfg: ClusterConfig, layout: _Layout, k: int, name: str, cur: dict) ->
     cap = np.full(layout.s, cfg.server_capacity * cur["capacity_scale"])
     b = cfg.rpc_size_mb
     h = b * (1.0 + wf * (cfg.write_cost - 1.0)) / cap[layout.server]
+    sig = np.array([[1.0 - w.write_fraction, w.request_kb, w.sequential] for w in wls],
+                   float)[klass].T * active
     return PhaseState(k, name, wls, klass, present, active, demand, wf, h, b / cap,
-                      float(cur["noise"]), float(cur["thrash_rpcs"]))
+                      float(cur["noise"]), float(cur["thrash_rpcs"]), sig)
 
 
 def _largest_remainder(quotas: np.ndarray) -> np.ndarray:
@@ -411,6 +425,11 @@ class ClusterSim:
         else:
             meas = [v.copy() for v in true]
         self.throughput, self.latency_ms, self.rpcs_in_flight, self.dirty_mb = meas
+        if cfg.signature_pis:           # drawn last: without it the stream is unchanged
+            z = self.rng.standard_normal(st.signature.shape)
+            sig = st.signature * np.maximum(0.0, 1.0 + cfg.signature_noise * z)
+            sig[[0, 2]] = np.minimum(sig[[0, 2]], 1.0)
+            self.signature = sig
         self.objective = float(objective(self.throughput, st.active, cfg.fairness_alpha))
         if self.judge:
             self._judge()
@@ -449,9 +468,12 @@ class ClusterSim:
     # ---- what a monitoring agent reads
     def pis(self) -> dict[str, np.ndarray]:
         """Per-node PIs (arrays of length ``nodes``), measured (noisy) values."""
-        return {"throughput": self.throughput, "latency_ms": self.latency_ms,
-                "rpcs_in_flight": self.rpcs_in_flight, "dirty_mb": self.dirty_mb,
-                "window": self.window.copy(), "rate_limit": self.rate_limit.copy()}
+        out = {"throughput": self.throughput, "latency_ms": self.latency_ms,
+               "rpcs_in_flight": self.rpcs_in_flight, "dirty_mb": self.dirty_mb,
+               "window": self.window.copy(), "rate_limit": self.rate_limit.copy()}
+        if self.config.signature_pis:
+            out.update(zip(SIGNATURE_PI_NAMES, getattr(self, "signature", self.state.signature)))
+        return out
 
     def node_pis(self, i: int) -> dict[str, float]:
         return {k: float(v[i]) for k, v in self.pis().items()}

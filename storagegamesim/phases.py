@@ -44,6 +44,8 @@ class GamePhase:
     curve_width: float | None = None
     peak_throughput: float | None = None
     noise: float | None = None
+    workload: str | None = None       # a name from ``game.workloads``: its optimum and
+                                      # signature (the keys above still override it)
 
     def validate(self) -> None:
         if self.curve_width is not None and not self.curve_width > 0:
@@ -56,7 +58,7 @@ class GamePhase:
     def overrides(self) -> dict:
         """The game constants this phase sets (the ones it leaves as None are kept)."""
         return {k: v for k, v in asdict(self).items()
-                if k not in ("at_tick", "name") and v is not None}
+                if k not in ("at_tick", "name", "workload") and v is not None}
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Workload:
     demand: float = field(default=math.inf, metadata={"allow_inf": True})   # config: inf allowed
     write_fraction: float = 0.5
     demand_spread: float = 0.0
+    request_kb: float = 1024.0    # signature PIs (``cluster.signature_pis``): mean request
+    sequential: float = 0.5       # size and sequential share, as a monitor sees them
 
     def validate(self) -> None:
         if not self.share > 0 or not math.isfinite(self.share):
@@ -80,6 +84,10 @@ class Workload:
             raise ValueError(f"demand: must be >= 0 MB/s (got {self.demand})")
         if not 0 <= self.write_fraction <= 1:
             raise ValueError(f"write_fraction: must lie in [0, 1] (got {self.write_fraction})")
+        if not self.request_kb > 0:
+            raise ValueError(f"request_kb: must be > 0 (got {self.request_kb})")
+        if not 0 <= self.sequential <= 1:
+            raise ValueError(f"sequential: must lie in [0, 1] (got {self.sequential})")
         if not 0 <= self.demand_spread <= 3:
             raise ValueError(f"demand_spread: must lie in [0, 3] (got {self.demand_spread})")
 

@@ -58,7 +58,7 @@ from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.cluster_engine import ClusterDecision, ClusterEngine
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
-from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim, phase_optima
+from storagegamesim.cluster import ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
 from capes.common.shipped_configs import config_path
 
@@ -121,7 +121,7 @@ class ClusterSource:
 
     def matrix(self) -> np.ndarray:
         pis = self.sim.pis()
-        return np.column_stack([pis[n] for n in PI_NAMES]).astype(np.float32)
+        return np.column_stack([pis[n] for n in self.sim.config.pi_names()]).astype(np.float32)
 
     def observe(self) -> TickState | None:
         sim = self.sim
@@ -135,7 +135,7 @@ class ClusterSource:
         if len(joined):
             self.order = np.concatenate([self.order, joined])
             self.member[joined] = True
-            self.writer.update_layout(list(PI_NAMES), [sim.node_names[i] for i in self.order])
+            self.writer.update_layout(list(sim.config.pi_names()), [sim.node_names[i] for i in self.order])
         x = self.matrix()[self.order]
         here = sim.present[self.order]
         x[~here] = np.nan
@@ -184,12 +184,12 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
         writer = ReplayWriter(path)
         members = [sim.node_names[i] for i in np.flatnonzero(sim.present)]  # joining: appended
         session = writer.begin_session(SessionInfo(
-            pi_names=list(PI_NAMES), node_names=members, params=specs,
+            pi_names=list(ccfg.pi_names()), node_names=members, params=specs,
             label=f"cluster converge seed={seed} nodes={ccfg.nodes} tuner={tuner}"))
         reader = ReplayReader(path, grow_nodes=is_engine) \
             if (not is_engine or feed == "reader") else None
         if is_engine:
-            player = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, len(members),
+            player = ClusterEngine(cfg.engine, cfg.reward, list(ccfg.pi_names()), specs, len(members),
                                    model=cfg.model, reader=reader, device=device,
                                    seed=engine_seed)
             if init_model:

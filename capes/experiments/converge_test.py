@@ -32,8 +32,8 @@ from drl_engine.config import DQNConfig
 from drl_engine.engine import Decision, Engine
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from drl_engine.config import RewardConfig
-from storagegamesim.game import PI_NAMES, GameConfig, StorageGameSim
-from storagegamesim.phases import phase_starts, score_phases
+from capes.experiments.recall_scoring import score_occurrences
+from storagegamesim.game import GameConfig, StorageGameSim
 from capes.common.shipped_configs import config_path
 
 DEFAULT_CONFIG = config_path("storagegamesim")
@@ -124,7 +124,7 @@ class GameSource:
         if done:
             return None
         pis = self.game.pis()
-        self.writer.add_pis(self.game.ticks, 0, [pis[n] for n in PI_NAMES])
+        self.writer.add_pis(self.game.ticks, 0, [pis[n] for n in self.game.config.pi_names()])
         self.writer.commit()
         return TickState(session=self.session)
 
@@ -159,7 +159,7 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
         path = Path(db_path) if db_path else Path(tmp) / "replay.db"
         writer = ReplayWriter(path)
         session = writer.begin_session(SessionInfo(
-            pi_names=list(PI_NAMES), node_names=["sim0"], params=specs,
+            pi_names=list(cfg.game.pi_names()), node_names=["sim0"], params=specs,
             label=f"converge seed={seed} noise={cfg.game.noise} reward={cfg.reward.type}"))
         reader = ReplayReader(path)
         engine = make_player(tuner, cfg, reader, device, int(engine_seed), specs)
@@ -203,11 +203,8 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
         reader.close()
     metrics = tuning_metrics(np.array(source.true_tp), np.array(source.ideal),
                              cfg.game.win_band, cfg.game.time_limit_ticks)
-    if cfg.game.phases:
-        metrics["phases"] = [s.to_dict() for s in score_phases(
-            source.true_tp, phase_starts(cfg.game.phases),
-            [c.ideal_throughput for c in cfg.game.phase_configs()], band=cfg.game.win_band,
-            hold=cfg.game.win_hold_ticks + 1, first_tick=1)]
+    if cfg.game.phases:          # per phase occurrence: first visit or return (issue 25)
+        metrics["phases"] = score_occurrences(cfg.game, source.true_tp)
     guide = getattr(engine, "guide", None)
     metrics["change_alarms"] = getattr(engine, "change_alarms", 0)
     metrics["change_alarm_ticks"] = list(guide.alarms) if guide is not None else []

@@ -1,0 +1,104 @@
+"""Recall of workloads that come back (issue 25): the default preset against its two
+ablations, paired by seed, on the recurring-workloads game and on the stationary game.
+
+    .venv/bin/python benchmarks/bench_recall.py --seeds 20 --noise 0.01 0.1 0.5 --jobs 4
+    .venv/bin/python benchmarks/bench_recall.py --quick       # one short seeded run
+
+Arms: ``default``; ``no-q`` (``engine.use_q_network=false``: greedy holds the best-known
+setting); ``no-context`` (``engine.use_context=false``: one best-known setting for all
+workloads). Per arm: the median time to band of returns and of first visits (a phase
+that never reaches its band counts as its length), and the whole-session throughput
+against each phase's best static setting (``tp_frac_hour``); per ablation: default
+minus ablation of ``tp_frac_hour``, mean and 95 % t interval over the paired seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from capes.common.one_core import use_one_core
+from capes.common.stats import paired_mean_ci
+from capes.experiments.converge_test import load_config, run_one
+from capes.experiments.recall_scoring import recall_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+GAMES = {"recurring": ROOT / "configs" / "recurring-workloads.toml",
+         "stationary": ROOT / "configs" / "storagegamesim.toml"}
+ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
+        "no-context": ["engine.use_context=false"]}
+
+
+def _config(game: str, arm: str, noise: float, limit: int | None):
+    cfg = load_config(GAMES[game], [f"game.noise={noise}", *ARMS[arm]])
+    if limit:            # a shorter session: the phases that start before it
+        cfg.game = cfg.game.until(limit)
+    return cfg
+
+
+def _job(job):
+    game, arm, noise, seed, limit = job
+    use_one_core()
+    r = dataclasses.asdict(run_one(_config(game, arm, noise, limit), seed))
+    r.pop("trace", None)
+    return {"game": game, "arm": arm, **r}
+
+
+def table(runs: list[dict]) -> str:
+    lines = [f"{'game':>10} {'noise':>5} {'arm':>10} {'n':>3} {'return s':>8} "
+             f"{'first s':>8} {'tp/best':>7} {'default − arm [95 % t]':>26}"]
+    keys = sorted({(r["game"], r["noise"]) for r in runs})
+    for game, noise in keys:
+        cell = [r for r in runs if r["game"] == game and r["noise"] == noise]
+        base = {r["seed"]: r["tp_frac_hour"] for r in cell if r["arm"] == "default"}
+        for arm in ARMS:
+            rs = [r for r in cell if r["arm"] == arm]
+            if not rs:
+                continue
+            s = recall_summary(rs)
+            diff = "-"
+            if arm != "default":
+                pairs = [(r["tp_frac_hour"], base[r["seed"]]) for r in rs if r["seed"] in base]
+                ci = paired_mean_ci([a for a, _ in pairs], [b for _, b in pairs])
+                if ci:
+                    diff = f"{ci[0]:+.4f} [{ci[1]:+.4f}, {ci[2]:+.4f}] n={len(pairs)}"
+            lines.append(f"{game:>10} {noise * 100:>4g}% {arm:>10} {len(rs):>3} "
+                         f"{s['median_return_ticks']:>8.1f} {s['median_first_ticks']:>8.1f} "
+                         f"{s['median_tp_frac']:>7.4f} {diff:>26}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--noise", type=float, nargs="+", default=[0.1])
+    p.add_argument("--games", nargs="+", default=list(GAMES), choices=list(GAMES))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
+    p.add_argument("--jobs", type=int, default=1)
+    p.add_argument("--json", default="", help="write every run here")
+    p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
+    a = p.parse_args()
+    if a.quick:
+        a.seeds, a.games, a.arms, a.limit, a.noise = 1, ["recurring"], ["default"], 700, [0.1]
+    plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
+            for s in range(a.seeds) for arm in a.arms]
+    runs = []
+    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        for i, r in enumerate(pool.map(_job, plan)):
+            runs.append(r)
+            print(f"[{i + 1}/{len(plan)}] {r['game']} {r['arm']} noise={r['noise']:g} "
+                  f"seed={r['seed']}: tp/best {r['tp_frac_hour']:.4f}, "
+                  f"{r['wall_s']:.0f} s wall", file=sys.stderr, flush=True)
+            if a.json:
+                Path(a.json).write_text(json.dumps(runs, indent=1, default=float))
+    print(table(runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

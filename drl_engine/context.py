@@ -1,0 +1,274 @@
+"""Workload contexts: which workload runs, told from its PI signature, and what the
+engine learned of each (the ``default`` preset's recall, issue 25).
+
+A storage system's workloads come and go and come back. The guide (``drl_engine/guide``)
+finds a workload's best setting by search; without contexts it forgets that setting
+when the workload changes and searches again when it returns. Here the engine derives a
+*context* from the PIs that describe the workload rather than its performance (read
+share, request size, sequentiality, queue depth …: the *signature*), and keeps per
+context what the guide knows:
+
+* **Signatures → contexts** (:class:`SignatureClusters`). Online clustering with change
+  points: each tick's signature is the per-PI median of the last ``context_window``
+  ticks (one outlier never moves it), on a log scale (``log(x + c)``, c = 5 % of the
+  first window's value: multiplicative noise has the same spread at every level). A
+  context is a running mean and spread per PI; the signature belongs to a context while
+  every PI lies within ``context_threshold`` of its spreads (a spread never below
+  ``context_floor``, so a context's first noisy samples do not split it). When the
+  current context no longer fits for ``context_confirm`` ticks, the engine switches: to
+  the nearest context that fits, or (after at least ``NEW_CONFIRM`` ticks) to a new one.
+* **Memory per context** (:class:`WorkloadContexts`). On a switch the guide's per-setting
+  statistics, its change detector and the engine's exploration clock are stored with the
+  context left and those of the context entered are restored: a **return** walks at
+  once, up to ``context_recall_steps`` steps a tick, to that context's best-known
+  setting (its lower-confidence-bound best) and explores only as much as that context
+  still needs; a **new** context starts the guide afresh (global probes, ε from
+  ``epsilon_start`` on its own clock), as a new session would.
+
+The Q-network sees the whole PI stack, signature included; this module is what makes a
+return fast, since the network's greedy moves stay in the trust region around the
+best-known setting. ``engine.use_context = false`` switches it off (one best-known setting
+for all workloads, forgotten on a change-detector alarm). Contexts are not kept in
+checkpoints: a restarted engine learns them again.
+
+Hooks (marked ``[context hook]``): ``Engine._guided_action`` calls
+:meth:`WorkloadContexts.follow` before the guide credits new ticks and
+:meth:`WorkloadContexts.recall_action` before the probes; ``Engine.epsilon`` asks
+:meth:`WorkloadContexts.epsilon`.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
+from drl_engine.dqn import epsilon as epsilon_schedule
+from drl_engine.guide import Guide, step_towards
+
+
+@dataclass
+class Switch:
+    """The signature left one context for another at session index ``index``."""
+    index: int
+    context: int
+    new: bool
+
+
+class SignatureClusters:
+    """Online clustering of signature vectors with change points (see module doc)."""
+
+    PRIOR_SAMPLES = 5      # pseudo-samples of the floor spread in every context's spread
+    NEW_CONFIRM = 3        # ticks a signature that fits no context must last to make one:
+                           # a real workload stays, a noise excursion of the median rarely
+    MOST_SAMPLES = 500     # a context's statistics become running averages after this
+
+    def __init__(self, window: int = 3, threshold: float = 5.0, floor: float = 0.1,
+                 confirm: int = 1):
+        self.window, self.threshold, self.floor, self.confirm = window, threshold, floor, confirm
+        self.recent: list[np.ndarray] = []
+        self.offset: np.ndarray | None = None     # c of log(x + c), per PI
+        self.mean: list[np.ndarray] = []          # per context, on the log scale
+        self.m2: list[np.ndarray] = []
+        self.n: list[int] = []
+        self.current: int | None = None
+        self._pending: tuple[int, int] | None = None   # (candidate, ticks seen; −1: new)
+
+    @property
+    def count(self) -> int:
+        return len(self.mean)
+
+    def _point(self, x: np.ndarray) -> np.ndarray | None:
+        self.recent.append(np.asarray(x, np.float64))
+        del self.recent[:-self.window]
+        med = np.nanmedian(np.stack(self.recent), axis=0)
+        if not np.isfinite(med).all():
+            return None
+        if self.offset is None:
+            self.offset = 0.05 * np.abs(med) + 1e-9
+        return np.log(np.maximum(med, 0.0) + self.offset)
+
+    def distance(self, u: np.ndarray, k: int) -> float:
+        """The largest per-PI distance of ``u`` from context ``k``, in its spreads."""
+        n0 = self.PRIOR_SAMPLES
+        var = (self.m2[k] + n0 * self.floor ** 2) / (self.n[k] + n0)
+        return float(np.max(np.abs(u - self.mean[k]) / np.sqrt(var)))
+
+    def _add(self, k: int, u: np.ndarray) -> None:
+        self.n[k] = min(self.n[k] + 1, self.MOST_SAMPLES)
+        d = u - self.mean[k]
+        self.mean[k] = self.mean[k] + d / self.n[k]
+        self.m2[k] = self.m2[k] + (d * (u - self.mean[k]) - self.m2[k] / self.n[k]
+                                   if self.n[k] == self.MOST_SAMPLES else d * (u - self.mean[k]))
+
+    def _new(self, u: np.ndarray) -> int:
+        self.mean.append(u.copy())
+        self.m2.append(np.zeros_like(u))
+        self.n.append(1)
+        return len(self.mean) - 1
+
+    def update(self, x: np.ndarray) -> tuple[int, bool] | None:
+        """Fold one tick's signature in; (context, new) when the current one changed
+        (the first tick makes context 0), else None."""
+        u = self._point(x)
+        if u is None:
+            return None
+        if self.current is None:
+            self.current = self._new(u)
+            return self.current, True
+        if self.distance(u, self.current) <= self.threshold:
+            self._pending = None
+            self._add(self.current, u)
+            return None
+        fits = [(self.distance(u, k), k) for k in range(self.count) if k != self.current]
+        fits = [f for f in fits if f[0] <= self.threshold]
+        candidate = min(fits)[1] if fits else -1
+        seen = self._pending[1] + 1 if self._pending and self._pending[0] == candidate else 1
+        self._pending = (candidate, seen)
+        if seen < (self.confirm if candidate >= 0 else max(self.confirm, self.NEW_CONFIRM)):
+            return None
+        self._pending = None
+        new = candidate < 0
+        self.current = self._new(u) if new else candidate
+        if not new:
+            self._add(candidate, u)
+        return self.current, new
+
+
+@dataclass
+class _Memory:
+    """What one context keeps while another runs."""
+    created_at: int                      # the engine's action tick at its creation
+    stats: object = None                 # the guide's per-setting sums (array or dict)
+    detector: object = None              # the guide's change detector
+    bumped_at: int | None = None         # the engine's exploration bump, this context's
+    local_bump: bool = False
+    best: np.ndarray | None = None       # grid indices of its best-known setting
+    visits: int = 1
+
+
+def context_columns(cfg, pi_names, reward_pis, param_names) -> list[int]:
+    """Columns of the signature PIs: ``engine.context_pis``, or every PI that is neither
+    the objective's nor a parameter's value."""
+    names = list(pi_names)
+    if cfg.context_pis:
+        missing = [p for p in cfg.context_pis if p not in names]
+        if missing:
+            raise ValueError(f"engine.context_pis: {', '.join(missing)} not among the "
+                             f"replay DB's PIs ({', '.join(names)})")
+        return [names.index(p) for p in cfg.context_pis]
+    skip = set(reward_pis) | set(param_names)
+    return [i for i, p in enumerate(names) if p not in skip]
+
+
+class WorkloadContexts:
+    """The engine's contexts and their memory; one per engine (one session's guide)."""
+
+    def __init__(self, cfg, columns: list[int]):
+        self.cfg = cfg
+        self.columns = columns
+        self.clusters = SignatureClusters(cfg.context_window, cfg.context_threshold,
+                                          cfg.context_floor, cfg.context_confirm)
+        self.memory: list[_Memory] = []
+        self.switches: list[Switch] = []
+        self.target: np.ndarray | None = None       # the recalled setting being walked to
+        self._seen = 0                              # session indices folded in so far
+
+    @classmethod
+    def build(cls, cfg, layout, reward_pis) -> "WorkloadContexts | None":
+        """None when the replay DB has no signature PIs (the paper game: nothing to tell
+        workloads apart by)."""
+        cols = context_columns(cfg, layout.pi_names, reward_pis, layout.param_names)
+        return cls(cfg, cols) if cols else None
+
+    @property
+    def current(self) -> int | None:
+        return self.clusters.current
+
+    # -- per tick -----------------------------------------------------------------------
+    def follow(self, engine, pis: np.ndarray, n: int, guide: Guide) -> None:
+        """Fold the signature of session indices not seen yet (``pis``: the session's
+        (ticks, nodes, PIs) array, ``n`` ticks of it valid) and switch the guide's
+        memory on a change of context."""
+        for i in range(self._seen, n):
+            sig = pis[i][:, self.columns].reshape(-1)
+            change = self.clusters.update(sig)
+            if change is not None:
+                self._switch(engine, guide, Switch(i, *change))
+        self._seen = max(self._seen, n)
+
+    def _switch(self, engine, guide: Guide, switch: Switch) -> None:
+        self.switches.append(switch)
+        now = engine.action_ticks
+        if self.memory:                                   # store the context left
+            left = self.memory[self._left]
+            left.stats = copy.deepcopy(guide.grid_stats if guide.dense else guide.sums)
+            left.detector = guide.detector
+            left.bumped_at, left.local_bump = engine.bumped_at, engine.local_bump
+            left.best = guide.best_setting(now)
+        self._left = switch.context
+        self.target = None
+        guide.probe, guide._best_at = None, -1
+        if switch.new:
+            self.memory.append(_Memory(created_at=now))
+            if len(self.memory) == 1:                     # the session's first workload
+                return
+            _clear_stats(guide)
+            guide.best = None
+            guide.detector = _fresh_detector(guide)
+            engine.bumped_at, engine.local_bump = now, False
+            return
+        mem = self.memory[switch.context]
+        mem.visits += 1
+        if guide.dense:
+            guide.grid_stats[:] = mem.stats
+        else:
+            guide.sums = copy.deepcopy(mem.stats)
+        guide.detector = mem.detector
+        engine.bumped_at, engine.local_bump = mem.bumped_at, mem.local_bump
+        guide.best = mem.best
+        best = guide.best_setting(now)
+        self.target = best if best is not None else mem.best
+
+    def recall_action(self, current: np.ndarray, guide: Guide) -> int | None:
+        """While a return walks to its context's best-known setting: the next move, of
+        up to ``context_recall_steps`` steps (None once there, or with nothing to
+        recall)."""
+        if self.target is None:
+            return None
+        target = np.where(guide.frozen, current, self.target)
+        action = step_towards(current, target, guide.n_steps, self.cfg.context_recall_steps)
+        if action == 0:
+            self.target = None
+            return None
+        return action
+
+    def epsilon(self, engine) -> float:
+        """ε on the current context's own clock: a new workload is explored as a new
+        session is, a return no more than its context still needs."""
+        if not self.memory:
+            return epsilon_schedule(engine.action_ticks, self.cfg, engine.bumped_at,
+                                    engine.pretrained)
+        created = self.memory[self.current].created_at
+        bumped = engine.bumped_at
+        since_bump = bumped - created if bumped is not None and bumped > created else None
+        return epsilon_schedule(max(0, engine.action_ticks - created), self.cfg, since_bump,
+                                engine.pretrained)
+
+    def counters(self) -> dict:
+        return {"contexts": self.clusters.count, "switches": len(self.switches),
+                "returns": sum(not s.new for s in self.switches)}
+
+
+def _clear_stats(guide: Guide) -> None:
+    if guide.dense:
+        guide.grid_stats = np.zeros_like(guide.grid_stats)
+    else:
+        guide.sums = {}
+
+
+def _fresh_detector(guide: Guide):
+    if guide.detector is None:
+        return None
+    return SettingResidualDetector(ChangeDetectorConfig())
