@@ -211,9 +211,12 @@ class WorkloadContexts:
         self.target = None
         guide.probe, guide._best_at = None, -1
         if switch.new:
-            self.memory.append(_Memory(created_at=now))
-            if len(self.memory) == 1:                     # the session's first workload
+            if not self.memory:
+                # the first workload is the one the engine has explored all along (also
+                # after a restart from a checkpoint): it keeps the engine's ε clock
+                self.memory.append(_Memory(created_at=0))
                 return
+            self.memory.append(_Memory(created_at=now))
             _clear_stats(guide)
             guide.best = None
             guide.detector = _fresh_detector(guide)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from capes.common.curve import generate
+from capes.common.curve import bind, generate
 from capes.experiments.demo import DEFAULT_CONFIG, free_port, read_number
 from capes.experiments.process_group import ProcessGroup
 from drl_engine import checkpoint
@@ -65,6 +65,8 @@ def test_a_killed_engine_restarts_at_its_best_known_setting(tmp_path):
               "engine.exploration_ticks=300"):
         args += ["--set", s]
     generate(tmp_path / "keys", ["monitor", "control", "engine"])
+    for key in ("monitor", "control"):   # bound to their node, so a restarted daemon
+        bind(tmp_path / "keys", key, ["sim0"])   # adopts the values the node kept
     status, ckpt = tmp_path / "engine.json", tmp_path / "ckpt" / "engine-latest.pt"
     engine_args = ["drl-engine", *args, "--seed", "1", "--checkpoint-dir", str(ckpt.parent),
                    "--checkpoint-every", "0.5", "--status-file", str(status),
