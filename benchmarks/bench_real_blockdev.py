@@ -29,11 +29,9 @@ at the end, also on Ctrl-C. About 20 minutes with the defaults.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -184,6 +182,15 @@ def hardware() -> str:
             f"{platform.release()}, {fio}")
 
 
+def cannot_run(prog: str, why: str, quick: bool) -> int:
+    """A quick run (CI) that cannot run here is a skip (77); a full run, an error (2)."""
+    if quick:
+        print(f"skip: {why}")
+        return 77
+    print(f"{prog}: {why}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=4, help="repetitions per configuration")
@@ -206,15 +213,9 @@ def main() -> int:
     if args.quick:
         args.reps, args.duration, args.grid, args.size_gib = 2, 3, "128,4096", 1
         args.skip_write = args.skip_uncapped = True
-    missing = ("needs root (losetup, sysfs and sysctl knobs)" if os.geteuid() != 0 else
-               next((f"{t} is not installed" for t in ("losetup", "fio")
-                     if shutil.which(t) is None), None))
+    missing = wd.missing_on_host("losetup, sysfs and sysctl knobs", ("losetup", "fio"))
     if missing:
-        if args.quick:
-            print(f"skip: {missing}")
-            return 77
-        print(f"bench_real_blockdev: {missing}", file=sys.stderr)
-        return 2
+        return cannot_run("bench_real_blockdev", missing, args.quick)
     grid = [f"read_ahead_kb={int(v)}" for v in args.grid.split(",") if v.strip()]
     print(f"hardware: {hardware()}")
     print(f"command: {' '.join(sys.argv)}")

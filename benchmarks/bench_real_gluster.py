@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -44,12 +43,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_real_blockdev import hardware, table  # noqa: E402
+from bench_real_blockdev import cannot_run, hardware, table  # noqa: E402
 
 from capes.common.atomic import write_json  # noqa: E402
 from capes.common.deployment import load_deployment  # noqa: E402
 from capes.common.stop_signal import StopSignal  # noqa: E402
 from capes.experiments import evaluate as ev  # noqa: E402
+from capes.experiments import workload_driver as wd  # noqa: E402
 from capes.experiments.gluster_volume import GlusterError, GlusterTestVolume  # noqa: E402
 
 # parameter -> (gluster option, unit, min, max, step); ranges are this benchmark's own
@@ -153,15 +153,9 @@ def main() -> int:
     unknown = [w for w in only if w not in WORKLOADS]
     if unknown or not only:
         ap.error(f"--only: unknown workload(s) {unknown} (known: {', '.join(WORKLOADS)})")
-    missing = ("needs root (glusterd, FUSE mount)" if os.geteuid() != 0 else
-               next((f"{t} is not installed" for t in ("fio", "glusterd", "gluster")
-                     if shutil.which(t) is None), None))
+    missing = wd.missing_on_host("glusterd, FUSE mount", ("fio", "glusterd", "gluster"))
     if missing:
-        if args.quick:
-            print(f"skip: {missing}")
-            return 77
-        print(f"bench_real_gluster: {missing}", file=sys.stderr)
-        return 2
+        return cannot_run("bench_real_gluster", missing, args.quick)
     print(f"hardware: {hardware()}")
     print(f"command: {' '.join(sys.argv)}")
     print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)

@@ -69,11 +69,9 @@ class RealTargetError(RuntimeError):
 
 def missing_requirements(backing: str = "tmpfs") -> str | None:
     """Why a real session cannot run on this host (None: it can)."""
-    if os.geteuid() != 0:
-        return "needs root (losetup, cgroups, sysfs)"
-    for tool in ("losetup", "fio"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
+    why = wd.missing_on_host("losetup, cgroups, sysfs", ("losetup", "fio"))
+    if why:
+        return why
     if not os.path.isdir("/sys/fs/cgroup"):
         return "no cgroup file system"
     if backing == "seekdisk":

@@ -41,6 +41,15 @@ from capes.common.shipped_configs import workload_dir
 
 log = logging.getLogger(__name__)
 
+
+def missing_on_host(root_for: str, tools=("fio",)) -> str | None:
+    """Why a real-target run cannot start on this host: not root (``root_for`` says what
+    needs it) or a tool not installed; None when it can."""
+    if os.geteuid() != 0:
+        return f"needs root ({root_for})"
+    return next((f"{t} is not installed" for t in tools if shutil.which(t) is None), None)
+
+
 WORKLOAD_DIR = workload_dir()
 DIRECTIONS = {"read": (0,), "write": (1,), "trim": (2,), "total": (0, 1, 2)}
 
