@@ -191,7 +191,11 @@ def test_token_less_streams_cannot_block_capes_status(tmp_path):
                 codes["ended"] += 1
             except grpc.RpcError as exc:
                 codes[exc.code().name] += 1
-        assert codes == {"UNAUTHENTICATED": 8, "UNIMPLEMENTED": 8}, codes
+        # every stream refused, none served or left open; the server may refuse one as
+        # UNAVAILABLE (its per-connection stream bound) instead of answering it
+        assert codes["ended"] == 0 and sum(codes.values()) == 16, codes
+        assert set(codes) <= {"UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE"}, codes
+        assert codes["UNAUTHENTICATED"] + codes["UNIMPLEMENTED"] >= 14, codes
     finally:
         _close(calls, channels)
         assert d.stop() == 0
