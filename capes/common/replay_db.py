@@ -521,13 +521,18 @@ class SessionData:
         acted = np.flatnonzero(~np.isnan(self.after[:self.length]).all(axis=1))
         return self.after[acted[-1]].copy() if len(acted) else self.defaults.copy()
 
-    def values_in_effect(self, start: int = 0) -> np.ndarray:
+    def values_in_effect(self, start: int = 0, before: np.ndarray | None = None
+                         ) -> np.ndarray:
         """Each tick's parameter values from ``start`` on: the values after the last
-        action strictly before that tick (the session's defaults before any action)."""
+        action strictly before that tick (the session's defaults before any action).
+        ``before``: the values in effect at tick ``start`` − 1, when the caller has
+        them; then only the ticks from ``start`` − 1 on are read, not the whole session."""
+        lo = start - 1 if before is not None and start > 0 else 0
         after = self.after[:self.length]
-        acted = np.where(~np.isnan(after).all(axis=1), np.arange(len(after)), -1)
-        last_before = np.maximum.accumulate(np.concatenate([[-1], acted[:-1]]))[start:]
-        out = np.broadcast_to(self.defaults, (len(last_before), len(self.defaults))).copy()
+        acted = np.where(~np.isnan(after[lo:]).all(axis=1), np.arange(lo, len(after)), -1)
+        last_before = np.maximum.accumulate(np.concatenate([[-1], acted[:-1]]))[start - lo:]
+        base = before if lo > 0 else self.defaults
+        out = np.broadcast_to(base, (len(last_before), len(self.defaults))).copy()
         have = last_before >= 0
         out[have] = after[last_before[have]]
         return out
@@ -571,6 +576,8 @@ class ReplayReader:
         self.sessions: dict[int, SessionData] = {}
         self._last_pis_rowid = 0
         self._last_action_rowid = 0
+        self._session_rows: list[tuple] | None = None   # as last read (_read_sessions)
+        self._session_infos: list[SessionInfo] = []
         self.refresh()
 
     def _reserve(self, table: str, last_rowid: int) -> None:
@@ -616,9 +623,19 @@ class ReplayReader:
             raise ReplayDBError(f"{self.path}: damaged replay DB ({type(exc).__name__}: "
                                 f"{str(exc)[:200]})") from None
 
+    def _read_sessions(self) -> list[SessionInfo]:
+        """The sessions table, parsed again only when a row of it changed (the
+        checks and JSON of every row cost more than the rest of a small refresh)."""
+        rows = self.conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions "
+                                 f"ORDER BY id").fetchall()
+        if rows != self._session_rows:
+            self._session_infos = [_session_from_row(r) for r in rows]
+            self._session_rows = rows
+        return self._session_infos
+
     def _load_new_rows(self) -> int:
         conn = self.conn
-        for info in read_sessions(conn):
+        for info in self._read_sessions():
             if self.layout is None:
                 self.layout = Layout.of(info)
             if self.grow_nodes:
