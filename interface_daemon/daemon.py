@@ -391,10 +391,14 @@ class InterfaceDaemon:
                 identity = recv(nowait)
             except zmq.Again:
                 break
-            frame = recv(nowait, copy=False)       # a ROUTER message has one after it
-            if frame.more:                    # a DEALER sends exactly one frame per message
-                while recv(nowait, copy=False).more:
-                    pass
+            try:
+                frame = recv(nowait, copy=False)   # a ROUTER message has one after it
+                more = frame.more             # a DEALER sends exactly one frame per message
+                while more:
+                    more = recv(nowait, copy=False).more
+            except zmq.Again:                 # (never seen: parts arrive together)
+                frame = more = None
+            if frame is None or frame.more:
                 if sock is self.ingest_sock:
                     self.counters.messages += 1
                 self.counters.drop("malformed")

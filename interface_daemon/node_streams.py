@@ -148,23 +148,23 @@ class Ingest:
         (:func:`~capes.common.frame_batch.parse_frames`), and the frames that simply
         extend a known node's stream (its connection and key, the next sequence number
         or a full frame, a newer tick inside the clock window, no names) are applied
-        together in numpy: their rows come back as one :class:`Rows`. Every other message
+        together in numpy: their rows come back in blocks of :class:`Rows`. Every other message
         goes through :meth:`apply`, after the node's frames applied together (a node's
         frames after its first one that needs :meth:`apply` all go through it), so each
         node's frames take effect in order and every refusal keeps its reason."""
         blocks, outcomes = [], []
-        start = 0
-        while start < len(messages):
-            end, size = start, 0
-            while end < len(messages) and (end == start or size < BATCH_BYTES):
-                size += len(messages[end][1])
-                end += 1
+        cuts, size = [], 0
+        for i, (_, payload, _) in enumerate(messages):
+            if size >= BATCH_BYTES:
+                cuts.append(i)
+                size = 0
+            size += len(payload)
+        for start, end in zip([0] + cuts, cuts + [len(messages)]):
             rows, slow = self._handle_chunk(messages[start:end])
             if rows.at:
                 rows.at = [start + i for i in rows.at]
                 blocks.append(rows)
             outcomes += [(start + i, out) for i, out in slow]
-            start = end
         return Handled(blocks, outcomes)
 
     def _handle_chunk(self, messages: list[tuple[bytes, bytes, str | None]]

@@ -32,6 +32,10 @@ from capes.common.protocol import (_KIND_BITS, _KIND_BF16, _KIND_F16, _KIND_F24,
 
 BATCH_MAX_PIS = 256      # frames with more entries are parsed one by one
 BATCH_MIN = 16           # fewer frames than this: one by one is cheaper
+# the longest body of a frame the batch parse can take (name, seq, tick, flags, entry
+# count, entries of at most 8 bytes): longer ones (PI names, many PIs) are read one by
+# one and never decompressed into the batch's arrays, so a flood of them costs no memory
+MAX_BATCH_BODY = 1 + 127 + 9 + 9 + 1 + 2 + 8 * BATCH_MAX_PIS
 _PAD = 16                # zero bytes after the last body: every read lands in the array
 _HEAD = bytes((PROTOCOL_VERSION, MSG_INDICATORS))
 # payload bytes after the key, by value encoding (INT: a varint, read per entry)
@@ -102,9 +106,9 @@ def parse_frames(datas: Sequence[bytes], max_bytes: int = 65536) -> FrameBatch:
         size, at = data[2], 3
         if size >= 0x80:
             if data[3] >= 0x80:
-                continue                  # bodies of 16 KiB and more: one by one
+                continue                  # bodies of 16 KiB and more (never plain)
             size, at = (size & 0x7F) | data[3] << 7, 4
-        if not 0 < size <= max_bytes:
+        if not 0 < size <= min(max_bytes, MAX_BATCH_BODY):
             continue
         try:
             body = decompress(data[at:], uncompressed_size=size)
