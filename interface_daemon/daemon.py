@@ -354,9 +354,9 @@ class InterfaceDaemon:
             timeout = max(0.0, min(next_commit, next_resend) - time.monotonic())
             events = dict(poller.poll(timeout * 1000))
             if self.ingest_sock in events:
-                self._on_indicator_batch(self._drain(self.ingest_sock))
+                self._on_indicator_batch(*self._drain(self.ingest_sock))
             if self.control_sock in events:
-                for message in self._drain(self.control_sock):
+                for message in self._drain(self.control_sock)[0]:
                     self._on_control(*message)
             if self._wake_r in events:
                 try:
@@ -376,9 +376,10 @@ class InterfaceDaemon:
                 self.actions.resend_due(now)
                 next_resend = now + resend_every
 
-    def _drain(self, sock: zmq.Socket) -> list[tuple[bytes, bytes, str | None]]:
+    def _drain(self, sock: zmq.Socket) -> tuple[list[tuple[bytes, bytes, str | None]], int]:
         """The (identity, payload, CURVE key) of up to DRAIN_BATCH messages waiting on
-        ``sock`` (the ingest path decodes them together), DRAIN_BYTES of payload at most.
+        ``sock`` (the ingest path decodes them together), DRAIN_BYTES of payload at most,
+        and their payload bytes.
         Two plain ``recv`` calls per message (a third of ``recv_multipart``'s cost); the
         key is read from each message's own frame, never cached by identity (a peer may
         choose its identity)."""
@@ -412,16 +413,18 @@ class InterfaceDaemon:
             payload = frame.bytes
             batch.append((identity, payload, key))
             size += len(payload)
-        return batch
+        return batch, size
 
     def _on_indicators(self, identity: bytes, payload: bytes, key: str | None) -> None:
-        self._on_indicator_batch([(identity, payload, key)])
+        self._on_indicator_batch([(identity, payload, key)], len(payload))
 
-    def _on_indicator_batch(self, batch: list[tuple[bytes, bytes, str | None]]) -> None:
-        """Count, apply and buffer a batch of indicator messages, rows in batch order."""
+    def _on_indicator_batch(self, batch: list[tuple[bytes, bytes, str | None]],
+                            size: int) -> None:
+        """Count, apply and buffer a batch of indicator messages (``size`` payload bytes
+        in all), rows in batch order."""
         c = self.counters
         c.messages += len(batch)
-        c.bytes += sum(len(payload) for _, payload, _ in batch)
+        c.bytes += size
         done = self.ingest.handle_many(batch)
         outcomes, o = done.outcomes, 0
         for rows in done.blocks:

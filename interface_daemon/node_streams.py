@@ -86,14 +86,14 @@ class Handled:
     outcomes: list[tuple[int, Outcome]]
 
 
-@dataclass
 class _Chain:
-    """A node's frames in one batch that extend its stream in order (the fast path)."""
-    stream: NodeStream
-    seq: int
-    tick: int
-    width: int
-    at: list[int] = field(default_factory=list)
+    """A node's frames in one batch that extend its stream in order (the fast path):
+    their positions, and the sequence number and tick of the last one."""
+    __slots__ = ("stream", "seq", "tick", "width", "at")
+
+    def __init__(self, stream: NodeStream, seq: int, tick: int, width: int):
+        self.stream, self.seq, self.tick, self.width = stream, seq, tick, width
+        self.at: list[int] = []
 
 
 def tick_in_range(tick: int, tick_seconds: float, max_skew_s: float,
@@ -242,14 +242,17 @@ class Ingest:
         table = np.full((len(at) + len(chains), width), np.nan)
         known = np.zeros(table.shape, bool)
         known[base] = True
-        for c, b in zip(chains, base.tolist()):
-            table[b, c.stream.pi_map] = c.stream.decoder.vector
+        # each node's PI map, all together: the columns of its vector in the table
+        maps = [c.stream.pi_map for c in chains]
+        lens = np.array([len(m) for m in maps])
+        offset = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        cols = np.concatenate(maps)
+        table[np.repeat(base, lens), cols] = np.concatenate(
+            [c.stream.decoder.vector for c in chains])
         # every entry of those frames: its row, and its column via the node's PI map
         n, first = batch.n[at], batch.first[at]
         entry = np.arange(int(n.sum())) + np.repeat(first - (np.cumsum(n) - n), n)
-        maps = [c.stream.pi_map for c in chains]
-        offset = np.concatenate([[0], np.cumsum([len(m) for m in maps])[:-1]])
-        col = np.concatenate(maps)[np.repeat(offset[group], n) + batch.index[entry]]
+        col = cols[np.repeat(offset[group], n) + batch.index[entry]]
         r = np.repeat(row_of, n)
         table[r, col] = batch.values[entry]
         known[r, col] = True
@@ -257,14 +260,15 @@ class Ingest:
         src = np.where(known, np.arange(len(table))[:, None], 0)
         np.maximum.accumulate(src, axis=0, out=src)
         table = table[src, np.arange(width)]
-        for c, b, k in zip(chains, base.tolist(), sizes.tolist()):
-            s = c.stream
-            s.decoder.vector = table[b + k, s.pi_map].tolist()
-            s.decoder.last_seq = c.seq
-            s.last_tick = c.tick
-            s.last_seen = now
-            s.messages += k
-            self.latest_tick = max(self.latest_tick, c.tick)
+        # each node's vector after its last frame (a numpy array: DeltaDecoder takes it)
+        flat = table[np.repeat(base + sizes, lens), cols]
+        for c, k, a, b in zip(chains, sizes.tolist(), offset.tolist(), (offset + lens).tolist()):
+            st = c.stream
+            # a copy: a view would keep the whole batch's array alive as long as the node
+            st.decoder.vector, st.decoder.last_seq = flat[a:b].copy(), c.seq
+            st.last_tick, st.last_seen = c.tick, now
+            st.messages += k
+        self.latest_tick = max(self.latest_tick, max(c.tick for c in chains))
         order = np.argsort(at, kind="stable")
         nodes = np.array([c.stream.index for c in chains])[group]
         return Rows(at[order].tolist(), batch.tick[at[order]], nodes[order],

@@ -153,4 +153,4 @@ def test_most_frames_of_clean_streams_take_the_fast_path():
     res = g.handle_many(messages[20:])
     assert sum(len(r.at) for r in res.blocks) == len(messages) - 20 and not res.outcomes
     assert g.streams["n7"].last_tick == now - 50 + 29
-    assert g.streams["n7"].decoder.vector == [float(29 + i) for i in range(44)]
+    assert list(g.streams["n7"].decoder.vector) == [float(29 + i) for i in range(44)]

@@ -98,17 +98,17 @@ def parse_frames(datas: Sequence[bytes], max_bytes: int = 65536) -> FrameBatch:
     """Parse the plain Indicators frames among ``datas`` together (see :class:`FrameBatch`)."""
     count = len(datas)
     node: list = [None] * count
-    bodies, where = [], []
-    decompress = lz4.block.decompress
+    bodies, where, sizes = [], [], []
+    decompress, most = lz4.block.decompress, min(max_bytes, MAX_BATCH_BODY)
     for i, data in enumerate(datas):       # per frame: the envelope, lz4 and the node name
-        if not 4 <= len(data) <= max_bytes or data[:2] != _HEAD:
+        if data[:2] != _HEAD or not 4 <= len(data) <= max_bytes:
             continue
         size, at = data[2], 3
         if size >= 0x80:
             if data[3] >= 0x80:
                 continue                  # bodies of 16 KiB and more (never plain)
             size, at = (size & 0x7F) | data[3] << 7, 4
-        if not 0 < size <= min(max_bytes, MAX_BATCH_BODY):
+        if not 0 < size <= most:
             continue
         try:
             body = decompress(data[at:], uncompressed_size=size)
@@ -123,8 +123,9 @@ def parse_frames(datas: Sequence[bytes], max_bytes: int = 65536) -> FrameBatch:
             continue
         bodies.append(body)
         where.append(i)
+        sizes.append(size)
     where = np.array(where, np.int64)
-    lengths = np.array([len(b) for b in bodies], np.int64)
+    lengths = np.array(sizes, np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
     e = np.frombuffer(b"".join(bodies) + bytes(_PAD), np.uint8)
