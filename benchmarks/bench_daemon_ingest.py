@@ -19,12 +19,12 @@ a step's clock starts, so the sender's own cost is the socket sends.
 CPU per message, each side on its own: the daemon process's CPU time (every thread: the
 loop, zmq's I/O thread that decrypts CURVE, gRPC) from the first send until its rows are
 committed, and this process's (the sends, zmq's I/O thread that encrypts, the status
-polls) until the daemon has received everything, divided by the messages. Under load the wall-clock figures fall
-with the CPU this script gets; the CPU figures do not (much), and bound what an idle
-machine sustains with the sender and the daemon each on a core:
-``1e6 / max(daemon µs, sender µs)`` messages/s (column ``cpu bound``; the daemon's loop and
-its I/O thread can use the second core too, so this is a floor of the bound rather
-than a promise).
+polls) until the daemon has received everything, divided by the messages. Under load
+the wall-clock figures fall with the CPU this script gets, the CPU figures much less
+(contention for caches still inflates them). They bound what an idle machine sustains
+with the sender and the daemon each on a core: about 1e6 / max(daemon µs, sender µs)
+messages/s (column ``cpu bound``). A daemon that keeps up drains small batches and
+spends more per message than one at saturation, so the summary takes the highest rate.
 
 Each ``--runs`` starts its own daemon; with several runs the figures are min / median /
 max over runs.
