@@ -15,6 +15,7 @@ old connection died is not. Each refusal is a drop reason the daemon counts.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import numpy as np
 from capes.common.frame_batch import BATCH_MIN, FrameBatch, decode_one, parse_frames, warm_up
 from capes.common.protocol import DecodeError, DeltaDecoder, Indicators, Message, decode
 
+
+log = logging.getLogger("capes.interface_daemon")
 
 BATCH_BYTES = 256 << 10    # payload bytes parsed together (handle_many): what a chunk
 #                            decodes is held until applied, so big frames must not pile up
@@ -125,6 +128,7 @@ class Ingest:
     pi_names: list[str] = field(default_factory=list)      # the session's PI layout
     node_names: list[str] = field(default_factory=list)    # the session's node layout
     latest_tick: int = -1
+    fast_path_errors: int = 0             # batched ingest failed (a bug): applied one by one
 
     def __post_init__(self):
         if not self.max_clock_skew_s > 0:
@@ -171,9 +175,22 @@ class Ingest:
                       ) -> tuple[Rows, list[tuple[int, Outcome]]]:
         """:meth:`handle_many` for one chunk of messages: (rows, other outcomes)."""
         width = len(self.pi_names)
-        if len(messages) < BATCH_MIN:        # one by one is cheaper
-            return Rows.none(width), [(i, self.handle(payload, identity, key))
-                                      for i, (identity, payload, key) in enumerate(messages)]
+        if len(messages) >= BATCH_MIN:       # fewer: one by one is cheaper
+            try:
+                return self._fast_chunk(messages, width)
+            except Exception:                # a bug, never bad input: cost nothing, say it
+                self.fast_path_errors += 1
+                if self.fast_path_errors == 1:
+                    log.exception("batched ingest failed; these frames are applied one "
+                                  "by one (reported once)")
+        return Rows.none(width), [(i, self.handle(payload, identity, key))
+                                  for i, (identity, payload, key) in enumerate(messages)]
+
+    def _fast_chunk(self, messages: list[tuple[bytes, bytes, str | None]], width: int
+                    ) -> tuple[Rows, list[tuple[int, Outcome]]]:
+        """The chains applied together, then every other message one by one. Nothing is
+        changed before the chains are written back, so an error before then leaves the
+        chunk to be applied one by one."""
         batch = parse_frames([payload for _, payload, _ in messages], self.max_bytes)
         near = np.abs(batch.tick * self.tick_seconds - time.time()) <= self.max_clock_skew_s
         fast = (batch.ok & near).tolist()
@@ -201,7 +218,7 @@ class Ingest:
                 broken.add(node)
             slow.append((i, msg))
         rows = self._apply_chains([c for c in chains.values() if c.at], batch, width)
-        outcomes = []
+        outcomes = []                        # (from here on, nothing raises for bad input)
         for i, msg in slow:
             identity, payload, key = messages[i]
             if msg is None:

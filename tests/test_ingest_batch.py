@@ -119,6 +119,7 @@ def test_batched_ingest_does_what_one_by_one_does(seed, faults):
     ref, want = one_by_one(messages)
     g, got = batched(messages, random.Random(seed))
     assert g.fast > len(messages) * (0.5 if faults < 1 else 0.2)    # the fast path ran
+    assert g.fast_path_errors == 0
     width = len(ref.pi_names)
     for k, (o, b) in enumerate(zip(want, got)):
         row, tick, node, drop, full = b
@@ -154,3 +155,21 @@ def test_most_frames_of_clean_streams_take_the_fast_path():
     assert sum(len(r.at) for r in res.blocks) == len(messages) - 20 and not res.outcomes
     assert g.streams["n7"].last_tick == now - 50 + 29
     assert list(g.streams["n7"].decoder.vector) == [float(29 + i) for i in range(44)]
+
+
+def test_a_failure_of_the_batched_path_costs_no_frame(monkeypatch):
+    """Were the batch parse to fail (a bug: it refuses bad input, never raises on it),
+    the chunk is applied one by one: same rows, and the failure is counted."""
+    import interface_daemon.node_streams as ns
+
+    def broken(*_):
+        raise IndexError("a bug")
+    monkeypatch.setattr(ns, "parse_frames", broken)
+    messages = traffic(3, 0.1)
+    ref, want = one_by_one(messages)
+    g = ingest()
+    res = g.handle_many(messages)
+    assert not res.blocks and g.fast_path_errors >= 1
+    assert [o.drop for _, o in res.outcomes] == [o.drop for o in want]
+    assert all(same_row(a.row, b.row, len(ref.pi_names))
+               for (_, a), b in zip(res.outcomes, want))
