@@ -198,7 +198,7 @@ class Ingest:
         counts, lasts = batch.n.tolist(), batch.last.tolist()
         chains: dict[str, _Chain] = {}
         broken: set[str] = set()             # nodes with a frame for apply() in this chunk
-        slow: list[tuple[int, Message | DecodeError | None]] = []
+        slow: list[int] = []
         for i, (identity, _, key) in enumerate(messages):
             node = batch.node[i]
             if fast[i] and node not in broken:
@@ -210,19 +210,19 @@ class Ingest:
                     chain.seq, chain.tick = seqs[i], ticks[i]
                     chain.at.append(i)
                     continue
-            msg = None
-            if node is None:                 # not a plain frame: whose is it?
+            if node is None:
+                # not a plain frame: whose is it? (decoded again below, so that a chunk
+                # of PI-name floods is never held in memory at once)
                 msg = decode_one(messages[i][1], self.max_bytes)
                 node = msg.node if isinstance(msg, Indicators) else None
             if node is not None:
                 broken.add(node)
-            slow.append((i, msg))
+            slow.append(i)
         rows = self._apply_chains([c for c in chains.values() if c.at], batch, width)
         outcomes = []                        # (from here on, nothing raises for bad input)
-        for i, msg in slow:
+        for i in slow:
             identity, payload, key = messages[i]
-            if msg is None:
-                msg = batch.message(i) if batch.ok[i] else decode_one(payload, self.max_bytes)
+            msg = batch.message(i) if batch.ok[i] else decode_one(payload, self.max_bytes)
             outcomes.append((i, self.apply(msg, identity, key)))
         return rows, outcomes
 
