@@ -15,6 +15,7 @@ old connection died is not. Each refusal is a drop reason the daemon counts.
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,11 +23,14 @@ from typing import Callable
 
 import numpy as np
 
-from capes.common.frame_batch import decode_many, warm_up
+from capes.common.frame_batch import BATCH_MIN, FrameBatch, decode_one, parse_frames, warm_up
 from capes.common.protocol import DecodeError, DeltaDecoder, Indicators, Message, decode
 
 
-BATCH_BYTES = 16 << 10     # payload bytes decoded together (handle_many)
+log = logging.getLogger("capes.interface_daemon")
+
+BATCH_BYTES = 256 << 10    # payload bytes parsed together (handle_many): what a chunk
+#                            decodes is held until applied, so big frames must not pile up
 
 
 @dataclass
@@ -59,6 +63,42 @@ class Outcome:
     layout_grew: bool = False
 
 
+@dataclass
+class Rows:
+    """Rows of many frames applied together (:meth:`Ingest.handle_many`): for each, its
+    position in the batch, tick, node index in the DB session and PI row (float32 in the
+    session's PI order, NaN where the node has no such PI; as wide as the session's PI
+    list was when the batch began)."""
+    at: list[int]
+    ticks: np.ndarray
+    nodes: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def none(cls, width: int = 0) -> "Rows":
+        return cls([], np.zeros(0, np.int64), np.zeros(0, np.int64),
+                   np.zeros((0, width), np.float32))
+
+
+@dataclass
+class Handled:
+    """What :meth:`Ingest.handle_many` made of a batch: blocks of :class:`Rows` from the
+    frames it applied together (in batch order; a later block may be wider), and an
+    :class:`Outcome` for every other message, as (position, outcome) in batch order."""
+    blocks: list[Rows]
+    outcomes: list[tuple[int, Outcome]]
+
+
+class _Chain:
+    """A node's frames in one batch that extend its stream in order (the fast path):
+    their positions, and the sequence number and tick of the last one."""
+    __slots__ = ("stream", "seq", "tick", "width", "at")
+
+    def __init__(self, stream: NodeStream, seq: int, tick: int, width: int):
+        self.stream, self.seq, self.tick, self.width = stream, seq, tick, width
+        self.at: list[int] = []
+
+
 def tick_in_range(tick: int, tick_seconds: float, max_skew_s: float,
                   now: float | None = None) -> bool:
     """Whether ``tick`` lies within ``max_skew_s`` of the wall clock. Agents tick on
@@ -88,6 +128,7 @@ class Ingest:
     pi_names: list[str] = field(default_factory=list)      # the session's PI layout
     node_names: list[str] = field(default_factory=list)    # the session's node layout
     latest_tick: int = -1
+    fast_path_errors: int = 0             # batched ingest failed (a bug): applied one by one
 
     def __post_init__(self):
         if not self.max_clock_skew_s > 0:
@@ -105,24 +146,150 @@ class Ingest:
             msg = exc
         return self.apply(msg, identity, key, now)
 
-    def handle_many(self, messages: list[tuple[bytes, bytes, str | None]]) -> list[Outcome]:
-        """:meth:`handle` for each (identity, payload, key) of ``messages``, in order;
-        their frames are decoded together (:func:`~capes.common.frame_batch.decode_many`),
-        BATCH_BYTES of payload at a time: what a batch decodes is held until it is
-        applied, so a flood of big frames must not pile up."""
-        out: list[Outcome] = []
-        start = 0
-        while start < len(messages):
-            end, size = start, 0
-            while end < len(messages) and (end == start or size < BATCH_BYTES):
-                size += len(messages[end][1])
-                end += 1
-            chunk = messages[start:end]
-            decoded = decode_many([payload for _, payload, _ in chunk], self.max_bytes)
-            out += [self.apply(msg, identity, key)
-                    for (identity, _, key), msg in zip(chunk, decoded)]
-            start = end
-        return out
+    def handle_many(self, messages: list[tuple[bytes, bytes, str | None]]) -> Handled:
+        """:meth:`handle` for each (identity, payload, key) of ``messages``, in order, at
+        tens of thousands a second: BATCH_BYTES of payload at a time are parsed together
+        (:func:`~capes.common.frame_batch.parse_frames`), and the frames that simply
+        extend a known node's stream (its connection and key, the next sequence number
+        or a full frame, a newer tick inside the clock window, no names) are applied
+        together in numpy: their rows come back in blocks of :class:`Rows`. Every other message
+        goes through :meth:`apply`, after the node's frames applied together (a node's
+        frames after its first one that needs :meth:`apply` all go through it), so each
+        node's frames take effect in order and every refusal keeps its reason."""
+        blocks, outcomes = [], []
+        cuts, size = [], 0
+        for i, (_, payload, _) in enumerate(messages):
+            if size >= BATCH_BYTES:
+                cuts.append(i)
+                size = 0
+            size += len(payload)
+        for start, end in zip([0] + cuts, cuts + [len(messages)]):
+            rows, slow = self._handle_chunk(messages[start:end])
+            if rows.at:
+                rows.at = [start + i for i in rows.at]
+                blocks.append(rows)
+            outcomes += [(start + i, out) for i, out in slow]
+        return Handled(blocks, outcomes)
+
+    def _handle_chunk(self, messages: list[tuple[bytes, bytes, str | None]]
+                      ) -> tuple[Rows, list[tuple[int, Outcome]]]:
+        """:meth:`handle_many` for one chunk of messages: (rows, other outcomes)."""
+        width = len(self.pi_names)
+        if len(messages) >= BATCH_MIN:       # fewer: one by one is cheaper
+            try:
+                return self._fast_chunk(messages, width)
+            except Exception:                # a bug, never bad input: cost nothing, say it
+                self.fast_path_errors += 1
+                if self.fast_path_errors == 1:
+                    log.exception("batched ingest failed; these frames are applied one "
+                                  "by one (reported once)")
+        return Rows.none(width), [(i, self.handle(payload, identity, key))
+                                  for i, (identity, payload, key) in enumerate(messages)]
+
+    def _fast_chunk(self, messages: list[tuple[bytes, bytes, str | None]], width: int
+                    ) -> tuple[Rows, list[tuple[int, Outcome]]]:
+        """The chains applied together, then every other message one by one. Nothing is
+        changed before the chains are written back, so an error before then leaves the
+        chunk to be applied one by one."""
+        batch = parse_frames([payload for _, payload, _ in messages], self.max_bytes)
+        near = np.abs(batch.tick * self.tick_seconds - time.time()) <= self.max_clock_skew_s
+        fast = (batch.ok & near).tolist()
+        seqs, ticks, fulls = batch.seq.tolist(), batch.tick.tolist(), batch.full.tolist()
+        counts, lasts = batch.n.tolist(), batch.last.tolist()
+        chains: dict[str, _Chain] = {}
+        broken: set[str] = set()             # nodes with a frame for apply() in this chunk
+        slow: list[int] = []
+        for i, (identity, _, key) in enumerate(messages):
+            node = batch.node[i]
+            if fast[i] and node not in broken:
+                chain = chains.get(node) or self._chain(node, key, identity, chains)
+                if chain is not None and key == chain.stream.key and \
+                        identity == chain.stream.identity and ticks[i] > chain.tick and (
+                            seqs[i] > chain.seq and counts[i] == chain.width if fulls[i]
+                            else seqs[i] == chain.seq + 1 and lasts[i] < chain.width):
+                    chain.seq, chain.tick = seqs[i], ticks[i]
+                    chain.at.append(i)
+                    continue
+            if node is None:
+                # not a plain frame: whose is it? (decoded again below, so that a chunk
+                # of PI-name floods is never held in memory at once)
+                msg = decode_one(messages[i][1], self.max_bytes)
+                node = msg.node if isinstance(msg, Indicators) else None
+            if node is not None:
+                broken.add(node)
+            slow.append(i)
+        rows = self._apply_chains([c for c in chains.values() if c.at], batch, width)
+        outcomes = []                        # (from here on, nothing raises for bad input)
+        for i in slow:
+            identity, payload, key = messages[i]
+            msg = batch.message(i) if batch.ok[i] else decode_one(payload, self.max_bytes)
+            outcomes.append((i, self.apply(msg, identity, key)))
+        return rows, outcomes
+
+    def _chain(self, node: str, key: str | None, identity: bytes,
+               chains: dict[str, _Chain]) -> _Chain | None:
+        """A chain for ``node``'s frames in this batch, when its stream is one they can
+        simply extend: known, allowed, rebuilt (no full frame awaited) and mapped into
+        the session; None otherwise (its frames go through :meth:`apply`)."""
+        stream = self.streams.get(node)
+        if stream is None or stream.key != key or stream.identity != identity:
+            return None
+        dec = stream.decoder
+        if dec.vector is None or dec.pending_full is not None or dec.last_seq is None \
+                or stream.index < 0 or stream.mapped_names is not dec.names:
+            return None
+        if (self.allowed_nodes and node not in self.allowed_nodes) or \
+                not self.may_speak(key, node):
+            return None
+        chain = chains[node] = _Chain(stream, dec.last_seq, stream.last_tick, len(dec.vector))
+        return chain
+
+    def _apply_chains(self, chains: list[_Chain], batch: FrameBatch, width: int) -> Rows:
+        """Apply every chain's frames (full and delta) to its node's vector at once: each
+        frame's entries are written into its own row, and a forward fill down each node's
+        rows (from the node's vector before the batch) carries what did not change."""
+        if not chains:
+            return Rows.none(width)
+        now = time.monotonic()
+        sizes = np.array([len(c.at) for c in chains])
+        base = np.concatenate([[0], np.cumsum(sizes + 1)[:-1]])    # each node's first row
+        at = np.array([i for c in chains for i in c.at])          # frames, node by node
+        group = np.repeat(np.arange(len(chains)), sizes)
+        row_of = np.arange(len(at)) + group + 1                   # each frame's row
+        table = np.full((len(at) + len(chains), width), np.nan)
+        known = np.zeros(table.shape, bool)
+        known[base] = True
+        # each node's PI map, all together: the columns of its vector in the table
+        maps = [c.stream.pi_map for c in chains]
+        lens = np.array([len(m) for m in maps])
+        offset = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        cols = np.concatenate(maps)
+        table[np.repeat(base, lens), cols] = np.concatenate(
+            [c.stream.decoder.vector for c in chains])
+        # every entry of those frames: its row, and its column via the node's PI map
+        n, first = batch.n[at], batch.first[at]
+        entry = np.arange(int(n.sum())) + np.repeat(first - (np.cumsum(n) - n), n)
+        col = cols[np.repeat(offset[group], n) + batch.index[entry]]
+        r = np.repeat(row_of, n)
+        table[r, col] = batch.values[entry]
+        known[r, col] = True
+        # forward fill: each cell takes the latest row at or above it that set it
+        src = np.where(known, np.arange(len(table))[:, None], 0)
+        np.maximum.accumulate(src, axis=0, out=src)
+        table = table[src, np.arange(width)]
+        # each node's vector after its last frame (a numpy array: DeltaDecoder takes it)
+        flat = table[np.repeat(base + sizes, lens), cols]
+        for c, k, a, b in zip(chains, sizes.tolist(), offset.tolist(), (offset + lens).tolist()):
+            st = c.stream
+            # a copy: a view would keep the whole batch's array alive as long as the node
+            st.decoder.vector, st.decoder.last_seq = flat[a:b].copy(), c.seq
+            st.last_tick, st.last_seen = c.tick, now
+            st.messages += k
+        self.latest_tick = max(self.latest_tick, max(c.tick for c in chains))
+        order = np.argsort(at, kind="stable")
+        nodes = np.array([c.stream.index for c in chains])[group]
+        return Rows(at[order].tolist(), batch.tick[at[order]], nodes[order],
+                    table[row_of[order]].astype(np.float32))
 
     def apply(self, msg: Message | DecodeError, identity: bytes = b"", key: str | None = None,
               now: float | None = None) -> Outcome:
@@ -233,3 +400,4 @@ class Ingest:
             stream.mapped_names = names
             stream.announced.update(names)
         return grew
+

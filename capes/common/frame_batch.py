@@ -1,21 +1,26 @@
 """Decode many wire messages at once: the interface daemon's ingest at tens of thousands
 of frames per second.
 
-:func:`decode_many` returns exactly what :func:`~capes.common.protocol.decode` returns
-(or raises) for each message, but parses the PI entries of every Indicators frame in the
-batch together in numpy. A Python loop over each PI of each frame cost the daemon more
-than everything else on its ingest path together (~24 changed PIs a frame at 30,000
-frames/s is 720,000 entries a second).
+:func:`parse_frames` reads every plain Indicators frame of a batch together in numpy:
+the header fields (node, seq, tick, full, entry count) and the PI entries, as arrays.
+The daemon's ingest (``interface_daemon.node_streams``) applies them without building a
+message object per frame. :func:`decode_many` returns exactly what
+:func:`~capes.common.protocol.decode` returns (or raises) for each message, on top of it.
+A Python loop over each PI of each frame cost the daemon more than everything else on its
+ingest path together (~24 changed PIs a frame at 30,000 frames/s is 720,000 entries a
+second).
 
-The batch parse only takes plain frames (no PI names, short header fields) and only
-what it can vouch for: every other message, and every frame whose entries are not plainly
-valid (a truncated or trailing entry, an unknown value encoding, a long varint, an index
-out of range, a full frame that skips a PI, very many PIs), goes through the one-message
-decoder, so every error keeps its reason. Kept apart from ``protocol`` so that the
-agents, which only use the one-message code, never import numpy.
+The batch parse only takes plain frames (no PI names, node name shorter than 128 bytes)
+and only what it can vouch for: every other message, and every frame whose fields are
+not plainly valid (a truncated or trailing entry, an unknown value encoding, a long
+varint, an index out of range, a full frame that skips a PI, very many PIs), is marked
+not ``ok`` and goes through the one-message decoder, so every error keeps its reason.
+Kept apart from ``protocol`` so that the agents, which only use the one-message code,
+never import numpy.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import lz4.block
@@ -23,12 +28,16 @@ import numpy as np
 
 from capes.common.protocol import (_KIND_BITS, _KIND_BF16, _KIND_F16, _KIND_F24, _KIND_F32,
                                    _KIND_INT, _KIND_NAN, MAX_PIS, MSG_INDICATORS, PROTOCOL_VERSION,
-                                   DecodeError, Indicators, Message, _Head, _indicators, _open,
-                                   _pi_values, _Reader, decode, encode)
+                                   DecodeError, Indicators, Message, decode, encode)
 
 BATCH_MAX_PIS = 256      # frames with more entries are parsed one by one
 BATCH_MIN = 16           # fewer frames than this: one by one is cheaper
+# the longest body of a frame the batch parse can take (name, seq, tick, flags, entry
+# count, entries of at most 8 bytes): longer ones (PI names, many PIs) are read one by
+# one and never decompressed into the batch's arrays, so a flood of them costs no memory
+MAX_BATCH_BODY = 1 + 127 + 9 + 9 + 1 + 2 + 8 * BATCH_MAX_PIS
 _PAD = 16                # zero bytes after the last body: every read lands in the array
+_HEAD = bytes((PROTOCOL_VERSION, MSG_INDICATORS))
 # payload bytes after the key, by value encoding (INT: a varint, read per entry)
 _WIDTH = np.zeros(8, np.int32)
 _WIDTH[[_KIND_F32, _KIND_F16, _KIND_F24, _KIND_BF16]] = (4, 2, 3, 2)
@@ -36,27 +45,45 @@ _VALID_KIND = np.zeros(8, bool)
 _VALID_KIND[[_KIND_F32, _KIND_INT, _KIND_NAN, _KIND_F16, _KIND_F24, _KIND_BF16]] = True
 
 
+@dataclass
+class FrameBatch:
+    """The plain Indicators frames of a batch of payloads, as arrays (one entry per
+    payload). Where ``ok[i]`` is false the payload is not a plain, valid frame and these
+    fields mean nothing (``node[i]`` may still be its node name): decode it one by one.
+    Payload ``i``'s PI entries are ``index[first[i]:first[i+1]]`` (the node's PI
+    indices, increasing) and ``values[...]``; ``last[i]`` is its last index (-1: none)."""
+    ok: np.ndarray
+    node: list
+    seq: np.ndarray
+    tick: np.ndarray
+    full: np.ndarray
+    n: np.ndarray
+    last: np.ndarray
+    first: np.ndarray
+    index: np.ndarray
+    values: np.ndarray
+
+    def message(self, i: int) -> Indicators:
+        """Payload ``i`` (an ``ok`` one) as the one-message decoder returns it."""
+        a, b = int(self.first[i]), int(self.first[i + 1])
+        return Indicators(self.node[i], int(self.seq[i]), int(self.tick[i]), bool(self.full[i]),
+                          dict(zip(self.index[a:b].tolist(), self.values[a:b].tolist())))
+
+
 def decode_many(datas: Sequence[bytes], max_bytes: int = 65536) -> list[Message | DecodeError]:
     """``decode(d, max_bytes)`` for each of ``datas``: the message, or the
     :class:`DecodeError` it raises (returned, not raised)."""
-    out: list = [None] * len(datas)
-    batch: list[tuple[int, _Head, bytes]] = []
-    for i, data in enumerate(datas):
-        plain = _plain_head(data, max_bytes)
-        if plain is not None and plain[0].n <= BATCH_MAX_PIS:
-            batch.append((i, *plain))
-            continue
-        try:                     # the rest (names, other types, errors): one by one
-            out[i] = decode(data, max_bytes)
-        except DecodeError as exc:
-            out[i] = exc
-    if len(batch) < BATCH_MIN:
-        for i, head, body in batch:
-            out[i] = _one(head, body)
-    elif batch:
-        for (i, head, body), msg in zip(batch, _entries(batch)):
-            out[i] = msg if msg is not None else _one(head, body)
-    return out
+    batch = parse_frames(datas, max_bytes) if len(datas) >= BATCH_MIN else None
+    return [batch.message(i) if batch is not None and batch.ok[i] else decode_one(d, max_bytes)
+            for i, d in enumerate(datas)]
+
+
+def decode_one(data: bytes, max_bytes: int = 65536) -> Message | DecodeError:
+    """``decode(data)``, or the DecodeError it raises."""
+    try:
+        return decode(data, max_bytes)
+    except DecodeError as exc:
+        return exc
 
 
 def warm_up() -> None:
@@ -67,101 +94,134 @@ def warm_up() -> None:
     decode_many(frames)
 
 
-def _plain_head(data: bytes, max_bytes: int) -> tuple[_Head, bytes] | None:
-    """The header and body of a plain Indicators frame (no names, node name and
-    integers short), read inline; None for anything else, which the one-message code
-    then reads (and says what is wrong with it)."""
-    if not 4 <= len(data) <= max_bytes or data[0] != PROTOCOL_VERSION \
-            or data[1] != MSG_INDICATORS:
-        return None
-    try:
-        size, at = _varint_at(data, 2)
-        if not 0 < size <= max_bytes:
-            return None
-        body = lz4.block.decompress(data[at:], uncompressed_size=size)
+def parse_frames(datas: Sequence[bytes], max_bytes: int = 65536) -> FrameBatch:
+    """Parse the plain Indicators frames among ``datas`` together (see :class:`FrameBatch`)."""
+    count = len(datas)
+    node: list = [None] * count
+    bodies, where, sizes = [], [], []
+    decompress, most = lz4.block.decompress, min(max_bytes, MAX_BATCH_BODY)
+    for i, data in enumerate(datas):       # per frame: the envelope, lz4 and the node name
+        if data[:2] != _HEAD or not 4 <= len(data) <= max_bytes:
+            continue
+        size, at = data[2], 3
+        if size >= 0x80:
+            if data[3] >= 0x80:
+                continue                  # bodies of 16 KiB and more (never plain)
+            size, at = (size & 0x7F) | data[3] << 7, 4
+        if not 0 < size <= most:
+            continue
+        try:
+            body = decompress(data[at:], uncompressed_size=size)
+        except Exception:                 # lz4.block.LZ4BlockError: the decoder says why
+            continue
         length = body[0]
-        if len(body) != size or not 0 < length < 0x80:
-            return None
-        node = body[1:1 + length].decode()
-        seq, pos = _varint_at(body, 1 + length)
-        tick, pos = _varint_at(body, pos)
-        full = body[pos]
-        n, pos = _varint_at(body, pos + 1)
-    except Exception:        # short, corrupt or not UTF-8: the one-message code says which
-        return None
-    if full > 1 or n > MAX_PIS:
-        return None
-    return _Head(node, seq, tick, full == 1, None, n, pos), body
-
-
-def _varint_at(buf: bytes, pos: int) -> tuple[int, int]:
-    """The varint at ``pos`` (at most 9 bytes, so below 2^63) and the position after it;
-    ValueError for a longer one (the one-message code then reads it)."""
-    n = shift = 0
-    for end in range(pos, pos + 9):
-        b = buf[end]
-        n |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return n, end + 1
-        shift += 7
-    raise ValueError("long varint")
-
-
-def _one(head: _Head, body: bytes) -> Message | DecodeError:
-    """The one-message decoder's answer for the entries of ``head`` in ``body``."""
-    r = _Reader(body)
-    r.pos = head.pos
-    try:
-        msg = _indicators(head, *_pi_values(r, head.n))
-        r.end()
-    except DecodeError as exc:
-        return exc
-    return msg
-
-
-def _entries(batch: list[tuple[int, _Head, bytes]]) -> list[Message | None]:
-    """Parse the PI entries of every frame in ``batch`` together; None for a frame the
-    one-message decoder must read (anything not plainly valid)."""
-    regions = [body[head.pos:] for _, head, body in batch]
-    lengths = np.array([len(r) for r in regions])
+        if len(body) != size or not 0 < length < 0x80 or length >= size:
+            continue
+        try:
+            node[i] = body[1:1 + length].decode()
+        except UnicodeDecodeError:
+            continue
+        bodies.append(body)
+        where.append(i)
+        sizes.append(size)
+    where = np.array(where, np.int64)
+    lengths = np.array(sizes, np.int64)
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    # int32 throughout (bytes, positions, keys; a 4-byte value's bits wrap and are
-    # reinterpreted as uint32): small temporaries
-    e = np.frombuffer(b"".join(regions) + bytes(_PAD), np.uint8).astype(np.int32)
+    e = np.frombuffer(b"".join(bodies) + bytes(_PAD), np.uint8)
     size = len(e) - _PAD                     # the first padding byte
-    at = np.arange(len(e), dtype=np.int32)
-    # bytes of the varint starting at each byte: up to the next byte below 0x80 (the
-    # padding has one), found by a running minimum from the end
-    vlen = np.minimum.accumulate(np.where(e < 0x80, at, len(e))[::-1])[::-1] - at + 1
-    kind = e & 7
-    payload = np.minimum(at + vlen, size)
-    step = vlen + np.where(kind == _KIND_INT, vlen[payload], _WIDTH[kind])
-    nxt = np.minimum(at + step, size)        # the next entry, if one starts here
+    # the header after the node name: seq, tick (varints), flags (full or not), entries
+    p = starts + 1 + e[starts]
+    ok = p < ends
+    seq, p, good = _varints(e, p, ends, 9)
+    ok &= good
+    tick, p, good = _varints(e, p, ends, 9)
+    ok &= good & (p < ends)
+    full = e[np.minimum(p, size)]
+    ok &= full <= 1
+    n, p, good = _varints(e, p + 1, ends, 2)
+    ok &= good & (n <= BATCH_MAX_PIS)
+    n = np.where(ok, n, 0)
+    good, index, values = _entries(e, np.where(ok, p, ends), ends, n, full == 1)
+    ok &= good
 
-    n = np.array([head.n for _, head, _ in batch])
-    rows = len(batch)
-    pos = np.empty((rows, max(1, int(n.max()))), np.int32)
+    out_ok = np.zeros(count, bool)
+    out_ok[where] = ok
+    counts = np.zeros(count, np.int64)
+    counts[where] = n
+    first = np.concatenate([[0], np.cumsum(counts)])
+    last = np.where(counts > 0, index[np.maximum(first[1:] - 1, 0)] if len(index) else -1, -1)
+
+    def spread(x, dtype):
+        out = np.zeros(count, dtype)
+        out[where] = x
+        return out
+    return FrameBatch(out_ok, node, spread(seq, np.int64), spread(tick, np.int64),
+                      spread(full == 1, bool), counts, last, first, index, values)
+
+
+def _varints(e: np.ndarray, p: np.ndarray, ends: np.ndarray,
+             most: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The varints at positions ``p`` (at most ``most`` bytes, inside their body): their
+    values (int64), the positions after them and whether each was readable."""
+    value = np.zeros(len(p), np.int64)
+    length = np.zeros(len(p), np.int64)
+    more = np.ones(len(p), bool)
+    for b in range(most):
+        byte = e[np.minimum(p + b, len(e) - 1)].astype(np.int64)
+        value |= np.where(more, byte & 0x7F, 0) << (7 * b)
+        length += more
+        more &= byte >= 0x80
+    return value, p + length, ~more & (p + length <= ends)
+
+
+def _varint_lengths(e: np.ndarray, most: int) -> np.ndarray:
+    """The length of the varint that would start at each byte of ``e``, capped at
+    ``most + 1`` (longer ones are refused anyway); uint8."""
+    high = e >> 7
+    run = high.copy()                        # run[k]: bytes k..k+b all continue
+    length = 1 + high
+    for b in range(1, most):
+        run[:-b] &= high[b:]
+        length += run
+    return length
+
+
+def _entries(e, starts, ends, n, full) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Parse ``n[r]`` PI entries from ``starts[r]`` for every frame ``r`` together:
+    whether each frame's entries are plainly valid (exactly filling its body), and the
+    PI index and value of every entry, frame by frame."""
+    rows = len(starts)
+    size = len(e) - _PAD
+    kind = e & 7
+    klen = _varint_lengths(e, 3)             # a key: at most 3 bytes (4: refused)
+    vlen = _varint_lengths(e, 5)             # an integer value: at most 5 (6: refused)
+    width = _WIDTH.astype(np.int64)
+    # the entries' positions, one vectorised step per PI for all frames; unclipped, so
+    # an entry running past its body never lands exactly on the body's end
+    pos = np.empty((rows, int(n.max(initial=0)) + 1), np.int64)
     pos[:, 0] = starts
-    for j in range(1, pos.shape[1]):         # one vectorised step per PI, all frames
-        pos[:, j] = nxt[pos[:, j - 1]]
-    p = pos[np.arange(pos.shape[1]) < n[:, None]]        # every entry, frame by frame
+    for j in range(1, pos.shape[1]):
+        at = np.minimum(pos[:, j - 1], size)
+        k = kind[at]
+        q = at + klen[at]
+        pos[:, j] = q + np.where(k == _KIND_INT, vlen[q], width[k])
+    ok = pos[np.arange(rows), n] == ends     # no entry past its body, no byte after
+    p = np.minimum(pos[:, :-1][np.arange(pos.shape[1] - 1) < n[:, None]], size)
     row = np.repeat(np.arange(rows), n)
     first = np.concatenate([[0], np.cumsum(n)])          # each frame's first entry in p
-    last = pos[np.arange(rows), np.maximum(n - 1, 0)]
-    ok = np.where(n > 0, last + step[last], starts) == ends   # no entry past its body,
-    #                                                           no byte after the last
-    k, kl = kind[p], vlen[p]
+    k, kl = kind[p], klen[p]
     bad = (kl > 3) | ~_VALID_KIND[k]
-    key = (e[p] & 0x7F) | np.where(kl > 1, (e[p + 1] & 0x7F) << 7, 0) \
-        | np.where(kl > 2, (e[p + 2] & 0x7F) << 14, 0)
+    b = e[p].astype(np.int32), e[p + 1].astype(np.int32), e[p + 2].astype(np.int32)
+    key = (b[0] & 0x7F) | np.where(kl > 1, (b[1] & 0x7F) << 7, 0) \
+        | np.where(kl > 2, (b[2] & 0x7F) << 14, 0)
     gap = (key >> _KIND_BITS) + 1
     total = np.concatenate([[0], np.cumsum(gap)])
     index = total[1:] - np.repeat(total[first[:-1]], n) - 1
     bad |= index >= MAX_PIS
 
     q = p + kl                               # each entry's value bytes
-    b0, b1, b2, b3 = e[q], e[q + 1], e[q + 2], e[q + 3]
+    b0, b1, b2, b3 = (e[q + i].astype(np.int32) for i in range(4))
     bits = np.select([k == _KIND_F24, k == _KIND_BF16],
                      [(b0 << 8) | (b1 << 16) | (b2 << 24), (b0 << 16) | (b1 << 24)],
                      b0 | (b1 << 8) | (b2 << 16) | (b3 << 24))
@@ -175,24 +235,11 @@ def _entries(batch: list[tuple[int, _Head, bytes]]) -> list[Message | None]:
         qi = q[ints]
         ql = vlen[qi]
         zz = np.zeros(len(ints), np.int64)
-        for b in range(min(5, int(ql.max()))):
-            zz |= np.where(ql > b, e[qi + b] & 0x7F, 0).astype(np.int64) << (7 * b)
+        for i in range(min(5, int(ql.max()))):
+            zz |= np.where(ql > i, e[qi + i] & 0x7F, 0).astype(np.int64) << (7 * i)
         bad[ints] |= (ql > 5) | (zz >= 1 << 32)
         values[ints] = (zz >> 1) ^ -(zz & 1)
     ok &= np.bincount(row, weights=bad, minlength=rows) == 0
-    full = np.array([head.full for _, head, _ in batch])
-    if len(index):
+    if len(index):                           # a full frame carries PIs 0..n-1
         ok &= ~full | (np.where(n > 0, index[np.maximum(first[1:] - 1, 0)], -1) == n - 1)
-
-    out: list[Message | None] = []
-    index_l, values_l, first_l = index.tolist(), values.tolist(), first.tolist()
-    for (_, head, _), good, a, b in zip(batch, ok.tolist(), first_l, first_l[1:]):
-        if not good:
-            out.append(None)
-            continue
-        try:
-            out.append(_indicators(head, dict(zip(index_l[a:b], values_l[a:b])),
-                                   index_l[b - 1] if b > a else -1))
-        except DecodeError:
-            out.append(None)                 # names that do not match: say it one by one
-    return out
+    return ok, index.astype(np.int64), values

@@ -522,6 +522,7 @@ class DeltaDecoder:
     def __init__(self, node: str):
         self.node = node
         self.names: list[str] | None = None
+        # the node's PIs (a list here; the daemon's batched ingest keeps a numpy array)
         self.vector: list[float] | None = None
         self.last_seq: int | None = None
         self.pending_full: str | None = "unknown_node"

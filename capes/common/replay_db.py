@@ -85,16 +85,27 @@ _HEADER = struct.Struct("<BH")
 
 def encode_vec(vec: np.ndarray, compress: bool = True) -> bytes:
     """``vec`` as stored in ``pis.vec``: lz4 when that is smaller, else raw float32."""
-    raw = np.asarray(vec, dtype="<f4").tobytes()
-    n = len(raw) // 4
+    return encode_vecs(np.asarray(vec, dtype="<f4")[None], compress)[0]
+
+
+def encode_vecs(rows: np.ndarray, compress: bool = True) -> list[bytes]:
+    """:func:`encode_vec` of each row of a 2-D array (one call for a batch of rows)."""
+    raw = np.ascontiguousarray(rows, dtype="<f4")
+    n = raw.shape[1]
+    out = [row.tobytes() for row in raw]
     if not compress or n < 8 or n > 0xFFFF:
-        return raw
-    body = lz4.block.compress(raw, store_size=False)
-    size = _HEADER.size + len(body)
-    pad = 1 if size % 4 == 0 else 0
-    if size + pad >= len(raw):
-        return raw
-    return _HEADER.pack(CODEC_LZ4 << 2 | pad, n) + body + b"\0" * pad
+        return out
+    lz4_compress = lz4.block.compress
+    heads = [_HEADER.pack(CODEC_LZ4 << 2 | pad, n) for pad in (0, 1)]
+    for k, flat in enumerate(out):
+        body = lz4_compress(flat, store_size=False)
+        size = _HEADER.size + len(body)
+        if size % 4:
+            if size < 4 * n:
+                out[k] = heads[0] + body
+        elif size + 1 < 4 * n:
+            out[k] = heads[1] + body + b"\0"
+    return out
 
 
 def decode_vec(blob: bytes) -> np.ndarray:
@@ -350,33 +361,30 @@ class ReplayWriter:
         return full
 
     def add_pis_rows(self, tick: int, nodes, rows) -> int:
-        """Buffer one row per node of ``nodes`` (``rows[i]`` for ``nodes[i]``), stored as
-        :meth:`add_pis` stores each; the checks run once for the whole tick (at 1,000
-        nodes the per-row calls cost more than the insert). Returns the rows dropped
-        because the buffer was full."""
-        s = self._require_session()
+        """One tick of rows, one per node of ``nodes`` (:meth:`add_pis_many`)."""
         nodes = np.asarray(nodes, np.int64).reshape(-1)
-        rows = np.ascontiguousarray(rows, dtype="<f4")
-        if len(nodes) and not (0 <= nodes.min() and nodes.max() < len(s.node_names)):
-            raise ReplayDBError("node index not in session layout")
-        if rows.ndim != 2 or len(rows) != len(nodes) or rows.shape[1] > len(s.pi_names):
-            raise ReplayDBError(f"PI rows of shape {rows.shape} do not fit {len(nodes)} "
-                                f"nodes × {len(s.pi_names)} PIs")
-        sid, t = s.id, int(tick)
-        if self.compress and 8 <= rows.shape[1] <= 0xFFFF:      # lz4 may pay: per row
-            blobs = [encode_vec(r, True) for r in rows]
-        else:                 # too short to compress: raw float32 (encode_vec's choice)
-            raw, w = rows.tobytes(), 4 * rows.shape[1]
-            blobs = [raw[k:k + w] for k in range(0, len(raw), w)]
-        self._pis.extend(zip(itertools.repeat(sid), itertools.repeat(t), nodes.tolist(),
-                             blobs))
-        dropped = 0
-        if self.max_pending is not None:        # the oldest rows go first, as add_pis
-            while len(self._pis) > self.max_pending:
-                self._pis.popleft()
-                dropped += 1
-            self.dropped += dropped
-        return dropped
+        return self.add_pis_many(np.full(len(nodes), int(tick), np.int64), nodes,
+                                 np.asarray(rows, dtype="<f4").reshape(len(nodes), -1))
+
+    def add_pis_many(self, ticks, nodes, rows: np.ndarray) -> int:
+        """:meth:`add_pis` for many rows at once (``rows``: one per tick and node, all
+        as wide); return how many of the oldest buffered rows were dropped to make room."""
+        s = self._require_session()
+        rows = np.asarray(rows, dtype="<f4")
+        ticks, nodes = np.asarray(ticks, np.int64), np.asarray(nodes, np.int64)
+        if rows.ndim != 2 or rows.shape[1] > len(s.pi_names) or \
+                not len(ticks) == len(nodes) == len(rows):
+            raise ReplayDBError(f"PI rows of shape {rows.shape} do not fit "
+                                f"{len(s.pi_names)} PIs and {len(ticks)} ticks")
+        if len(nodes) and not 0 <= nodes.min() <= nodes.max() < len(s.node_names):
+            raise ReplayDBError(f"node index {nodes.max()} not in session layout")
+        self._pis.extend(zip(itertools.repeat(s.id), ticks.tolist(), nodes.tolist(),
+                             encode_vecs(rows, self.compress)))
+        excess = 0 if self.max_pending is None else max(0, len(self._pis) - self.max_pending)
+        for _ in range(excess):
+            self._pis.popleft()
+        self.dropped += excess
+        return excess
 
     def add_action(self, tick: int, action: int, values) -> None:
         s = self._require_session()
