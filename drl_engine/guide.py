@@ -62,6 +62,7 @@ class Probe:
     dwell_left: int
     replan: bool = False      # a model probe: re-aimed while it walks, as data comes in
     walked: int = 0
+    back: bool = False        # the walk back to the best-known setting (probe_floor)
 
 
 class Guide:
@@ -97,6 +98,9 @@ class Guide:
         self.lag_yy, self.lag_n, self._lag_seen = 0.0, 0, 0
         self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
         self.await_action = False      # credit nothing before the session's first action
+        self.last_p: float | None = None   # the newest objective value (probe_floor)
+        self.wide_left = 0             # local probes left with the wide band (alarm_*)
+        self.had_best = False          # a best was known once: best None is a new workload
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
@@ -170,6 +174,7 @@ class Guide:
                 alarm = True
                 self.alarms.append(t)
                 self.forget(anchor=np.array(key))
+                self.wide_left = self.cfg.alarm_probes
                 continue
             if self.dense:
                 self.grid_stats[(slice(None),) + key] += (p[t], p[t] * p[t], 1.0)
@@ -179,6 +184,8 @@ class Guide:
                 s[1] += p[t] * p[t]
                 s[2] += 1
         self.seen_until = max(self.seen_until, n)
+        if n > 0 and np.isfinite(p[n - 1]):
+            self.last_p = float(p[n - 1])
         return alarm
 
     def _learn_lags(self, p: np.ndarray, values: np.ndarray, n: int) -> None:
@@ -254,6 +261,7 @@ class Guide:
             lcb = mean
         self.best = np.asarray(keys[int(np.argmax(lcb))]).astype(np.int64)
         self._best_at = now
+        self.had_best = True
         return self.best
 
     def _smooth_dense(self):
@@ -344,9 +352,17 @@ class Guide:
     def start_probe(self, global_share: float, current: np.ndarray | None = None) -> None:
         """A new probe: global with probability ``global_share`` (to the model's
         proposal, or uniform over the range), else local (around the best, inside the
-        guard band)."""
+        guard band). With no best-known setting and ``first_probe = "local"`` the probe
+        holds the current setting (where tuning starts, or where a new workload found
+        it) until its level is known: the trust region's anchor, measured before any
+        move, and the reference of ``probe_floor``."""
         best = self.best
         replan = False
+        if best is None and self.cfg.first_probe == "local" and current is not None:
+            if self.had_best:                 # a new workload: re-explore wide
+                self.wide_left = self.cfg.alarm_probes
+            self.probe = Probe(np.array(current, np.int64), self.cfg.probe_dwell)
+            return
         if best is None or self.rng.random() < global_share:
             target = None
             if self.cfg.probe_model and current is not None:
@@ -355,8 +371,12 @@ class Guide:
             if target is None:
                 target = self.rng.integers(0, self.n_steps + 1)
         else:
-            g = self.cfg.guard_steps
-            jitter = np.clip(np.rint(self.rng.normal(0.0, self.cfg.probe_local_steps,
+            g, spread = self.cfg.guard_steps, self.cfg.probe_local_steps
+            if self.wide_left > 0:            # after a change: a far optimum in few probes
+                self.wide_left -= 1
+                g = max(g, self.cfg.alarm_guard_steps)
+                spread = max(spread, float(g))
+            jitter = np.clip(np.rint(self.rng.normal(0.0, spread,
                                                      size=(self.LOCAL_CANDIDATES, len(best)))),
                              -g, g)
             near = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
@@ -375,6 +395,8 @@ class Guide:
         probe = self.probe
         if probe is None:
             return None
+        if self._below_floor(probe):          # unsafe here: walk back to the best at once
+            probe = self.probe = Probe(self.best.copy(), 0, back=True)
         most = self.cfg.action_steps
         action = step_towards(current, probe.target, self.n_steps, most)
         if action != 0 and probe.replan:
@@ -392,6 +414,21 @@ class Guide:
                 self.probe = None
                 return None
         return action
+
+    def _below_floor(self, probe: Probe) -> bool:
+        """Whether the newest objective value fell below ``probe_floor`` × the
+        best-known setting's mean (its own samples; a positive objective) while a probe
+        is away from it: the probe is then ended, not held for its dwell."""
+        floor, best = self.cfg.probe_floor, self.best
+        if floor <= 0 or probe.back or best is None or self.last_p is None:
+            return False
+        if np.array_equal(probe.target, best):
+            return False
+        if self.dense:
+            s, _, n = self.grid_stats[(slice(None),) + tuple(best)]
+        else:
+            s, _, n = self.sums.get(tuple(best), (0.0, 0.0, 0))
+        return n > 0 and s > 0 and self.last_p < floor * s / n
 
     def guard(self, action: int, current: np.ndarray) -> int:
         """``action`` if it keeps every parameter within ``greedy_guard_steps`` of the
