@@ -71,6 +71,8 @@ class Guide:
     MODEL_MAX_CANDIDATES = 1024   # settings scored per proposal
     LAG_T = 5.0                   # t statistic a knob's own lag needs before it is used
     LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
+    WIDE_RATIO = 2.0              # an alarm whose anchor's level moved this factor re-explores
+                                  # wide (alarm_guard_steps); a smaller move was noise
 
     def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
                  rng: np.random.Generator, frozen: np.ndarray | None = None):
@@ -101,6 +103,7 @@ class Guide:
         self.last_p: float | None = None   # the newest objective value (probe_floor)
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
         self.had_best = False          # a best was known once: best None is a new workload
+        self.level_before: float | None = None   # the anchor's level before an alarm
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
@@ -173,8 +176,8 @@ class Guide:
             if self.detector is not None and held and self.detector.update(p[t], key):
                 alarm = True
                 self.alarms.append(t)
+                self.level_before = self._level(np.array(key))    # (alarm_guard_steps)
                 self.forget(anchor=np.array(key))
-                self.wide_left = self.cfg.alarm_probes
                 continue
             if self.dense:
                 self.grid_stats[(slice(None),) + key] += (p[t], p[t] * p[t], 1.0)
@@ -358,11 +361,19 @@ class Guide:
         move, and the reference of ``probe_floor``."""
         best = self.best
         replan = False
-        if best is None and self.cfg.first_probe == "local" and current is not None:
-            if self.had_best:                 # a new workload: re-explore wide
+        if self.cfg.first_probe == "local" and current is not None:
+            level = None if best is None else self._level(best)
+            if best is None and self.had_best:     # a new workload: re-explore wide
                 self.wide_left = self.cfg.alarm_probes
-            self.probe = Probe(np.array(current, np.int64), self.cfg.probe_dwell)
-            return
+            if level is None:                      # measure the anchor before moving
+                anchor = current if best is None else best
+                self.probe = Probe(np.array(anchor, np.int64), self.cfg.probe_dwell)
+                return
+            before, self.level_before = self.level_before, None
+            ratio = self.WIDE_RATIO
+            if before is not None and not before / ratio < level < before * ratio:
+                self.wide_left = self.cfg.alarm_probes    # the alarm moved the level: a
+                                                          # new workload, not noise
         if best is None or self.rng.random() < global_share:
             target = None
             if self.cfg.probe_model and current is not None:
@@ -415,6 +426,14 @@ class Guide:
                 return None
         return action
 
+    def _level(self, key: np.ndarray) -> float | None:
+        """The mean objective credited to one setting (None: no sample yet)."""
+        if self.dense:
+            s, _, n = self.grid_stats[(slice(None),) + tuple(key)]
+        else:
+            s, _, n = self.sums.get(tuple(key), (0.0, 0.0, 0))
+        return float(s / n) if n > 0 else None
+
     def _below_floor(self, probe: Probe) -> bool:
         """Whether the newest objective value fell below ``probe_floor`` × the
         best-known setting's mean (its own samples; a positive objective) while a probe
@@ -424,11 +443,8 @@ class Guide:
             return False
         if np.array_equal(probe.target, best):
             return False
-        if self.dense:
-            s, _, n = self.grid_stats[(slice(None),) + tuple(best)]
-        else:
-            s, _, n = self.sums.get(tuple(best), (0.0, 0.0, 0))
-        return n > 0 and s > 0 and self.last_p < floor * s / n
+        level = self._level(best)
+        return level is not None and level > 0 and self.last_p < floor * level
 
     def guard(self, action: int, current: np.ndarray) -> int:
         """``action`` if it keeps every parameter within ``greedy_guard_steps`` of the

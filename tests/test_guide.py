@@ -303,6 +303,20 @@ def test_a_new_workload_after_a_known_best_re_explores_wide():
     assert list(g.probe.target) == [7] and g.wide_left == 3
 
 
+@pytest.mark.parametrize("after, wide", [(5.0, True), (40.0, True), (11.0, False)])
+def test_after_an_alarm_the_anchor_is_measured_and_only_a_moved_level_goes_wide(after, wide):
+    g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=4, alarm_probes=3)
+    credit_level(g, 7, 10.0)
+    g.best_setting(0)
+    g.level_before = g._level(np.array([7]))        # as credit() does on an alarm
+    g.forget(anchor=np.array([7]))
+    g.start_probe(0.0, np.array([6]))               # the anchor's level is unknown: hold it
+    assert list(g.probe.target) == [7] and g.wide_left == 0
+    credit_level(g, 7, after)
+    g.start_probe(0.0, np.array([7]))
+    assert (g.wide_left > 0) == wide                # 2x or more: a new workload; else noise
+
+
 @pytest.mark.parametrize("key, value", [("first_probe", "near"), ("probe_floor", 1.0),
                                         ("probe_floor", -0.1), ("alarm_guard_steps", -1)])
 def test_probe_safety_settings_are_validated(key, value):
