@@ -60,6 +60,15 @@ class DQNConfig:
     model_beta: float = 0.5            # UCB = mean + β·sd (standardised objective) ...
     model_travel: float = 0.005        # ... − this per tick of walking to the target
     guard_steps: int = 3               # local probes stay this close to the best-known setting
+    first_probe: Literal["local", "global"] = "global"   # before any setting is known:
+                                       # "local" holds where tuning starts until its level is
+                                       # known (the trust region's anchor); "global" probes
+                                       # anywhere at once
+    probe_floor: float = 0.0           # a probe whose newest objective falls below this share
+                                       # of the best-known level walks back at once (0: off)
+    alarm_guard_steps: int = 0         # after a change alarm, the first ``alarm_probes`` local
+    alarm_probes: int = 0              # probes may go this far (0: guard_steps): a far optimum
+                                       # on a ladder is reached in a few probes, not one rung each
     greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
@@ -87,12 +96,16 @@ class DQNConfig:
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
         for name in ("settle_ticks", "probe_dwell", "guard_steps", "greedy_guard_steps",
-                     "best_min_samples"):
+                     "best_min_samples", "alarm_guard_steps", "alarm_probes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 1 <= self.action_steps <= MAX_STEPS:
             raise ValueError(f"action_steps: must lie in [1, {MAX_STEPS}] "
                              f"(got {self.action_steps})")
+        if self.first_probe not in ("local", "global"):
+            raise ValueError(f"first_probe: must be local or global (got {self.first_probe!r})")
+        if not 0 <= self.probe_floor < 1:
+            raise ValueError(f"probe_floor: must lie in [0, 1) (got {self.probe_floor})")
         if not 0 <= self.global_fraction <= 1:
             raise ValueError(f"global_fraction: must lie in [0, 1] (got {self.global_fraction})")
         for name in ("kernel_steps", "best_refresh_ticks", "probe_local_steps"):
@@ -125,7 +138,7 @@ class DQNConfig:
             "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
             "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
             "settle_ticks": 10**6, "probe_dwell": 10**6, "guard_steps": 10**6,
-            "greedy_guard_steps": 10**6,
+            "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6, "alarm_probes": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
             "grad_clip": 1e12}

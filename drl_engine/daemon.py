@@ -290,6 +290,10 @@ class EngineView:
             "checkpoint_at": self.checkpoint_at, **self.labels,
             "decisions": {f"{a}/{k}": n for (a, k), n in sorted(self.decisions.items())},
             "tick_duration_s": self.tick_duration,
+            # what noticed a workload change: the detector's alarms, the contexts' switches
+            "change_alarms": getattr(e, "change_alarms", None),
+            "context_switches": (len(e.context.switches)
+                                 if getattr(e, "context", None) is not None else None),
         }
 
     def status(self) -> dict:

@@ -63,6 +63,7 @@ class Probe:
     dwell_left: int
     replan: bool = False      # a model probe: re-aimed while it walks, as data comes in
     walked: int = 0
+    back: bool = False        # the walk back to the best-known setting (probe_floor)
 
 
 class Guide:
@@ -71,6 +72,8 @@ class Guide:
     MODEL_MAX_CANDIDATES = 1024   # settings scored per proposal
     LAG_T = 5.0                   # t statistic a knob's own lag needs before it is used
     LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
+    WIDE_RATIO = 2.0              # an alarm whose anchor's level moved this factor re-explores
+                                  # wide (alarm_guard_steps); a smaller move was noise
 
     def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
                  rng: np.random.Generator, frozen: np.ndarray | None = None):
@@ -98,6 +101,10 @@ class Guide:
         self.lag_yy, self.lag_n, self._lag_seen = 0.0, 0, 0
         self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
         self.await_action = False      # credit nothing before the session's first action
+        self.last_p: float | None = None   # the newest objective value (probe_floor)
+        self.wide_left = 0             # local probes left with the wide band (alarm_*)
+        self.had_best = False          # a best was known once: best None is a new workload
+        self.level_before: float | None = None   # the anchor's level before an alarm
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
@@ -170,6 +177,7 @@ class Guide:
             if self.detector is not None and held and self.detector.update(p[t], key):
                 alarm = True
                 self.alarms.append(t)
+                self.level_before = self._level(np.array(key))    # (alarm_guard_steps)
                 self.forget(anchor=np.array(key))
                 continue
             if self.dense:               # one scalar add each: the same sums, no array
@@ -183,6 +191,8 @@ class Guide:
                 s[1] += p[t] * p[t]
                 s[2] += 1
         self.seen_until = max(self.seen_until, n)
+        if n > 0 and np.isfinite(p[n - 1]):
+            self.last_p = float(p[n - 1])
         return alarm
 
     def _learn_lags(self, p: np.ndarray, values: np.ndarray, n: int) -> None:
@@ -271,6 +281,7 @@ class Guide:
             lcb = mean
         self.best = np.asarray(keys[int(np.argmax(lcb))]).astype(np.int64)
         self._best_at = now
+        self.had_best = True
         return self.best
 
     def _smooth_dense(self):
@@ -361,9 +372,25 @@ class Guide:
     def start_probe(self, global_share: float, current: np.ndarray | None = None) -> None:
         """A new probe: global with probability ``global_share`` (to the model's
         proposal, or uniform over the range), else local (around the best, inside the
-        guard band)."""
+        guard band). With no best-known setting and ``first_probe = "local"`` the probe
+        holds the current setting (where tuning starts, or where a new workload found
+        it) until its level is known: the trust region's anchor, measured before any
+        move, and the reference of ``probe_floor``."""
         best = self.best
         replan = False
+        if self.cfg.first_probe == "local" and current is not None:
+            level = None if best is None else self._level(best)
+            if best is None and self.had_best:     # a new workload: re-explore wide
+                self.wide_left = self.cfg.alarm_probes
+            if level is None:                      # measure the anchor before moving
+                anchor = current if best is None else best
+                self.probe = Probe(np.array(anchor, np.int64), self.cfg.probe_dwell)
+                return
+            before, self.level_before = self.level_before, None
+            ratio = self.WIDE_RATIO
+            if before is not None and not before / ratio < level < before * ratio:
+                self.wide_left = self.cfg.alarm_probes    # the alarm moved the level: a
+                                                          # new workload, not noise
         if best is None or self.rng.random() < global_share:
             target = None
             if self.cfg.probe_model and current is not None:
@@ -372,8 +399,12 @@ class Guide:
             if target is None:
                 target = self.rng.integers(0, self.n_steps + 1)
         else:
-            g = self.cfg.guard_steps
-            jitter = np.clip(np.rint(self.rng.normal(0.0, self.cfg.probe_local_steps,
+            g, spread = self.cfg.guard_steps, self.cfg.probe_local_steps
+            if self.wide_left > 0:            # after a change: a far optimum in few probes
+                self.wide_left -= 1
+                g = max(g, self.cfg.alarm_guard_steps)
+                spread = max(spread, float(g))
+            jitter = np.clip(np.rint(self.rng.normal(0.0, spread,
                                                      size=(self.LOCAL_CANDIDATES, len(best)))),
                              -g, g)
             near = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
@@ -392,6 +423,8 @@ class Guide:
         probe = self.probe
         if probe is None:
             return None
+        if self._below_floor(probe):          # unsafe here: walk back to the best at once
+            probe = self.probe = Probe(self.best.copy(), 0, back=True)
         most = self.cfg.action_steps
         action = step_towards(current, probe.target, self.n_steps, most)
         if action != 0 and probe.replan:
@@ -409,6 +442,26 @@ class Guide:
                 self.probe = None
                 return None
         return action
+
+    def _level(self, key: np.ndarray) -> float | None:
+        """The mean objective credited to one setting (None: no sample yet)."""
+        if self.dense:
+            s, _, n = self.grid_stats[(slice(None),) + tuple(key)]
+        else:
+            s, _, n = self.sums.get(tuple(key), (0.0, 0.0, 0))
+        return float(s / n) if n > 0 else None
+
+    def _below_floor(self, probe: Probe) -> bool:
+        """Whether the newest objective value fell below ``probe_floor`` × the
+        best-known setting's mean (its own samples; a positive objective) while a probe
+        is away from it: the probe is then ended, not held for its dwell."""
+        floor, best = self.cfg.probe_floor, self.best
+        if floor <= 0 or probe.back or best is None or self.last_p is None:
+            return False
+        if np.array_equal(probe.target, best):
+            return False
+        level = self._level(best)
+        return level is not None and level > 0 and self.last_p < floor * level
 
     def guard(self, action: int, current: np.ndarray) -> int:
         """``action`` if it keeps every parameter within ``greedy_guard_steps`` of the

@@ -6,7 +6,7 @@ from capes.common import actions
 from capes.common.params import ParameterSpec
 from capes.experiments.converge_test import load_config, run_one
 from drl_engine.config import DQNConfig
-from drl_engine.guide import Guide, _coarsen
+from drl_engine.guide import Guide, Probe, _coarsen
 
 
 def game_throughput(rate, window):
@@ -212,3 +212,113 @@ def test_without_evidence_every_knob_keeps_the_settle_time():
     g = lag_guide(learn_lags=False)
     g.credit(p, values, len(p))
     assert g.lags.tolist() == [3, 3]
+
+
+def ladder_guide(**cfg):
+    """A guide over one knob of 11 rungs (read_ahead_kb 4 … 4096 as ladder indices)."""
+    return Guide(np.array([0.0]), np.array([1.0]), np.array([10]),
+                 DQNConfig(guided=True, **cfg), np.random.default_rng(0))
+
+
+def credit_level(g, setting: int, level: float, ticks: int = 3):
+    """``ticks`` samples of ``level`` credited to ``setting``, and the newest value seen."""
+    g.grid_stats[:, setting] += (level * ticks, level * level * ticks, ticks)
+    g.last_p = level
+
+
+def test_a_local_first_probe_holds_where_tuning_starts_until_its_level_is_known():
+    g = ladder_guide(first_probe="local", guard_steps=1)
+    for _ in range(5):                  # no best known: every first probe stays at 5
+        g.start_probe(1.0, np.array([5]))
+        assert list(g.probe.target) == [5]
+    credit_level(g, 5, 26.0)
+    assert list(g.best_setting(0)) == [5]
+    targets = set()
+    for _ in range(40):                 # then local probes, one rung around it
+        g.start_probe(0.0, np.array([5]))
+        targets.add(int(g.probe.target[0]))
+    assert targets <= {4, 5, 6} and len(targets) > 1
+    # "global": the first probe may go anywhere on the ladder
+    far = set()
+    for seed in range(20):
+        h = ladder_guide(first_probe="global")
+        h.rng = np.random.default_rng(seed)
+        h.start_probe(1.0, np.array([5]))
+        far.add(int(h.probe.target[0]))
+    assert max(abs(t - 5) for t in far) >= 3
+
+
+def test_a_probe_below_the_floor_walks_back_at_once():
+    g = ladder_guide(first_probe="local", guard_steps=1, probe_floor=0.75, probe_dwell=4)
+    credit_level(g, 5, 26.0)
+    g.best_setting(0)
+    g.probe = Probe(np.array([4]), 4)
+    assert g.probe_action(np.array([5])) != 0        # walks down to 4
+    g.last_p = 13.0                                 # half the best's level: unsafe
+    action = g.probe_action(np.array([4]))
+    assert actions.decode(action, 1) == (0, 1)       # straight back up, not a dwell
+    assert g.probe.back and list(g.probe.target) == [5]
+    assert g.probe_action(np.array([5])) is None    # there: the probe is over
+    # above the floor the probe dwells its whole time
+    g.probe = Probe(np.array([6]), 4)
+    g.last_p = 24.0
+    moves = [g.probe_action(np.array([6])) for _ in range(5)]
+    assert moves == [0, 0, 0, 0, None]
+
+
+def test_after_a_change_the_first_probes_may_go_further():
+    g = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
+                     alarm_probes=2)
+    credit_level(g, 0, 1.0)
+    g.best_setting(0)
+    g.forget(anchor=np.array([0]))
+    g.wide_left = g.cfg.alarm_probes            # as an alarm in credit() sets it
+    reach = []
+    for _ in range(2):
+        g.start_probe(0.0, np.array([0]))
+        reach.append(int(g.probe.target[0]))
+    g.start_probe(0.0, np.array([0]))
+    assert g.wide_left == 0 and int(g.probe.target[0]) <= 1
+    assert all(t <= 4 for t in reach)
+    # over many seeds the wide probes reach rungs the one-rung band cannot
+    far = 0
+    for seed in range(20):
+        h = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
+                         alarm_probes=1)
+        h.rng = np.random.default_rng(seed)
+        h.best, h.wide_left = np.array([0]), 1
+        h.start_probe(0.0, np.array([0]))
+        far += int(h.probe.target[0]) >= 2
+    assert far >= 5
+
+
+def test_a_new_workload_after_a_known_best_re_explores_wide():
+    g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=4, alarm_probes=3)
+    g.start_probe(1.0, np.array([7]))                 # the very start: narrow
+    assert g.wide_left == 0
+    credit_level(g, 7, 50.0)
+    g.best_setting(0)
+    g.forget()                                        # a new workload: best unknown
+    g.start_probe(1.0, np.array([7]))
+    assert list(g.probe.target) == [7] and g.wide_left == 3
+
+
+@pytest.mark.parametrize("after, wide", [(5.0, True), (40.0, True), (11.0, False)])
+def test_after_an_alarm_the_anchor_is_measured_and_only_a_moved_level_goes_wide(after, wide):
+    g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=4, alarm_probes=3)
+    credit_level(g, 7, 10.0)
+    g.best_setting(0)
+    g.level_before = g._level(np.array([7]))        # as credit() does on an alarm
+    g.forget(anchor=np.array([7]))
+    g.start_probe(0.0, np.array([6]))               # the anchor's level is unknown: hold it
+    assert list(g.probe.target) == [7] and g.wide_left == 0
+    credit_level(g, 7, after)
+    g.start_probe(0.0, np.array([7]))
+    assert (g.wide_left > 0) == wide                # 2x or more: a new workload; else noise
+
+
+@pytest.mark.parametrize("key, value", [("first_probe", "near"), ("probe_floor", 1.0),
+                                        ("probe_floor", -0.1), ("alarm_guard_steps", -1)])
+def test_probe_safety_settings_are_validated(key, value):
+    with pytest.raises(ValueError, match=key):
+        DQNConfig(**{key: value}).validate()

@@ -44,8 +44,8 @@ def _rows(label, schedule, levels, seconds):
     rows = []
     for i, ph in enumerate(schedule):
         for k in range(seconds):
-            rows.append(rr.Row(float(k), levels[ph.workload] * (1 + 0.01 * (k % 3 - 1)), 128,
-                               i, ph.workload, label))
+            level = levels[ph.workload] * (1 + 0.01 * (k % 3 - 1))
+            rows.append(rr.Row(float(i * seconds + k), level, 128, i, ph.workload, label))
     return rows
 
 
@@ -66,6 +66,32 @@ def test_score_normalises_each_workload_by_its_own_best():
     sc = rr.score(half, sched, best, 0.7, 0.01, best)
     assert sc["relative"] == pytest.approx(0.5, abs=0.01)
     assert sc["ci95"][1] < 0
+
+
+def test_returns_are_timed_to_90_percent_of_their_workload_s_best():
+    """Issue 25's real figure: each later phase of a workload, seconds until its 5 s mean
+    reaches 90 % of that workload's best static; a return that never does is None."""
+    sched = rr.alternating_schedule(4, 60)
+    best = {"seqread4": 80e6, "mmaprand": 1e6}
+    rows = _rows("t", sched, best, 60)
+    for r in rows:                      # the seq return starts low for 20 s, mmap never
+        start = min(q.t for q in rows if q.phase == r.phase)
+        if r.phase == 2 and r.t - start < 20 or r.phase == 3:
+            r.bytes_s *= 0.5
+    sc = rr.score(rows, sched, best, 0.7, 0.01, best)
+    assert [p["visit"] for p in sc["phases"]] == [1, 1, 2, 2]
+    rc = sc["recall_15s"]
+    assert rc["returns"] == 2 and rc["within_15s"] == 0
+    assert 16 <= rc["seconds_to_90"][0] <= 20 and rc["seconds_to_90"][1] is None
+
+
+def test_switches_are_noticed_only_inside_their_window():
+    sched = rr.alternating_schedule(3, 100)
+    rows = _rows("t", sched, {"seqread4": 1.0, "mmaprand": 1.0}, 100)
+    starts = [min(r.t for r in rows if r.phase == i) - 1 for i in range(3)]
+    noticed = [starts[0] + 5, starts[1] + 30, starts[2] + 80]
+    got = rr.switches_noticed(rows, noticed)
+    assert got == {"switches": 2, "found": 1, "false": 1}
 
 
 def _report(original, means):

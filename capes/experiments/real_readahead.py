@@ -492,6 +492,7 @@ class TunerRun:
     exit_codes: dict = field(default_factory=dict)
     restored: bool | None = None
     applied: list[int] = field(default_factory=list)
+    noticed: list[float] = field(default_factory=list)   # wall times of alarms/switches
 
 
 TUNER_DEFAULTS = {
@@ -538,12 +539,19 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
     samples: list[int] = []
     halt = threading.Event()
 
-    def sample() -> None:             # what the control agent applied, twice a second
-        while not halt.wait(0.5):
+    seen = [0]
+
+    def sample() -> None:             # what the control agent applied, twice a second,
+        while not halt.wait(0.5):     # and when the engine noticed a workload change
             try:
                 samples.append(runner.device.read_ahead())
             except (OSError, ValueError):
                 pass
+            st = _read_json(status)
+            count = (st.get("change_alarms") or 0) + (st.get("context_switches") or 0)
+            if count > seen[0]:
+                result.noticed += [time.time()] * (count - seen[0])
+                seen[0] = count
     thread = threading.Thread(target=sample, daemon=True)
     try:
         stack.start("interface-daemon", "interface-daemon", *cfg, "--ready-file",
@@ -615,6 +623,28 @@ def _batch_ci(x, batch_s: int = 10) -> list[float] | None:
     return [float(c.low), float(c.high)]
 
 
+def seconds_to(x, level: float, width: int = 5) -> int | None:
+    """Seconds from a phase's start until its ``width``-second mean first reaches
+    ``level`` (None: never): how fast a tuner got a workload back to its best."""
+    x = np.asarray(x, dtype=float)
+    if x.size < width:
+        return None
+    hit = np.flatnonzero(np.convolve(x, np.ones(width) / width, mode="valid") >= level)
+    return int(hit[0]) if hit.size else None
+
+
+def switches_noticed(rows: list[Row], noticed: list[float], window: float = 60) -> dict:
+    """Workload switches (a phase's first second, after the first phase) the engine
+    noticed within ``window`` s (a change alarm or a context switch), and how many
+    notices came outside those windows (false, in the phases' steady parts)."""
+    starts = [min(r.t for r in rows if r.phase == i) - 1
+              for i in sorted({r.phase for r in rows if r.phase > 0})]
+    found = [any(s <= t < s + window for t in noticed) for s in starts]
+    begin = min(r.t for r in rows) - 1          # the first workload's context is made here
+    false = sum(not any(s <= t < s + window for s in [begin, *starts]) for t in noticed)
+    return {"switches": len(starts), "found": int(sum(found)), "false": false}
+
+
 def normalised(rows: list[Row], best: dict[str, float]) -> np.ndarray:
     return np.array([r.bytes_s / best[r.workload] for r in rows])
 
@@ -635,7 +665,10 @@ def score(rows: list[Row], schedule: list[Phase], best: dict[str, float],
         if not x.size:
             continue
         last = x[-120:]
-        per_phase.append({"phase": i, "workload": ph.workload, "seconds": int(x.size),
+        visit = sum(p.workload == ph.workload for p in schedule[:i + 1])
+        per_phase.append({"phase": i, "workload": ph.workload, "visit": visit,
+                          "seconds_to_90": seconds_to(x, 0.9 * best[ph.workload]),
+                          "seconds": int(x.size),
                           "mean": float(x.mean()), "ci95": _batch_ci(x, batch_s),
                           "last_120s_mean": float(last.mean()),
                           "last_120s_ci95": _batch_ci(last, batch_s),
@@ -653,8 +686,14 @@ def score(rows: list[Row], schedule: list[Phase], best: dict[str, float],
           if nb >= 3 else math.nan)
     diff = rel - static_rel
     half = 1.96 * math.sqrt(se ** 2 + (static_se if math.isfinite(static_se) else 0) ** 2)
+    returns = [p["seconds_to_90"] for p in per_phase if p["visit"] > 1]
+    fast = sum(t is not None and t <= 15 for t in returns)
     return {"relative": rel, "se": se, "diff_vs_best_static": diff,
             "ci95": [diff - half, diff + half],
+            # issue 25: a return reaches 90 % of its workload's best static within 15 s
+            "recall_15s": {"returns": len(returns), "within_15s": fast,
+                           "share": fast / len(returns) if returns else None,
+                           "seconds_to_90": returns},
             "worst_10s_vs_original": min(p["worst_10s_vs_original"] for p in per_phase),
             "phases": per_phase}
 
@@ -750,6 +789,7 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                           outside_safe_range=sum(v not in LADDER for v in applied
                                                  if v != dev.original),
                           best_known=run.status.get("best"),
+                          noticed=switches_noticed(rows, run.noticed) if rows else None,
                           series=[[r.t, r.bytes_s, r.read_ahead_kb, r.phase]
                                   for r in rows])
                 result["tuners"][name] = sc
@@ -795,6 +835,16 @@ def report_table(result: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(
                 f"{p['mean'] / 1e6:.2f} ({p['relative']:.2f}; {p['last_120s_relative']:.2f})"
                 for p in sc["phases"]) + " |")
+    lines += ["", "Returns (issue 25: a workload's later phases at 90 % of its best static "
+              "within 15 s) and workload switches noticed within 60 s (alarm or context "
+              "switch; notices outside those windows):", ""]
+    for name, sc in result["tuners"].items():
+        rc, nt = (sc or {}).get("recall_15s"), (sc or {}).get("noticed")
+        if rc:
+            lines.append(f"- {name}: {rc['within_15s']}/{rc['returns']} returns within 15 s "
+                         f"(seconds to 90 %: {rc['seconds_to_90']})"
+                         + (f"; switches noticed {nt['found']}/{nt['switches']}, "
+                            f"{nt['false']} other notices" if nt and name == "capes" else ""))
     st = result["static"]
     lines += ["", "Static grid (mean MB/s per workload; relative over the schedule):", "",
               "| read_ahead_kb | " + " | ".join(st["means"]) + " | relative |",
