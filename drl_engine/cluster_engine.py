@@ -51,6 +51,11 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   started — an excursion, so exploration never displaces a node for good and knobs the
   objective does not depend on do not random-walk away. ``explore="random"``: one
   uniform random action. ε follows the engine's schedule (:func:`drl_engine.dqn.epsilon`).
+* **Cold start** (``cold_start = "shared"``, :mod:`drl_engine.cold_start`): before any
+  of that, every node moves together while the guide's GP probes search one shared
+  setting for ``cold_start_ticks`` ticks; its best becomes every node's best-known
+  setting and the per-node engine takes over (node by node, a fresh engine needed
+  ~250 simulated s to the first band at 64 nodes, the shared search ~15 s).
 * **Greedy moves**: a node moves only when its best action's Q beats NULL's by
   ``act_margin`` (tie noise would otherwise make every node dither), scaled by
   ``margin_nodes / N`` above ``margin_nodes`` nodes: the reward is the cluster's, so a
