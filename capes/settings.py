@@ -33,6 +33,18 @@ from storagegamesim.cluster import ClusterConfig
 from storagegamesim.game import GameConfig
 
 
+def is_cluster_config(path: str | Path | None) -> bool:
+    """Whether a config file poses the cluster game (has a ``[cluster]`` table); here,
+    not beside the cluster test, so that ``converge-test`` asks it without importing
+    the cluster engine."""
+    if not path or not Path(path).is_file():
+        return False
+    try:
+        return isinstance(cfgmod.read_toml(path).get("cluster"), dict)
+    except Exception:                                 # noqa: BLE001 -- the loader reports it
+        return False
+
+
 @dataclass
 class Settings(DeploymentConfig):
     engine: DQNConfig = field(default_factory=DQNConfig)

@@ -26,6 +26,7 @@ import dataclasses
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from drl_engine.config import PRESETS, DQNConfig, with_preset  # noqa: F401  (re-exported)
 
@@ -43,7 +44,12 @@ class QNetwork(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs)
+        # each layer's own forward, not ``self.net(obs)``: nn.Module.__call__'s hook
+        # handling costs more than these small layers' arithmetic (the same ops)
+        x = obs
+        for layer in self.net:
+            x = layer.forward(x)
+        return x
 
 
 def epsilon(action_ticks: int, cfg: DQNConfig, bumped_at: int | None = None,
@@ -160,7 +166,8 @@ class DQN(TargetNetworkLearner):
                                  alpha=cfg.rmsprop_decay)
         self._q_params = list(self.q.parameters())
         self._t_params = list(self.target.parameters())
-        self.loss_fn = nn.SmoothL1Loss() if cfg.loss == "huber" else nn.MSELoss()
+        # the functional losses, not their nn.Module wrappers (same arithmetic)
+        self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():

@@ -42,7 +42,8 @@ class _Derived:
         self.p = np.zeros(0)                        # objective
         self.r = np.zeros(0)                        # reward of transition t -> t+1
         self.missing_cum = np.zeros(1, np.int64)    # cumulative missing entries
-        self.values = np.zeros((0, 0), np.float32)  # parameter values in effect
+        self.values = np.zeros((0, 0), np.float32)  # parameter values in effect ...
+        self.values_buf: np.ndarray | None = None   # ... a view of this, grown by doubling
 
 
 class Experience:
@@ -139,8 +140,26 @@ class Experience:
         cum[:start + 1] = d.missing_cum[:start + 1]
         cum[start + 1:] = cum[start] + np.cumsum(missing)
         d.missing_cum = cum
-        d.values = data.values_in_effect()
+        d.values = self._values_in_effect(data, d, start)
         d.n = L
+
+    @staticmethod
+    def _values_in_effect(data: SessionData, d: _Derived, start: int) -> np.ndarray:
+        """``data.values_in_effect()``, extended in place: the values up to tick
+        ``start`` have not changed (an action at tick i moves the values from i + 1 on),
+        so only the ticks after it are read each refresh, not the whole session."""
+        L, buf = data.length, d.values_buf
+        if buf is None or start == 0 or start > d.n or buf.shape[1] != data.after.shape[1]:
+            buf = d.values_buf = np.empty((max(1024, 2 * L),) + data.after.shape[1:],
+                                          np.float32)
+            buf[:L] = data.values_in_effect()
+            return buf[:L]
+        if L > len(buf):
+            grown = np.empty((2 * L,) + buf.shape[1:], np.float32)
+            grown[:start] = buf[:start]
+            buf = d.values_buf = grown
+        buf[start:L] = data.values_in_effect(start, before=buf[start - 1])
+        return buf[:L]
 
     # -- observations -------------------------------------------------------------------
     def observations(self, sid: int, ticks: np.ndarray) -> np.ndarray:
@@ -148,13 +167,14 @@ class Experience:
         data = self.reader.sessions[sid]
         S = self.stack
         idx = ticks[:, None] + np.arange(-S + 1, 1)
-        x = data.pis[idx]                                   # (B, S, N, P)
+        x = data.pis[idx]                                   # (B, S, N, P), a copy
         if self.normalise:
             x = self.normaliser(x)
-        x = np.nan_to_num(x.reshape(len(ticks), -1), nan=0.0)
+        # in place: x and v are this call's own arrays (one copy fewer of each)
+        x = np.nan_to_num(x.reshape(len(ticks), -1), copy=False, nan=0.0)
         vals = self.derived[sid].values[ticks]
-        v = np.nan_to_num((vals - self._param_lo) / self._param_span, nan=0.0)
-        return np.concatenate([x, v], axis=1).astype(np.float32)
+        v = np.nan_to_num((vals - self._param_lo) / self._param_span, copy=False, nan=0.0)
+        return np.concatenate([x, v], axis=1).astype(np.float32, copy=False)
 
     def latest(self, sid: int) -> tuple[int, np.ndarray] | None:
         """(tick, observation) for the newest tick of session ``sid`` with a full stack."""
@@ -203,12 +223,16 @@ class Experience:
         need = n
         for _ in range(max_rounds):
             g = rng.integers(0, total, size=need)
-            which = np.searchsorted(bounds, g, side="right")
-            for k in np.unique(which):
+            if len(sids) == 1:                # one session (the usual case): all of g
+                which, ks = None, (0,)
+            else:
+                which = np.searchsorted(bounds, g, side="right")
+                ks = np.unique(which)
+            for k in ks:
                 sid = sids[k]
                 data, d = self.reader.sessions[sid], self.derived[sid]
                 offset = bounds[k] - counts[k]
-                i = (g[which == k] - offset) + self.stack - 1
+                i = (g if which is None else g[which == k]) - offset + self.stack - 1
                 ok = i[self._valid(data, d, i)]
                 if len(ok):
                     picked.append((sid, ok))
@@ -223,8 +247,9 @@ class Experience:
         obs, nxt, act, rew, ss, ts = [], [], [], [], [], []
         for sid, i in picked:
             data, d = self.reader.sessions[sid], self.derived[sid]
-            obs.append(self.observations(sid, i))
-            nxt.append(self.observations(sid, i + self.n_step))
+            both = self.observations(sid, np.concatenate([i, i + self.n_step]))  # s_t, s_t+n
+            obs.append(both[:len(i)])
+            nxt.append(both[len(i):])
             # a move of several steps (a probe's walk) is learned as its direction
             act.append(actions.direction(data.actions[i].astype(np.int64),
                                          len(self.layout.param_names)))

@@ -47,6 +47,7 @@ replay DB) and changes *which* actions are taken:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -171,8 +172,11 @@ class Guide:
                 self.alarms.append(t)
                 self.forget(anchor=np.array(key))
                 continue
-            if self.dense:
-                self.grid_stats[(slice(None),) + key] += (p[t], p[t] * p[t], 1.0)
+            if self.dense:               # one scalar add each: the same sums, no array
+                stats, pt = self.grid_stats, float(p[t])
+                stats[(0,) + key] += pt
+                stats[(1,) + key] += pt * pt
+                stats[(2,) + key] += 1.0
             else:
                 s = self.sums.setdefault(key, [0.0, 0.0, 0])
                 s[0] += p[t]
@@ -194,27 +198,40 @@ class Guide:
         t0 = max(self._lag_seen, L + 1)
         if n <= t0:
             return
-        ts = np.arange(t0, n)
-        y = np.abs(p[ts] - p[ts - 1])
-        x = np.ones((len(ts), 1 + P * (L + 1)))
-        for lag in range(L + 1):
-            x[:, 1 + lag * P:1 + (lag + 1) * P] = values[ts - lag] != values[ts - lag - 1]
-        ok = np.isfinite(y)                    # x holds 0/1 indicators, always finite
-        x, y = x[ok], y[ok]
-        self.lag_xx += x.T @ x
-        self.lag_xy += x.T @ y
-        self.lag_yy += float(y @ y)
-        self.lag_n += len(y)
+        width = 1 + P * (L + 1)
+        if n == t0 + 1:
+            # one new tick (every tick of a run): the row's sums without matrix products,
+            # the same numbers (0/1 indicators times one value)
+            y0 = abs(p[t0] - p[t0 - 1])
+            if np.isfinite(y0):
+                moved = values[t0 - L:t0 + 1] != values[t0 - L - 1:t0]   # (L+1, P) rows
+                x = np.ones(width)
+                x[1:] = moved[::-1].reshape(-1)            # lag 0 first, as below
+                self.lag_xx += np.outer(x, x)
+                self.lag_xy += x * y0
+                self.lag_yy += float(y0 * y0)
+                self.lag_n += 1
+        else:
+            ts = np.arange(t0, n)
+            y = np.abs(p[ts] - p[ts - 1])
+            x = np.ones((len(ts), width))
+            for lag in range(L + 1):
+                x[:, 1 + lag * P:1 + (lag + 1) * P] = values[ts - lag] != values[ts - lag - 1]
+            ok = np.isfinite(y)                # x holds 0/1 indicators, always finite
+            x, y = x[ok], y[ok]
+            self.lag_xx += x.T @ x
+            self.lag_xy += x.T @ y
+            self.lag_yy += float(y @ y)
+            self.lag_n += len(y)
         self._lag_seen = n
-        dof = self.lag_n - x.shape[1]
+        dof = self.lag_n - width
         if dof < 5:
             return
         # a ridge (1 per coefficient, none on the constant): along a walk a knob moves
         # every tick and its lags cannot be told apart; those coefficients stay small
         # and uncertain instead of making the fit singular
-        ridge = np.eye(len(self.lag_xx))
-        ridge[0, 0] = 0.0
-        inv = np.linalg.inv(self.lag_xx + ridge + 1e-9 * np.eye(len(ridge)))
+        ridge, tiny = _lag_ridge(width)
+        inv = np.linalg.inv(self.lag_xx + ridge + tiny)
         beta = inv @ self.lag_xy
         rss = self.lag_yy - 2.0 * beta @ self.lag_xy + beta @ self.lag_xx @ beta
         se = np.sqrt(np.maximum(np.diag(inv) * max(rss, 0.0) / dof, 1e-300))
@@ -423,6 +440,17 @@ def _coarsen(keys, s, sq, n, most: int):
         pos = np.stack([np.bincount(inv, keys[:, j] * n, m) for j in range(keys.shape[1])], 1)
         out = pos / agg[2][:, None], agg[0], agg[1], agg[2]
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _lag_ridge(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lag fit's ridge (1 on each coefficient, none on the constant) and its 1e-9
+    jitter, built once per width (read only)."""
+    ridge = np.eye(width)
+    ridge[0, 0] = 0.0
+    tiny = 1e-9 * np.eye(width)
+    ridge.flags.writeable = tiny.flags.writeable = False
+    return ridge, tiny
 
 
 def _rbf(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from capes.common import config as cfgmod
-from capes.common.config import ConfigError
+from capes.common.config import ConfigError, dump_toml as toml_document, toml_value
 from capes.settings import Settings, load_settings
 
 BASE_FILE = Path(__file__).resolve().parent.parent / "configs" / "simulator.toml"
@@ -92,41 +92,6 @@ values = st.recursive(
     lambda inner: st.one_of(st.lists(inner, max_size=4),
                             st.dictionaries(keys, inner, max_size=4)),
     max_leaves=8)
-
-
-# --------------------------------------------------------------------- a TOML writer
-def toml_str(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in '"\\' or ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return toml_str(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{toml_str(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(type(v))
-
-
-def toml_document(table: dict) -> str:
-    return "".join(f"{toml_str(k)} = {toml_value(v)}\n" for k, v in table.items())
 
 
 def put(table: dict, path: tuple, value) -> dict:

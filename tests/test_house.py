@@ -26,6 +26,35 @@ def test_validating_a_deployment_file_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
+HEAVY = ("torch", "scipy", "grpc", "zmq", "matplotlib", "optuna")
+
+
+def _loaded_after(code: str, wanted) -> list[str]:
+    """Which modules of ``wanted`` are loaded once ``code`` has run in a fresh
+    interpreter."""
+    probe = (f"{code}\nimport sys\n"
+             f"print(sorted(m for m in {tuple(wanted)!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=300, cwd=ROOT)
+    return eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_command_line_loads_no_heavy_library_before_a_command_needs_it():
+    # `capes --help`, `capes status`, the agents: none of them waits for torch or grpc
+    assert _loaded_after("import capes.cli", HEAVY) == []
+
+
+def test_a_converge_run_loads_only_what_it_uses():
+    # a one-tick converge test: torch, but no optional library and not the
+    # cluster engine or the baselines, whose imports would only lengthen every start
+    code = ("from capes.cli import main\n"
+            "main(['converge-test', '--seeds', '1', '--set', 'game.time_limit_ticks=1', "
+            "'--quiet'])")
+    unused = ("scipy", "grpc", "zmq", "matplotlib", "optuna", "drl_engine.cluster_engine",
+              "capes.experiments.cluster_test", "capes.experiments.baselines")
+    assert _loaded_after(code, ("torch",) + unused) == ["torch"]   # torch: it trains
+
+
 # every command that reads a deployment file, with the arguments it needs besides it
 COMMANDS = [
     ["interface-daemon"], ["monitor-agent"], ["control-agent"], ["restore-defaults"],

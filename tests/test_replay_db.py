@@ -51,6 +51,42 @@ def test_uncommitted_rows_are_invisible_and_committed_rows_survive_a_crash(tmp_p
     assert r.sessions[info.id].length == 3
 
 
+@pytest.mark.parametrize("n_pis", [2, 12])          # raw rows, and rows lz4 may shrink
+def test_a_tick_of_rows_is_stored_as_row_by_row(tmp_path, n_pis):
+    # the cluster harness writes a whole tick at once (add_pis_rows): the DB must hold
+    # exactly what one add_pis per node would have stored, and refuse the same rows
+    rows = np.arange(3 * n_pis, dtype=np.float32).reshape(3, n_pis) % 5
+    stored = []
+    for name, batched in (("one.db", False), ("batch.db", True)):
+        w = ReplayWriter(tmp_path / name)
+        w.begin_session(SessionInfo(pi_names=[f"p{j}" for j in range(n_pis)],
+                                    node_names=["a", "b", "c", "d"], params=two_params()))
+        if batched:
+            w.add_pis_rows(7, [0, 2, 3], rows)
+            with pytest.raises(ReplayDBError):
+                w.add_pis_rows(8, [0, 4], rows[:2])            # node 4 is not in the layout
+            with pytest.raises(ReplayDBError):
+                w.add_pis_rows(8, [0], np.ones((1, n_pis + 1)))  # more PIs than the layout
+        else:
+            for node, row in zip([0, 2, 3], rows):
+                w.add_pis(7, node, row)
+        w.close()
+        with sqlite3.connect(tmp_path / name) as conn:
+            stored.append(conn.execute("SELECT tick, node, vec FROM pis ORDER BY rowid")
+                          .fetchall())
+    assert stored[0] == stored[1] and len(stored[0]) == 3
+
+
+def test_a_full_buffer_drops_the_oldest_rows_of_a_batch_too(tmp_path):
+    w = ReplayWriter(tmp_path / "r.db", max_pending=4)
+    w.begin_session(SessionInfo(pi_names=["tp"], node_names=["a", "b", "c"],
+                                params=two_params()))
+    assert w.add_pis_rows(1, [0, 1, 2], [[1], [2], [3]]) == 0
+    assert w.add_pis_rows(2, [0, 1, 2], [[4], [5], [6]]) == 2
+    assert w.dropped == 2 and [(t, n) for _, t, n, _ in w._pis] == \
+        [(1, 2), (2, 0), (2, 1), (2, 2)]
+
+
 def test_bad_rows_are_refused(tmp_path, make_session):
     w, _ = make_session(tmp_path / "r.db", ticks=1)
     with pytest.raises(ReplayDBError):

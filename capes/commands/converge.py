@@ -31,6 +31,8 @@ def _floats(text: str) -> list[float]:
 def _tuners(text: str) -> str:
     """``--tuner``: capes, a baseline (``bo``, ``bo:budget=300``) or, for the cluster
     game, a comma list (``capes,bo,hill``); unknown names are refused here."""
+    if text == "capes":                 # the default: no need to import the baselines
+        return text
     from capes.experiments.baselines import tuner_names
     known = ["capes", *tuner_names()]
     for part in text.split(","):
@@ -103,13 +105,13 @@ def run(args) -> int:
     if args.seeds < 1 or args.jobs < 1:
         print("capes converge-test: --seeds and --jobs must be >= 1", file=sys.stderr)
         return 2
-    from capes.experiments.baselines import missing_dependency
     for name in args.tuner.split(","):
         if name.strip() and name.strip() != "capes" and "=" not in name.partition(":")[0]:
+            from capes.experiments.baselines import missing_dependency
             if problem := missing_dependency(name.strip()):
                 print(f"capes converge-test: {problem}", file=sys.stderr)
                 return 2
-    from capes.experiments.cluster_test import is_cluster_config
+    from capes.settings import is_cluster_config
     if is_cluster_config(args.config):            # a [cluster] table: the cluster game
         from capes.experiments.cluster_test import main as cluster_main
         return cluster_main(args)

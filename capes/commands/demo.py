@@ -12,6 +12,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the simulator's noise and of the engine (default: "
                         "%(default)s)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N",
+                   help="simulator nodes, each with its own agents; N > 1 tunes each node's "
+                        "knobs (sim0/window, ...) with the per-node engine "
+                        "(default: %(default)s)")
     p.add_argument("--timeout", type=float, default=180.0, metavar="SECONDS",
                    help="wall-clock limit (default: %(default)s)")
     p.add_argument("--hold", type=float, default=0.0, metavar="SECONDS",
@@ -44,7 +48,7 @@ def run(args) -> int:
     opts = DemoOptions(config=Path(args.config), overrides=list(args.overrides),
                        seed=args.seed, timeout_s=args.timeout, workdir=args.workdir,
                        keep=args.keep, plot=args.plot, json_out=args.json, hold_s=args.hold,
-                       tensorboard=args.tensorboard)
+                       tensorboard=args.tensorboard, nodes=args.nodes)
     try:
         result = run_demo(opts)
     except RuntimeError as exc:

@@ -300,3 +300,33 @@ def load(cls: type[T], path: str | Path | None, overrides: Iterable[str] = ()) -
     """Load ``cls`` from ``path`` (or pure defaults when None) plus ``--set`` overrides."""
     table, source = load_table(path, overrides)
     return build(cls, table, source)
+
+
+# --------------------------------------------------------------------- a TOML writer
+def toml_value(v: Any) -> str:
+    """One value as TOML (tables inline), so that ``tomllib.loads`` gives it back."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + "".join(f"\\u{ord(c):04x}" if c in '"\\' or ord(c) < 0x20 or ord(c) == 0x7F
+                             else c for c in v) + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{toml_value(str(k))} = {toml_value(x)}"
+                               for k, x in v.items()) + "}"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+def dump_toml(table: dict) -> str:
+    """A whole document, one top-level key a line (what a generated config needs: the
+    demo's per-node deployment, the tests' fuzzed files)."""
+    return "".join(f"{toml_value(str(k))} = {toml_value(v)}\n" for k, v in table.items())

@@ -349,6 +349,35 @@ class ReplayWriter:
         self._pis.append((s.id, int(tick), int(node), encode_vec(vec, self.compress)))
         return full
 
+    def add_pis_rows(self, tick: int, nodes, rows) -> int:
+        """Buffer one row per node of ``nodes`` (``rows[i]`` for ``nodes[i]``), stored as
+        :meth:`add_pis` stores each; the checks run once for the whole tick (at 1,000
+        nodes the per-row calls cost more than the insert). Returns the rows dropped
+        because the buffer was full."""
+        s = self._require_session()
+        nodes = np.asarray(nodes, np.int64).reshape(-1)
+        rows = np.ascontiguousarray(rows, dtype="<f4")
+        if len(nodes) and not (0 <= nodes.min() and nodes.max() < len(s.node_names)):
+            raise ReplayDBError("node index not in session layout")
+        if rows.ndim != 2 or len(rows) != len(nodes) or rows.shape[1] > len(s.pi_names):
+            raise ReplayDBError(f"PI rows of shape {rows.shape} do not fit {len(nodes)} "
+                                f"nodes × {len(s.pi_names)} PIs")
+        sid, t = s.id, int(tick)
+        if self.compress and 8 <= rows.shape[1] <= 0xFFFF:      # lz4 may pay: per row
+            blobs = [encode_vec(r, True) for r in rows]
+        else:                 # too short to compress: raw float32 (encode_vec's choice)
+            raw, w = rows.tobytes(), 4 * rows.shape[1]
+            blobs = [raw[k:k + w] for k in range(0, len(raw), w)]
+        self._pis.extend(zip(itertools.repeat(sid), itertools.repeat(t), nodes.tolist(),
+                             blobs))
+        dropped = 0
+        if self.max_pending is not None:        # the oldest rows go first, as add_pis
+            while len(self._pis) > self.max_pending:
+                self._pis.popleft()
+                dropped += 1
+            self.dropped += dropped
+        return dropped
+
     def add_action(self, tick: int, action: int, values) -> None:
         s = self._require_session()
         vals = np.asarray(values, dtype="<f4")
@@ -372,7 +401,7 @@ class ReplayWriter:
         WAL before returning, so the rows survive a power cut too (a plain commit
         survives any crash of the process)."""
         n = len(self._pis) if max_rows is None else min(max_rows, len(self._pis))
-        pis = list(itertools.islice(self._pis, n))
+        pis = list(self._pis) if n == len(self._pis) else list(itertools.islice(self._pis, n))
         done = Committed(ticks=[row[1] for row in pis])
         if not (pis or self._actions or self._layout):
             return done
@@ -390,8 +419,11 @@ class ReplayWriter:
                 self.conn.execute("PRAGMA synchronous=NORMAL")
         done.rows_ignored = len(pis) - done.rows
         done.actions_ignored = len(self._actions) - done.actions
-        for _ in range(n):
-            self._pis.popleft()
+        if n == len(self._pis):
+            self._pis.clear()
+        else:
+            for _ in range(n):
+                self._pis.popleft()
         self._actions.clear()
         self._layout = None
         return done
@@ -521,13 +553,18 @@ class SessionData:
         acted = np.flatnonzero(~np.isnan(self.after[:self.length]).all(axis=1))
         return self.after[acted[-1]].copy() if len(acted) else self.defaults.copy()
 
-    def values_in_effect(self, start: int = 0) -> np.ndarray:
+    def values_in_effect(self, start: int = 0, before: np.ndarray | None = None
+                         ) -> np.ndarray:
         """Each tick's parameter values from ``start`` on: the values after the last
-        action strictly before that tick (the session's defaults before any action)."""
+        action strictly before that tick (the session's defaults before any action).
+        ``before``: the values in effect at tick ``start`` − 1, when the caller has
+        them; then only the ticks from ``start`` − 1 on are read, not the whole session."""
+        lo = start - 1 if before is not None and start > 0 else 0
         after = self.after[:self.length]
-        acted = np.where(~np.isnan(after).all(axis=1), np.arange(len(after)), -1)
-        last_before = np.maximum.accumulate(np.concatenate([[-1], acted[:-1]]))[start:]
-        out = np.broadcast_to(self.defaults, (len(last_before), len(self.defaults))).copy()
+        acted = np.where(~np.isnan(after[lo:]).all(axis=1), np.arange(lo, len(after)), -1)
+        last_before = np.maximum.accumulate(np.concatenate([[-1], acted[:-1]]))[start - lo:]
+        base = before if lo > 0 else self.defaults
+        out = np.broadcast_to(base, (len(last_before), len(self.defaults))).copy()
         have = last_before >= 0
         out[have] = after[last_before[have]]
         return out
@@ -571,6 +608,8 @@ class ReplayReader:
         self.sessions: dict[int, SessionData] = {}
         self._last_pis_rowid = 0
         self._last_action_rowid = 0
+        self._session_rows: list[tuple] | None = None   # as last read (_read_sessions)
+        self._session_infos: list[SessionInfo] = []
         self.refresh()
 
     def _reserve(self, table: str, last_rowid: int) -> None:
@@ -616,9 +655,19 @@ class ReplayReader:
             raise ReplayDBError(f"{self.path}: damaged replay DB ({type(exc).__name__}: "
                                 f"{str(exc)[:200]})") from None
 
+    def _read_sessions(self) -> list[SessionInfo]:
+        """The sessions table, parsed again only when a row of it changed (the
+        checks and JSON of every row cost more than the rest of a small refresh)."""
+        rows = self.conn.execute(f"SELECT {SESSION_COLUMNS} FROM sessions "
+                                 f"ORDER BY id").fetchall()
+        if rows != self._session_rows:
+            self._session_infos = [_session_from_row(r) for r in rows]
+            self._session_rows = rows
+        return self._session_infos
+
     def _load_new_rows(self) -> int:
         conn = self.conn
-        for info in read_sessions(conn):
+        for info in self._read_sessions():
             if self.layout is None:
                 self.layout = Layout.of(info)
             if self.grow_nodes:

@@ -61,6 +61,7 @@ from drl_engine.loop import TickRecord, TickState, run_ticks
 from storagegamesim.cluster import ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
 from capes.common.shipped_configs import config_path
+from capes.settings import is_cluster_config  # noqa: F401  (re-exported)
 
 DEFAULT_CONFIG = config_path("cluster-sim")
 DETECT_WINDOW = 300          # an alarm within this many ticks of a phase start detects it
@@ -73,16 +74,6 @@ class ClusterTestConfig:
     engine: DQNConfig = field(default_factory=DQNConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     model: NodeModelConfig = field(default_factory=NodeModelConfig)
-
-
-def is_cluster_config(path: str | Path | None) -> bool:
-    """Whether a config file poses the cluster game (has a ``[cluster]`` table)."""
-    if not path or not Path(path).is_file():
-        return False
-    try:
-        return isinstance(cfgmod.read_toml(path).get("cluster"), dict)
-    except Exception:                                 # noqa: BLE001 -- the loader reports it
-        return False
 
 
 def load_config(path: str | Path | None = None, overrides=(), preset: str | None = None
@@ -140,8 +131,8 @@ class ClusterSource:
         here = sim.present[self.order]
         x[~here] = np.nan
         t0 = time.perf_counter()
-        for i in np.flatnonzero(here):
-            self.writer.add_pis(sim.ticks, int(i), x[i])
+        rows = np.flatnonzero(here)
+        self.writer.add_pis_rows(sim.ticks, rows, x[rows])
         self.writer.commit()
         self.write_s += time.perf_counter() - t0
         if self.feed is not None:

@@ -7,6 +7,12 @@ prints a summary, writes a PNG of throughput and parameters over time, and stops
 process it started — on the win, on an error and on Ctrl-C alike, and (on Linux) when
 the demo itself is killed, even with SIGKILL (``process_group.die_with_parent``).
 
+``--nodes N`` (N > 1) runs N simulator nodes, each a process with its own monitoring and
+control agent, and tunes them with per-node knobs (``sim3/window``…, the deployment of
+``docs/deploying-per-node.md``): the demo writes that deployment into the work dir
+(``demo-nodes.toml``, from the given config) and the engine daemon runs the per-node
+engine on it. The demo is won when every node has won its game.
+
 The work dir holds ``capes-demo.json`` (the daemon's gRPC address, the token file, the
 metrics addresses, the engine's status file), so ``capes status --workdir DIR`` finds
 a running demo. The live line shows the values the control agent acknowledged as
@@ -45,6 +51,7 @@ class DemoOptions:
     json_out: str | None = None
     hold_s: float = 0.0              # keep tuning this long after the win (shows the hold)
     tensorboard: str | None = None   # the engine's TensorBoard log dir
+    nodes: int = 1                   # simulator nodes; > 1: per-node knobs
 
 
 DEMO_FILE = "capes-demo.json"        # what `capes status --workdir DIR` reads
@@ -67,13 +74,49 @@ def read_number(path: Path) -> float | None:
         return None
 
 
+NODES_FILE = "demo-nodes.toml"       # the per-node deployment of ``--nodes N``
+MOST_NODES = 64                      # 3 processes a node on one machine
+
+
+def knob_of(name: str) -> str:
+    """``sim3/window`` -> ``window`` (a global knob's name is its own)."""
+    return name.rsplit("/", 1)[-1]
+
+
+def per_node_table(table: dict, nodes: list[str], sim_dir: str = "sim") -> dict:
+    """The deployment ``table`` (a simulator config's raw TOML) with every parameter
+    ``P`` made one per node, ``<node>/P`` held by that node only, and its applier
+    writing that node's knob file ``SIM_DIR/<node>/P``. The monitoring agents'
+    collectors are set per process (``--set monitor.collectors=...``)."""
+    params = table.get("parameters") or {}
+    if not params or any("/" in p for p in params):
+        raise ValueError("--nodes needs a config of global parameters (it makes them "
+                         "per-node)")
+    collectors = (table.get("monitor") or {}).get("collectors") or []
+    if [c.get("name") for c in collectors] != ["simulator"]:
+        raise ValueError("--nodes needs a simulator config (one monitor collector, "
+                         "\"simulator\"), such as the default")
+    out = {k: v for k, v in table.items() if k != "parameters"}
+    out["parameters"] = {f"{n}/{p}": {**spec, "nodes": [n]}
+                         for n in nodes for p, spec in params.items()}
+    out["control"] = {**table.get("control", {}), "appliers": {
+        f"{n}/{p}": {"name": "file", "options": {"path": f"{sim_dir}/{n}/{p}"}}
+        for n in nodes for p in params}}
+    if (table.get("daemon") or {}).get("nodes"):
+        out["daemon"] = {**table["daemon"], "nodes": list(nodes)}
+    return out
+
+
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
     from capes.common.atomic import write_json
+    from capes.common.config import dump_toml, read_toml
     from capes.common.control_client import ControlClient
     from capes.common.curve import TOKEN_FILE, bind, generate, load_token
     from capes.common.metrics import iso
     from capes.settings import load_settings
 
+    if not 1 <= opts.nodes <= MOST_NODES:
+        raise RuntimeError(f"--nodes: 1 to {MOST_NODES} (got {opts.nodes})")
     deploy = load_settings(opts.config, opts.overrides)      # the whole file, before any process
     if opts.tensorboard:
         from capes.common.metrics import TENSORBOARD_MISSING, tensorboard_available
@@ -97,16 +140,25 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
             f"control.daemon=tcp://127.0.0.1:{ports['control']}", *opts.overrides,
             f'keys.dir="{keys_dir}"', f'daemon.db="{db}"']
     config = str(Path(opts.config).resolve())
+    if opts.nodes == 1:
+        nodes = [deploy.control.node]
+    else:                              # the per-node deployment, written into the work dir
+        nodes = [f"sim{i}" for i in range(opts.nodes)]
+        table = per_node_table(read_toml(config), nodes)
+        config = str(workdir / NODES_FILE)
+        Path(config).write_text(dump_toml(table))
+        load_settings(config, opts.overrides)                # checked before any process
     cfg_args = ["--config", config]
     for s in sets:
         cfg_args += ["--set", s]
     game_sets = [a for s in opts.overrides if s.startswith("game.") for a in ("--set", s)]
     if deploy.keys.enabled:            # each agent's key bound to its node (docs/protocol.md)
         generate(keys_dir, ["monitor", "control", "engine"])
-        bind(keys_dir, "monitor", [deploy.monitor.node])
-        bind(keys_dir, "control", [deploy.control.node])
+        bind(keys_dir, "monitor", nodes if opts.nodes > 1 else [deploy.monitor.node])
+        bind(keys_dir, "control", nodes)
         bind(keys_dir, "engine", ["engine"])         # as `capes keys generate --client`
-    sim_dir = workdir / "sim"
+    sim_dirs = {n: workdir / "sim" / n for n in nodes} if opts.nodes > 1 else \
+        {nodes[0]: workdir / "sim"}
     engine_status = workdir / ENGINE_STATUS
     stack = ProcessGroup(workdir)
     series = {k: [] for k in ("tick", "throughput", "true_throughput", "window",
@@ -121,19 +173,29 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         "daemon_metrics": f"127.0.0.1:{ports['daemon_metrics']}",
         "engine_metrics": f"127.0.0.1:{ports['engine_metrics']}",
         "engine_status": str(engine_status), "logs": str(stack.logs),
-        "tensorboard": opts.tensorboard, "tick_seconds": tick_s,
+        "tensorboard": opts.tensorboard, "tick_seconds": tick_s, "nodes": nodes,
     }
     client = None
     try:
         print(f"capes demo: work dir {workdir}, {1 / tick_s:g} ticks per second, "
-              f"CURVE {'on' if deploy.keys.enabled else 'off'}", file=out, flush=True)
-        stack.start("sim-node", "sim-node", "--dir", "sim", "--tick-seconds", str(tick_s),
-                    "--seed", str(opts.seed), "--keep-running", "--config", config,
-                    *game_sets)
+              f"CURVE {'on' if deploy.keys.enabled else 'off'}"
+              + (f", {len(nodes)} nodes with per-node knobs ({config})"
+                 if opts.nodes > 1 else ""), file=out, flush=True)
         stack.start("interface-daemon", "interface-daemon", *cfg_args,
                     "--ready-file", "daemon.ready")
-        stack.start("monitor-agent", "monitor-agent", *cfg_args, "--set", "keys.client=monitor")
-        stack.start("control-agent", "control-agent", *cfg_args, "--set", "keys.client=control")
+        for i, (node, d) in enumerate(sim_dirs.items()):
+            name = (lambda what: what) if opts.nodes == 1 else (lambda what: f"{what}-{node}")
+            stack.start(name("sim-node"), "sim-node", "--dir", str(d.relative_to(workdir)),
+                        "--tick-seconds", str(tick_s), "--seed", str(opts.seed + i),
+                        "--keep-running", "--config", config, *game_sets)
+            per_node = [] if opts.nodes == 1 else [
+                "--set", f"monitor.node={node}", "--set", f"control.node={node}",
+                "--set", f'monitor.collectors=[{{name = "simulator", options = '
+                         f'{{dir = "{d.relative_to(workdir)}"}}}}]']
+            stack.start(name("monitor-agent"), "monitor-agent", *cfg_args, *per_node,
+                        "--set", "keys.client=monitor")
+            stack.start(name("control-agent"), "control-agent", *cfg_args, *per_node,
+                        "--set", "keys.client=control")
         stack.start("drl-engine", "drl-engine", *cfg_args, "--seed", str(opts.seed),
                     "--checkpoint-dir", str(workdir / "checkpoints"),
                     "--status-file", str(engine_status), "--log-every", "2",
@@ -145,17 +207,16 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
               f"curl -s http://{info['engine_metrics']}/metrics", file=out, flush=True)
         client = ControlClient(info["grpc"], load_token(
             dataclasses.replace(deploy.keys, dir=str(keys_dir))), timeout=1.0)
-        node = deploy.control.node
-        poller = _AppliedPoller(client, node)
+        poller = _AppliedPoller(client, nodes)
         try:
-            _watch(opts, stack, poller, sim_dir, engine_status, series, result, t0, out)
+            _watch(opts, stack, poller, sim_dirs, engine_status, series, result, t0, out)
         except KeyboardInterrupt:
             result["interrupted"] = True
             print("interrupted: stopping every process", file=out, flush=True)
         finally:
             poller.stop()
         result["daemon"] = _daemon_status(client)
-        result["applied"] = _applied(client, node)
+        result["applied"] = _applied(client, nodes)
     finally:
         if client is not None:
             client.close()
@@ -170,7 +231,7 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
     result["engine"] = _read_json(engine_status)
     result["final"] = {k: (series[k][-1] if series[k] else None)
                        for k in ("tick", "true_throughput", "window", "rate_limit")}
-    result["final"].update(result.get("applied") or {})     # what the node really has
+    result["final"].update(knob_means(result.get("applied") or {}))  # what the nodes have
     kept = bool(opts.keep or opts.workdir)
     _summary(result, out, kept)
     plot = opts.plot
@@ -191,12 +252,12 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
 
 
 class _AppliedPoller:
-    """The values the control agent of ``node`` acknowledged, asked of the daemon once a
-    second on a thread of its own, so that a slow answer never delays the game's
+    """The values the control agents of ``nodes`` acknowledged, asked of the daemon once
+    a second on a thread of its own, so that a slow answer never delays the game's
     sampling."""
 
-    def __init__(self, client, node: str, every_s: float = 1.0):
-        self.client, self.node, self.every_s = client, node, every_s
+    def __init__(self, client, nodes: list[str], every_s: float = 1.0):
+        self.client, self.nodes, self.every_s = client, nodes, every_s
         self.values: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="capes-demo-applied",
@@ -205,7 +266,7 @@ class _AppliedPoller:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.values = _applied(self.client, self.node) or self.values
+            self.values = _applied(self.client, self.nodes) or self.values
             self._stop.wait(self.every_s)
 
     def stop(self) -> None:
@@ -213,62 +274,92 @@ class _AppliedPoller:
         self._thread.join(3)
 
 
-def _watch(opts: DemoOptions, stack: ProcessGroup, poller: _AppliedPoller, sim_dir: Path,
-           engine_status: Path, series: dict, result: dict, t0: float, out) -> None:
-    """Follow the game until the win (plus the hold) or the time limit; keep the series
-    and print a live line every second."""
+def _watch(opts: DemoOptions, stack: ProcessGroup, poller: _AppliedPoller,
+           sim_dirs: dict[str, Path], engine_status: Path, series: dict, result: dict,
+           t0: float, out) -> None:
+    """Follow the games until every node has won (plus the hold) or the time limit; keep
+    the series (means over the nodes) and print a live line every second."""
     won_at = None
     last_print = 0.0
+    many = len(sim_dirs) > 1
     while True:
         time.sleep(0.1)
+        over = [n for n in stack.dead() if n.startswith("sim-node")
+                and stack.procs[n].returncode == 0]
+        if over:                      # a node played its whole game: not an error
+            if won_at is None:
+                print(f"limit: {over[0]} reached the game's time limit without a win",
+                      file=out, flush=True)
+            break
         stack.check_alive()
-        sim = {k: read_number(sim_dir / k) for k in ("ticks", "throughput",
-               "true_throughput", "won")}
+        sims = [{k: read_number(d / k) for k in ("ticks", "throughput", "true_throughput",
+                                                 "won")} for d in sim_dirs.values()]
+        sim = {k: _mean([s[k] for s in sims]) for k in ("throughput", "true_throughput")}
+        sim["ticks"] = sims[0]["ticks"]
+        won = sum(1 for s in sims if s["won"])
         engine = _read_json(engine_status)
-        values = engine.get("values") or {}
+        values = knob_means(engine.get("values") or {})
+        applied = knob_means(poller.values)
         if sim["ticks"] is not None and (not series["tick"] or
                                          sim["ticks"] > series["tick"][-1]):
             series["tick"].append(sim["ticks"])
             for k in ("throughput", "true_throughput"):
                 series[k].append(sim[k])
             for k in ("window", "rate_limit"):    # in effect, as the daemon accepted them
-                series[k].append(values.get(k, poller.values.get(k)))
+                series[k].append(values.get(k, applied.get(k)))
             series["epsilon"].append(engine.get("epsilon"))
         now = time.monotonic()
         if now - last_print >= 1.0 and sim["ticks"] is not None:
             last_print = now
-            shown = poller.values or values
+            shown = applied or values
             params = "  ".join(f"{k.replace('_', ' ')} {shown[k]:g}"
                                for k in sorted(shown)) or "(no value applied yet)"
             eps = engine.get("epsilon")     # None until the engine's first decision
             print(f"[{now - t0:5.1f} s] tick {sim['ticks']:.0f}  "
-                  f"throughput {sim['throughput'] or 0:6.1f} (ideal 100)  {params}  "
-                  f"ε {'-' if eps is None else format(eps, '.2f')}  "
+                  f"throughput {sim['throughput'] or 0:6.1f} (ideal 100"
+                  + (f", mean of {len(sims)} nodes; {won} won)  mean " if many else ")  ")
+                  + f"{params}  ε {'-' if eps is None else format(eps, '.2f')}  "
                   f"training steps {engine.get('train_steps', 0)}", file=out, flush=True)
-        if sim["won"] and won_at is None:
+        if won == len(sims) and won_at is None:
             won_at = now
             result.update(won=True, won_tick=sim["ticks"], won_wall_s=now - t0)
             print(f"won: throughput held within ±10 % of ideal for more than 20 s "
-                  f"(simulated second {sim['ticks']:.0f}, {now - t0:.1f} s wall)",
+                  + ("on every node " if many else "")
+                  + f"(simulated second {sim['ticks']:.0f}, {now - t0:.1f} s wall)",
                   file=out, flush=True)
         if won_at is not None and now - won_at >= opts.hold_s:
             break
         if now - t0 > opts.timeout_s:
-            print(f"limit: not won within {opts.timeout_s:g} s of wall time", file=out)
+            print(f"limit: not won within {opts.timeout_s:g} s of wall time"
+                  + (f" ({won} of {len(sims)} nodes won)" if many else ""), file=out)
             break
 
 
-def _applied(client, node: str) -> dict[str, float]:
-    """The values the control agent of ``node`` acknowledged as applied ({} when the
-    daemon cannot tell)."""
+def _mean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _applied(client, nodes: list[str]) -> dict[str, float]:
+    """The values the control agents of ``nodes`` acknowledged as applied, by parameter
+    ({} when the daemon cannot tell)."""
     from capes.common.control_client import ControlError
+    out: dict[str, float] = {}
     try:
         for n in client.nodes():
-            if n["name"] == node:
-                return dict(n.get("applied") or {})
+            if n["name"] in nodes:
+                out.update(n.get("applied") or {})
     except ControlError:
         pass
-    return {}
+    return out
+
+
+def knob_means(values: dict[str, float]) -> dict[str, float]:
+    """{knob: mean over the nodes} of ``{param: value}`` (one node: the values)."""
+    by_knob: dict[str, list[float]] = {}
+    for name, v in values.items():
+        by_knob.setdefault(knob_of(name), []).append(v)
+    return {k: sum(vs) / len(vs) for k, vs in by_knob.items()}
 
 
 def _tidy_db(db: Path) -> None:
