@@ -48,7 +48,7 @@ class NodeModelConfig:
     # guide's GP probes searching one shared setting for cold_start_ticks ticks, then
     # hands its best over to the per-node engine; "per_node": per node from the start
     cold_start: Literal["shared", "per_node"] = "shared"
-    cold_start_ticks: int = 150
+    cold_start_ticks: int = 150         # ticks of the shared search (0: none)
     # exploration: probes (local, temporally extended) or one random action
     explore: Literal["probe", "random"] = "probe"
     probe_steps: float = 4.0          # spread of a probe's target, in steps of the knob
@@ -81,7 +81,8 @@ class NodeModelConfig:
         "stats_ticks": 10**9, "learn_start": 10**9, "recent_ticks": 10**9,
         "act_margin": 1e6, "best_window": 10**6, "probe_steps": 1e6, "probe_dwell": 10**6,
         "detect_nodes": 1 << 24, "detect_threshold": 1e6, "detect_scale_floor": 1e6,
-        "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9, "rollback_ticks": 10**9, "best_margin": 1e6}
+        "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9,
+        "rollback_ticks": 10**9, "best_margin": 1e6}
 
     def validate(self) -> None:
         for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
@@ -92,7 +93,8 @@ class NodeModelConfig:
         if self.cold_start not in ("shared", "per_node"):
             raise ValueError(f"cold_start: must be 'shared' or 'per_node' "
                              f"(got {self.cold_start!r})")
-        for name in ("loss_nodes", "learn_start", "detect_nodes", "act_margin", "cold_start_ticks",
+        for name in ("loss_nodes", "learn_start", "detect_nodes", "act_margin",
+                     "cold_start_ticks",
                      "best_margin", "margin_nodes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
