@@ -44,6 +44,11 @@ class NodeModelConfig:
     best_decay: float = 0.0001        # the best level's decay per tick
     best_margin: float = 0.0          # a new best must beat the old by this share
     epsilon_start: float = 0.0        # 0: the engine's epsilon_start
+    # cold start (drl_engine/cold_start.py): "shared" moves every node together, the
+    # guide's GP probes searching one shared setting for cold_start_ticks ticks, then
+    # hands its best over to the per-node engine; "per_node": per node from the start
+    cold_start: Literal["shared", "per_node"] = "shared"
+    cold_start_ticks: int = 150         # ticks of the shared search (0: none)
     # exploration: probes (local, temporally extended) or one random action
     explore: Literal["probe", "random"] = "probe"
     probe_steps: float = 4.0          # spread of a probe's target, in steps of the knob
@@ -76,7 +81,8 @@ class NodeModelConfig:
         "stats_ticks": 10**9, "learn_start": 10**9, "recent_ticks": 10**9,
         "act_margin": 1e6, "best_window": 10**6, "probe_steps": 1e6, "probe_dwell": 10**6,
         "detect_nodes": 1 << 24, "detect_threshold": 1e6, "detect_scale_floor": 1e6,
-        "std_floor": 1e6, "bump_ticks": 10**12, "rollback_ticks": 10**9, "best_margin": 1e6}
+        "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9,
+        "rollback_ticks": 10**9, "best_margin": 1e6}
 
     def validate(self) -> None:
         for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
@@ -84,7 +90,11 @@ class NodeModelConfig:
                      "rollback_ticks", "recent_ticks"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if self.cold_start not in ("shared", "per_node"):
+            raise ValueError(f"cold_start: must be 'shared' or 'per_node' "
+                             f"(got {self.cold_start!r})")
         for name in ("loss_nodes", "learn_start", "detect_nodes", "act_margin",
+                     "cold_start_ticks",
                      "best_margin", "margin_nodes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")

@@ -51,6 +51,11 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   started — an excursion, so exploration never displaces a node for good and knobs the
   objective does not depend on do not random-walk away. ``explore="random"``: one
   uniform random action. ε follows the engine's schedule (:func:`drl_engine.dqn.epsilon`).
+* **Cold start** (``cold_start = "shared"``, :mod:`drl_engine.cold_start`): before any
+  of that, every node moves together while the guide's GP probes search one shared
+  setting for ``cold_start_ticks`` ticks; its best becomes every node's best-known
+  setting and the per-node engine takes over (node by node, a fresh engine needed
+  ~250 simulated s to the first band at 64 nodes, the shared search ~15 s).
 * **Greedy moves**: a node moves only when its best action's Q beats NULL's by
   ``act_margin`` (tie noise would otherwise make every node dither), scaled by
   ``margin_nodes / N`` above ``margin_nodes`` nodes: the reward is the cluster's, so a
@@ -109,11 +114,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from capes.common.actions import direction as step_direction
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 from drl_engine.cluster_config import NodeModelConfig
+from drl_engine.cold_start import SharedColdStart
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.dqn import pick_device
@@ -397,6 +404,13 @@ class ClusterEngine:
         self.costs = [knob_cost(s) for s in params]
         self.dynamic = np.array([c == "dynamic" for c in self.costs], bool)
         self.allowed = np.concatenate([[True], np.repeat(self.dynamic, 2)])   # (A,)
+        # cold start: one shared setting for every node first (drl_engine.cold_start)
+        self.cold: SharedColdStart | None = None
+        self.handed_over_at: int | None = None      # the tick the cold start ended
+        if self.mcfg.cold_start == "shared" and self.mcfg.cold_start_ticks > 0:
+            self.cold = SharedColdStart(self.lo, self.step, self.n_steps, self.dynamic, dqn,
+                                        self.mcfg.cold_start_ticks,
+                                        dqn.settle_ticks + self.mcfg.best_window, seed)
         # trust region around the best-known setting
         self.best_level: float | None = None
         self.best_idx: np.ndarray | None = None     # (N, K) grid indices
@@ -604,8 +618,11 @@ class ClusterEngine:
         self._best_from = None if tick is None else int(tick) + self.cfg.settle_ticks
 
     def workload_changed(self) -> None:
-        """Told of a new workload (the control plane's notice): as an alarm, uncounted."""
+        """Told of a new workload (the control plane's notice): as an alarm, uncounted
+        (a cold start under way starts its search over)."""
         self._forget_best()
+        if self.cold is not None:
+            self.cold.restart()
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """z-scores of log1p PI windows (..., S·P); NaN (missing) becomes 0, the mean."""
@@ -633,6 +650,10 @@ class ClusterEngine:
         cur = np.where(np.isfinite(cur), cur, self.lo)
         idx = np.clip(np.rint((cur - self.lo) / self.step), 0, self.n_steps).astype(np.int64)
         eps = self.epsilon
+        if self.cold is not None and self.cold.active and not self.pretrained:
+            shared = self._cold_start(int(tick), cur, present, eps)
+            if shared is not None:
+                return shared
         if self._rollback_due:
             return self._rollback(int(tick), cur, present, eps)
         if self._hold_until is not None and tick < self._hold_until:
@@ -668,6 +689,31 @@ class ClusterEngine:
         self.action_ticks += 1
         return ClusterDecision(int(tick), actions.astype(np.int16), values, eps,
                                explore & present, q_max)
+
+    def _cold_start(self, tick: int, cur: np.ndarray, present: np.ndarray,
+                    eps: float) -> ClusterDecision | None:
+        """A tick of the cold start's shared search (every present node moved alike);
+        None once it has handed over: its best shared setting is then every node's
+        best-known setting, at the level measured while the nodes held it."""
+        self._rollback_due = False           # the search owns the setting until then
+        out = self.cold.act(self.replay, tick, cur, present)
+        if out is None:
+            self.handed_over_at = tick
+            best = self.cold.best
+            log.info("tick %d: the cold start hands over at %s", tick,
+                     None if best is None else (self.lo + best * self.step).tolist())
+            if best is not None:
+                self.best_idx = np.tile(best, (self.nodes, 1)).astype(np.int64)
+                self.best_level, self.best_tick = self.level, tick
+                self.best_nodes = self.replay.present[self.replay.slot(tick)].copy()
+                self.below, self._best_from = 0, None
+            return None
+        values, action = out
+        self.action_ticks += 1
+        moved = present & (values != cur).any(axis=1)
+        code = int(np.asarray(step_direction(action, len(self.params))))
+        return ClusterDecision(tick, np.where(moved, code, 0).astype(np.int16), values,
+                               eps, present.copy(), None)
 
     def _rollback(self, tick: int, cur: np.ndarray, present: np.ndarray,
                   eps: float) -> ClusterDecision:
@@ -973,6 +1019,8 @@ class ClusterEngine:
                 "alarm_ticks": list(self.alarm_ticks),
                 "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
                 "rng": self.rng.bit_generator.state,
+                "cold_start": None if self.cold is None else self.cold.state(),
+                "handed_over_at": self.handed_over_at,
                 "controller": {k: checkpoint.encode(getattr(self, k)) for k in self.CONTROLLER}}
 
     # what a restart must not forget beyond the counters: the best-known setting and its
@@ -1015,6 +1063,12 @@ class ClusterEngine:
         self.rollback_ticks = list(state.get("rollback_ticks", []))
         self.stale_bests = int(state.get("stale_bests", 0))
         self.rng.bit_generator.state = state["rng"]
+        self.handed_over_at = state.get("handed_over_at")
+        if self.cold is not None:        # a resumed engine never starts its search over
+            if state.get("cold_start") is not None:
+                self.cold.load_state(state["cold_start"])
+            elif self.action_ticks:
+                self.cold.done = True
         if state.get("controller") and state.get("nodes_trained") == self.nodes:
             for k, v in state["controller"].items():
                 if k in self.CONTROLLER:
@@ -1026,6 +1080,7 @@ class ClusterEngine:
                 "guarded": self.guarded, "rollbacks": len(self.rollback_ticks),
                 "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
                 "alarm_ticks": list(self.alarm_ticks), "weights": self.weights,
+                "handed_over_at": self.handed_over_at,
                 "replay_capacity_ticks": self.replay.capacity}
 
 

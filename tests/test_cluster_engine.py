@@ -21,7 +21,10 @@ from storagegamesim.cluster import PI_NAMES, ClusterConfig
 
 SHORT = ["cluster.nodes=8", "cluster.time_limit_ticks=240",
          'cluster.phases=[{at_tick=120, name="half idle", active_fraction=0.5}]']
-FAST_MODEL = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8)
+# per node from the first tick: these tests are of the per-node engine; the shared cold
+# start that precedes it by default has its own (tests/test_cold_start.py)
+FAST_MODEL = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8,
+                             cold_start="per_node")
 
 
 def specs():
@@ -33,9 +36,11 @@ def default_dqn(**kw) -> DQNConfig:
     return dataclasses.replace(build(DQNConfig, with_preset({"preset": "default"})), **kw)
 
 
-def engine(nodes: int, model: NodeModelConfig | None = None, **kw) -> ClusterEngine:
+def engine(nodes: int, model: NodeModelConfig | None = None, cold_start="per_node",
+           **kw) -> ClusterEngine:
+    model = dataclasses.replace(model or FAST_MODEL, cold_start=cold_start)
     return ClusterEngine(default_dqn(**kw), RewardConfig(), list(PI_NAMES), specs(), nodes,
-                         model=model or FAST_MODEL, seed=0)
+                         model=model, seed=0)
 
 
 def cfg_short(extra=()):
@@ -345,6 +350,7 @@ def test_the_cluster_engine_section_is_typed_and_reaches_the_engine(tmp_path):
     ("rollback_fraction = 1.5", "cluster_engine.rollback_fraction", "[0, 1)"),
     ("loss_nodes = 1.5", "cluster_engine.loss_nodes", "integer"),
     ("replay_mb = 1e12", "cluster_engine.replay_mb", ""),
+    ('cold_start = "both"', "cluster_engine.cold_start", "must be one of"),
 ])
 def test_a_bad_cluster_engine_key_is_one_clear_error_line(tmp_path, text, key, problem):
     from capes.common.config import ConfigError

@@ -234,6 +234,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                    rollbacks=len(player.rollback_ticks),
                    rollback_ticks=list(player.rollback_ticks),
                    stale_bests=player.stale_bests,
+                   handed_over_at=player.handed_over_at,
                    recommendations=player.recommendations(),
                    **_detections(player.alarm_ticks, starts, len(tp)))
     if trace is not None:
