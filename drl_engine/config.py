@@ -74,6 +74,8 @@ class DQNConfig:
     context_confirm: int = 1           # ticks a misfit must last before a switch
     context_recall_steps: int = 8      # steps per tick of the walk to a recalled setting
     context_hold_ticks: int = 30       # ... then this many ticks without probes
+    context_lead: bool = False         # the Q-network moves first on a signature change
+                                       # (measured a loss online: docs/recall.md)
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",

@@ -25,10 +25,13 @@ context what the guide knows:
   ``context_hold_ticks`` without probes, then explores only as much as that context
   still needs; a **new** context starts the guide afresh (global probes, ε from
   ``epsilon_start`` on its own clock), as a new session would.
-* **The Q-network leads** (``engine.use_q_network``): it sees each tick's PIs, the
-  signature included, while the running median needs a second tick to confirm a change.
-  On the tick the newest signature leaves the current context (:attr:`leaving`), the
-  network's greedy direction makes the first move, ``context_recall_steps`` long.
+* **The Q-network may lead** (``engine.context_lead``, off by default): it sees each
+  tick's PIs, the signature included, while the running median needs a second tick to
+  confirm a change. On the tick the newest signature leaves the current context
+  (:attr:`leaving`), the network's greedy direction makes the first move,
+  ``context_recall_steps`` long. Trained online over one hour its direction was as
+  often wrong as right (its stack still holds the old workload): a loss, measured in
+  ``docs/recall.md``; a network trained on earlier sessions may do better.
 
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints

@@ -221,7 +221,8 @@ class Engine:
             action = self.context.recall_action(cur, guide, self.action_ticks)
             if action is not None:
                 return action, False, None
-            if self.context.leaving and self.cfg.use_q_network and obs is not None:
+            if (self.cfg.context_lead and self.context.leaving and self.cfg.use_q_network
+                    and obs is not None):
                 # the signature just changed, the context is not confirmed yet: the
                 # Q-network, which sees the new signature, leads the first move
                 q = self.dqn.q_values(obs[None])[0]
