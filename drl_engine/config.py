@@ -82,6 +82,9 @@ class DQNConfig:
     context_floor: float = 0.1         # least spread of a signature PI (log scale: ~10 %)
     context_confirm: int = 1           # ticks a misfit must last before a switch
     context_recall_steps: int = 8      # steps per tick of the walk to a recalled setting
+    context_hold_ticks: int = 30       # ... then this many ticks without probes
+    context_lead: bool = False         # the Q-network moves first on a signature change
+                                       # (measured a loss online: docs/recall.md)
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
@@ -125,7 +128,7 @@ class DQNConfig:
         for name in ("context_threshold", "context_floor"):
             if not 0 < getattr(self, name) <= 1e6:
                 raise ValueError(f"{name}: must lie in (0, 1e6] (got {getattr(self, name)})")
-        for name in ("hidden_width", "workload_ticks", "grad_clip"):
+        for name in ("hidden_width", "workload_ticks", "grad_clip", "context_hold_ticks"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         for name, most in self.MOST.items():      # beyond these a value is a typo
@@ -139,6 +142,7 @@ class DQNConfig:
             "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
             "settle_ticks": 10**6, "probe_dwell": 10**6, "guard_steps": 10**6,
             "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6, "alarm_probes": 10**6,
+            "context_hold_ticks": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
             "grad_clip": 1e12}
@@ -150,7 +154,7 @@ PRESETS: dict[str, dict] = {
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
                 "probe_model": True, "learn_lags": True, "action_steps": 2,
-                "use_context": True},
+                "use_context": True, "greedy_guard_steps": 0},
 }
 
 

@@ -20,21 +20,28 @@ context what the guide knows:
 * **Memory per context** (:class:`WorkloadContexts`). On a switch the guide's per-setting
   statistics, its change detector and the engine's exploration clock are stored with the
   context left and those of the context entered are restored: a **return** walks at
-  once, up to ``context_recall_steps`` steps a tick, to that context's best-known
-  setting (its lower-confidence-bound best) and explores only as much as that context
+  once to that context's best-known setting (its lower-confidence-bound best), moving the
+  farthest knob up to ``context_recall_steps`` steps a tick, holds it
+  ``context_hold_ticks`` without probes, then explores only as much as that context
   still needs; a **new** context starts the guide afresh (global probes, ε from
   ``epsilon_start`` on its own clock), as a new session would.
+* **The Q-network may lead** (``engine.context_lead``, off by default): it sees each
+  tick's PIs, the signature included, while the running median needs a second tick to
+  confirm a change. On the tick the newest signature leaves the current context
+  (:attr:`leaving`), the network's greedy direction makes the first move,
+  ``context_recall_steps`` long. Trained online over one hour its direction was as
+  often wrong as right (its stack still holds the old workload): a loss, measured in
+  ``docs/recall.md``; a network trained on earlier sessions may do better.
 
-The Q-network sees the whole PI stack, signature included; this module is what makes a
-return fast, since the network's greedy moves stay in the trust region around the
-best-known setting. ``engine.use_context = false`` switches it off (one best-known setting
-for all workloads, forgotten on a change-detector alarm). Contexts are not kept in
-checkpoints: a restarted engine learns them again.
+``engine.use_context = false`` switches contexts off (one best-known setting for all
+workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
+(:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
 
 Hooks (marked ``[context hook]``): ``Engine._guided_action`` calls
-:meth:`WorkloadContexts.follow` before the guide credits new ticks and
-:meth:`WorkloadContexts.recall_action` before the probes; ``Engine.epsilon`` asks
-:meth:`WorkloadContexts.epsilon`.
+:meth:`WorkloadContexts.follow` before the guide credits new ticks, then
+:meth:`WorkloadContexts.recall_action`, :meth:`WorkloadContexts.lead` and
+:meth:`WorkloadContexts.holding` before the probes; ``Engine.epsilon`` asks
+:meth:`WorkloadContexts.epsilon`; ``Engine.state_dict`` keeps :meth:`WorkloadContexts.state`.
 """
 from __future__ import annotations
 
@@ -43,9 +50,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from capes.common import actions
+from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 from drl_engine.dqn import epsilon as epsilon_schedule
-from drl_engine.guide import Guide, step_towards
+from drl_engine.guide import Guide
 
 
 @dataclass
@@ -54,6 +63,9 @@ class Switch:
     index: int
     context: int
     new: bool
+
+
+SETTINGS = ("window", "threshold", "floor", "confirm", "recent")   # not kept in checkpoints
 
 
 class SignatureClusters:
@@ -74,6 +86,8 @@ class SignatureClusters:
         self.n: list[int] = []
         self.current: int | None = None
         self._pending: tuple[int, int] | None = None   # (candidate, ticks seen; −1: new)
+        self.leaving = False      # the newest tick's own signature fits the current context
+                                  # no longer, but the running median does (not confirmed)
 
     @property
     def count(self) -> int:
@@ -87,7 +101,10 @@ class SignatureClusters:
             return None
         if self.offset is None:
             self.offset = 0.05 * np.abs(med) + 1e-9
-        return np.log(np.maximum(med, 0.0) + self.offset)
+        return self._log(med)
+
+    def _log(self, x: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(x, 0.0) + self.offset)
 
     def distance(self, u: np.ndarray, k: int) -> float:
         """The largest per-PI distance of ``u`` from context ``k``, in its spreads."""
@@ -112,11 +129,15 @@ class SignatureClusters:
         """Fold one tick's signature in; (context, new) when the current one changed
         (the first tick makes context 0), else None."""
         u = self._point(x)
+        self.leaving = False
         if u is None:
             return None
         if self.current is None:
             self.current = self._new(u)
             return self.current, True
+        newest = self._log(self.recent[-1])
+        if np.isfinite(newest).all():
+            self.leaving = self.distance(newest, self.current) > self.threshold
         if self.distance(u, self.current) <= self.threshold:
             self._pending = None
             self._add(self.current, u)
@@ -129,6 +150,7 @@ class SignatureClusters:
         if seen < (self.confirm if candidate >= 0 else max(self.confirm, self.NEW_CONFIRM)):
             return None
         self._pending = None
+        self.leaving = False
         new = candidate < 0
         self.current = self._new(u) if new else candidate
         if not new:
@@ -173,6 +195,8 @@ class WorkloadContexts:
         self.memory: list[_Memory] = []
         self.switches: list[Switch] = []
         self.target: np.ndarray | None = None       # the recalled setting being walked to
+        self.hold_until = -1          # no probes before this action tick (after a walk)
+        self._left: int | None = None               # the context whose memory the guide holds
         self._seen = 0                              # session indices folded in so far
 
     @classmethod
@@ -185,6 +209,22 @@ class WorkloadContexts:
     @property
     def current(self) -> int | None:
         return self.clusters.current
+
+    @property
+    def leaving(self) -> bool:
+        """The newest tick's signature left the current context, not yet confirmed by
+        the running median: the tick where the Q-network, which sees it, leads."""
+        return self.clusters.leaving
+
+    def holding(self, now: int) -> bool:
+        """Just arrived at a recalled setting: no probes yet (the context's best-known
+        setting is used before it is questioned again)."""
+        return now < self.hold_until
+
+    def new_session(self) -> None:
+        """Another session of the replay DB: its ticks are folded in from its start."""
+        self._seen = 0
+        self.clusters.recent = []
 
     # -- per tick -----------------------------------------------------------------------
     def follow(self, engine, pis: np.ndarray, n: int, guide: Guide) -> None:
@@ -208,7 +248,7 @@ class WorkloadContexts:
             left.bumped_at, left.local_bump = engine.bumped_at, engine.local_bump
             left.best = guide.best_setting(now)
         self._left = switch.context
-        self.target = None
+        self.target, self.hold_until = None, -1
         guide.probe, guide._best_at = None, -1
         if switch.new:
             if not self.memory:
@@ -234,18 +274,29 @@ class WorkloadContexts:
         best = guide.best_setting(now)
         self.target = best if best is not None else mem.best
 
-    def recall_action(self, current: np.ndarray, guide: Guide) -> int | None:
-        """While a return walks to its context's best-known setting: the next move, of
-        up to ``context_recall_steps`` steps (None once there, or with nothing to
-        recall)."""
+    def recall_action(self, current: np.ndarray, guide: Guide, now: int) -> int | None:
+        """While a return walks to its context's best-known setting: the next move (None
+        once there, or with nothing to recall). Arrived, probes wait
+        ``context_hold_ticks``."""
         if self.target is None:
             return None
         target = np.where(guide.frozen, current, self.target)
-        action = step_towards(current, target, guide.n_steps, self.cfg.context_recall_steps)
+        action = walk(current, target, guide.n_steps, self.cfg.context_recall_steps)
         if action == 0:
             self.target = None
+            self.hold_until = now + self.cfg.context_hold_ticks
             return None
         return action
+
+    def lead(self, q_action: int, n_params: int) -> int:
+        """The Q-network's one-step greedy action as a move of ``context_recall_steps``
+        steps: on a tick the signature has just changed, it starts the walk the
+        confirmed context would make a tick later."""
+        move = actions.decode(q_action, n_params)
+        if move is None:
+            return 0
+        k, steps = move
+        return actions.encode(k, int(np.sign(steps)) * self.cfg.context_recall_steps, n_params)
 
     def epsilon(self, engine) -> float:
         """ε on the current context's own clock: a new workload is explored as a new
@@ -262,6 +313,49 @@ class WorkloadContexts:
     def counters(self) -> dict:
         return {"contexts": self.clusters.count, "switches": len(self.switches),
                 "returns": sum(not s.new for s in self.switches)}
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def state(self) -> dict:
+        """The contexts and what each keeps (``drl_engine.checkpoint``: loadable with
+        ``weights_only``): a restarted engine recognises the workloads it has seen."""
+        memory = [{**checkpoint.state_of(m, skip=("detector",)),
+                   "detector": None if m.detector is None else checkpoint.state_of(m.detector)}
+                  for m in self.memory]
+        return {"clusters": checkpoint.state_of(self.clusters, skip=SETTINGS),
+                "memory": memory, "left": self._left,
+                "switches": [[s.index, s.context, s.new] for s in self.switches]}
+
+    def load_state(self, state: dict) -> None:
+        """Resume from :meth:`state`; ValueError when it was kept for other signature PIs."""
+        clusters = {k: checkpoint.decode(v) for k, v in state["clusters"].items()}
+        offset = clusters.get("offset")
+        if offset is not None and len(offset) != len(self.columns):
+            raise ValueError(f"the contexts' state has {len(offset)} signature PIs, "
+                             f"this replay DB {len(self.columns)}")
+        checkpoint.restore_into(self.clusters, state["clusters"])
+        self.memory = []
+        for m in state["memory"]:
+            detector = m.get("detector")
+            mem = _Memory(created_at=0)
+            checkpoint.restore_into(mem, {k: v for k, v in m.items() if k != "detector"})
+            if detector is not None:
+                mem.detector = SettingResidualDetector(ChangeDetectorConfig())
+                checkpoint.restore_into(mem.detector, detector)
+            self.memory.append(mem)
+        self._left = state.get("left")
+        self.switches = [Switch(*s) for s in state.get("switches", [])]
+
+
+def walk(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray, most: int) -> int:
+    """The move towards ``target`` of the parameter farthest from it (relative to its
+    range) by up to ``most`` steps: the fewest ticks to get there (the guide's
+    ``step_towards`` keeps a straight path instead, at the cost of shorter moves)."""
+    diff = np.asarray(target - current)
+    if not diff.any():
+        return 0
+    k = int(np.argmax(np.abs(diff) / np.maximum(n_steps, 1)))
+    steps = int(min(abs(diff[k]), most))
+    return actions.encode(k, steps if diff[k] > 0 else -steps, len(current))
 
 
 def _clear_stats(guide: Guide) -> None:

@@ -80,6 +80,7 @@ class Engine:
         self.last_loss: float | None = None
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
+        self._context_built = False
         self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
         self.guide_session: int | None = None  # the session the guide credits
@@ -195,11 +196,14 @@ class Engine:
         guide = self.guide
         if guide is None:
             guide = self.guide = self._new_guide(specs)
-            if self.cfg.use_context:          # [context hook]
-                self.context = WorkloadContexts.build(self.cfg, self.experience.layout,
-                                                      self.reward_cfg.pis)
+        if self.cfg.use_context and not self._context_built:     # [context hook]
+            self.context = WorkloadContexts.build(self.cfg, self.experience.layout,
+                                                  self.reward_cfg.pis)
+            self._context_built = True
         if self.guide_session is not None and session != self.guide_session:
             guide.new_session()
+            if self.context is not None:
+                self.context.new_session()
         self.guide_session = session
         d = self.experience.derived[session]
         if self.context is not None:          # [context hook] switch the guide's memory
@@ -212,12 +216,20 @@ class Engine:
             self.change_detected()
         guide.best_setting(self.action_ticks)
         cur = guide.grid(current)
+        holding = False
         if self.context is not None:          # [context hook] a return: walk to its best
-            action = self.context.recall_action(cur, guide)
+            action = self.context.recall_action(cur, guide, self.action_ticks)
             if action is not None:
                 return action, False, None
+            if (self.cfg.context_lead and self.context.leaving and self.cfg.use_q_network
+                    and obs is not None):
+                # the signature just changed, the context is not confirmed yet: the
+                # Q-network, which sees the new signature, leads the first move
+                q = self.dqn.q_values(obs[None])[0]
+                return self.context.lead(int(q.argmax()), len(cur)), False, float(q.max())
+            holding = self.context.holding(self.action_ticks)
         action = guide.probe_action(cur)
-        if action is None and (obs is None or self.rng.random() < eps):
+        if action is None and not holding and (obs is None or self.rng.random() < eps):
             guide.start_probe(self.global_share, cur)
             action = guide.probe_action(cur) or 0
         if action is not None:
@@ -271,6 +283,7 @@ class Engine:
                 "rng": self.rng.bit_generator.state,
                 # the controller: what a restart must not forget (best-known setting, ...)
                 "guide": self.guide.state() if self.guide is not None else None,
+                "contexts": self.context.state() if self.context is not None else None,
                 "guide_session": self.guide_session, "local_bump": self.local_bump,
                 "change_alarms": self.change_alarms}
 
@@ -328,3 +341,9 @@ class Engine:
             guide = self._new_guide(self.experience.param_specs())
             guide.load_state(state["guide"])
             self.guide, self.guide_session = guide, state.get("guide_session")
+        if state.get("contexts") is not None and self.cfg.use_context:   # [context hook]
+            context = WorkloadContexts.build(self.cfg, self.experience.layout,
+                                             self.reward_cfg.pis)
+            if context is not None:
+                context.load_state(state["contexts"])
+                self.context, self._context_built = context, True

@@ -177,3 +177,49 @@ def test_cluster_recurring_config_gives_each_class_its_signature():
         sim.tick()
     req = sim.pis()["request_kb"]
     assert (req < 150).sum() == 4 and (req > 300).sum() == 12
+
+
+def test_the_recall_walk_moves_the_farthest_knob_by_full_moves():
+    from drl_engine.context import walk
+    from drl_engine.guide import step_towards
+    n_steps = np.array([19, 99])                       # rate_limit, window (the game's grid)
+
+    def ticks(rule, cur, target):
+        cur, k = np.array(cur), 0
+        while (a := rule(cur, target)) != 0:
+            from capes.common.actions import decode
+            p, s = decode(a, 2)
+            cur[p] += s
+            k += 1
+        assert (cur == target).all()
+        return k
+    target = np.array([11, 22])
+    fast = ticks(lambda c, t: walk(c, t, n_steps, 8), [13, 78], target)
+    assert fast == 7 + 1 and fast < ticks(lambda c, t: step_towards(c, t, n_steps, 8),
+                                          [13, 78], target)
+
+
+def test_a_restarted_engine_keeps_its_workload_contexts(tmp_path):
+    from capes.common.replay_db import ReplayReader
+    from capes.experiments.converge_test import run_one
+    from drl_engine.engine import Engine
+    cfg = short_recurring()
+    cfg.game = dataclasses.replace(cfg.game, time_limit_ticks=400,   # seqread, then
+                                   phases=[GamePhase(300, workload="randwrite")])  # randwrite
+    db = tmp_path / "replay.db"
+    run_one(cfg, seed=0, db_path=db)
+
+    def engine():
+        e = Engine(cfg.engine, cfg.reward, ReplayReader(db), seed=0)
+        return e, next(iter(e.experience.reader.sessions))
+    a, session = engine()
+    assert a.act(session) is not None and a.context.counters()["contexts"] == 2
+    a.save(tmp_path / "engine.pt")
+    b, _ = engine()
+    b.load(tmp_path / "engine.pt")
+    assert b.context.counters() == a.context.counters() and b.context.current == 1
+    assert np.allclose(b.context.clusters.mean, a.context.clusters.mean)
+    assert [m.created_at for m in b.context.memory] == [m.created_at for m in a.context.memory]
+    # seqread's signature again: the restarted engine recognises it (context 0, a
+    # return; a fresh engine would make it a new context 0) and recalls its setting
+    assert b.context.clusters.update(np.array([0.9, 1024.0, 0.95, 4.0])) == (0, False)
