@@ -88,7 +88,7 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   tracked afresh over windows that start after the change has settled). When the
   objective's ``best_window``-tick average stays below ``rollback_fraction`` of the
   best-known level for ``rollback_ticks`` ticks, every node's dynamic knobs jump back to
-  it at once (``ClusterDecision.rolled_back``; counted in ``rollback_ticks``) and holds
+  it at once (``Decision.rolled_back``; counted in ``rollback_ticks``) and holds
   there for ``settle_ticks`` + ``best_window`` ticks to measure it; still below then,
   that best is no longer reachable (a change the detector missed, or a transient): it
   is dropped and counted (``stale_bests``).
@@ -109,12 +109,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from capes.common.actions import ROWS
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.decision import Decision
 from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.dqn import pick_device
 from drl_engine.node_model import NodeDQN
@@ -138,21 +140,6 @@ def knob_cost(spec: ParameterSpec) -> str:
         raise ValueError(f"{spec.name}: cost must be one of {', '.join(COSTS)} "
                          f"(got {cost!r})")
     return cost
-
-
-@dataclass
-class ClusterDecision:
-    tick: int
-    actions: np.ndarray      # (N,) per node: 0 NULL, 1 + 2k increase knob k, 2 + 2k decrease
-    values: np.ndarray       # (N, K) every node's knob values after its action
-    epsilon: float
-    explored: np.ndarray     # (N,) bool: the node's action came from exploration
-    q_max: float | None      # mean over greedy nodes of their max Q (None: none greedy)
-    rolled_back: bool = False  # values are the best-known setting (a jump, actions NULL)
-
-    @property
-    def action(self) -> int:  # for code that logs the single-node Decision
-        return int(np.bincount(self.actions, minlength=1).argmax())
 
 
 @dataclass
@@ -618,7 +605,7 @@ class ClusterEngine:
 
     # -- act ----------------------------------------------------------------------------
     def act(self, session: int | None = None, after_tick: int | None = None,
-            current: np.ndarray | None = None) -> ClusterDecision | None:
+            current: np.ndarray | None = None) -> Decision | None:
         """Every node's action for the newest tick; None without a tick newer than
         ``after_tick``. ``current``: the knob values in effect (N, K), if known better
         than the newest PIs."""
@@ -637,8 +624,8 @@ class ClusterEngine:
             return self._rollback(int(tick), cur, present, eps)
         if self._hold_until is not None and tick < self._hold_until:
             self.action_ticks += 1                       # measuring the rolled-back setting
-            return ClusterDecision(int(tick), np.zeros(self.nodes, np.int16), cur, eps,
-                                   np.zeros(self.nodes, bool), None)
+            return self._decision(tick, np.zeros(self.nodes, np.int16), cur, eps,
+                                  np.zeros(self.nodes, bool), None)
         explore, actions = self._explore(idx, eps)
         q_max = None
         greedy = ~explore & present
@@ -666,11 +653,19 @@ class ClusterEngine:
         actions = self._guard(idx, actions, explore)
         values = self._apply(cur, actions)
         self.action_ticks += 1
-        return ClusterDecision(int(tick), actions.astype(np.int16), values, eps,
-                               explore & present, q_max)
+        return self._decision(tick, actions.astype(np.int16), values, eps,
+                              explore & present, q_max)
+
+    @staticmethod
+    def _decision(tick, row_actions: np.ndarray, values: np.ndarray, eps: float,
+                  explored: np.ndarray, q_max: float | None,
+                  rolled_back: bool = False) -> Decision:
+        """Every row's (node's) action as one :class:`Decision` of rows."""
+        return Decision(int(tick), ROWS, values, eps, bool(explored.any()), q_max,
+                        rolled_back, row_actions=row_actions, row_explored=explored)
 
     def _rollback(self, tick: int, cur: np.ndarray, present: np.ndarray,
-                  eps: float) -> ClusterDecision:
+                  eps: float) -> Decision:
         """Every present node's dynamic knobs back to the best-known setting at once
         (probes end); counted in ``rollback_ticks``."""
         self._rollback_due = False
@@ -685,8 +680,8 @@ class ClusterEngine:
                  len(self.rollback_ticks), math.nan if self.level is None else self.level,
                  100 * self.mcfg.rollback_fraction, self.best_level, self.mcfg.rollback_ticks)
         self.action_ticks += 1
-        return ClusterDecision(tick, np.zeros(self.nodes, np.int16), values, eps,
-                               np.zeros(self.nodes, bool), None, rolled_back=True)
+        return self._decision(tick, np.zeros(self.nodes, np.int16), values, eps,
+                              np.zeros(self.nodes, bool), None, rolled_back=True)
 
     def recommendations(self) -> list[dict]:
         """The knobs that are not dynamic (their cost category says remount, reboot or
@@ -1029,4 +1024,4 @@ class ClusterEngine:
                 "replay_capacity_ticks": self.replay.capacity}
 
 
-__all__ = ["ClusterEngine", "ClusterDecision", "NodeReplay", "NodeBatch"]
+__all__ = ["ClusterEngine", "NodeReplay", "NodeBatch"]

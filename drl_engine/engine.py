@@ -11,7 +11,6 @@ newest observation), ``train(steps)`` (Algorithm 2 minibatches).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,21 +24,10 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
 from drl_engine.context import WorkloadContexts
+from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
 
 CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
-
-
-@dataclass
-class Decision:
-    tick: int
-    action: int              # 0 = NULL, 1 + 2k = increase param k, 2 + 2k = decrease it,
-                             # above 2P the same by 2, 3 … steps (capes.common.actions);
-                             # actions.ROWS: every node's row moved (drl_engine.per_node)
-    values: list[float]      # every parameter's value after the action
-    epsilon: float
-    explored: bool
-    q_max: float | None      # the network's value estimate (None when explored)
 
 
 def tuned_online(spec) -> bool:

@@ -3,7 +3,7 @@
 A baseline is a drop-in for :class:`drl_engine.engine.Engine` in
 :func:`drl_engine.loop.run_ticks` (duck-typed): every tick it reads the same delayed,
 noisy PIs from the same replay DB, computes the same objective (``[reward] objective``
-over ``[reward] pis``) and returns a :class:`~drl_engine.engine.Decision` whose
+over ``[reward] pis``) and returns a :class:`~drl_engine.decision.Decision` whose
 ``values`` are the full setting it wants in effect now. It knows only what a real tuner
 would: the parameter specs and the PIs, never the simulator's config.
 
@@ -50,7 +50,7 @@ from capes.common.params import ParameterSpec
 from capes.common.registry import PluginError, Registry
 from capes.common.replay_db import ReplayReader
 from drl_engine.config import RewardConfig
-from drl_engine.engine import Decision
+from drl_engine.decision import Decision
 from drl_engine.rewards import OBJECTIVES, pi_columns
 
 TUNERS = Registry("tuner")
