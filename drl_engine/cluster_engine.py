@@ -119,6 +119,7 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.decision import Decision
 from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.dqn import pick_device
+from drl_engine.experience import n_step_returns
 from drl_engine.node_model import NodeDQN
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
@@ -918,14 +919,13 @@ class ClusterEngine:
         else:
             nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
         s0, s1 = rep.slot(t), rep.slot(t + n)
-        disc = self.gamma ** np.arange(n)
-        r = rep.r[(t[:, None] + d + np.arange(n)[None]) % rep.capacity] / self.p_scale
+        ret = n_step_returns(rep.r, t, n, self.gamma, shift=d, ring=True) / self.p_scale
         mask = rep.present[s0[:, None], nodes]
         next_mask = rep.present[s1[:, None], nodes]
         acts = rep.actions[s0[:, None], nodes].astype(np.int64)
         valid = mask & next_mask & (acts >= 0)
         return NodeBatch(obs=self.features(rep.window(t, S, nodes)), mask=mask,
-                         actions=np.maximum(acts, 0), returns=(r @ disc).astype(np.float32),
+                         actions=np.maximum(acts, 0), returns=ret.astype(np.float32),
                          discounts=np.full(B, self.gamma ** n, np.float32),
                          next_obs=self.features(rep.window(t + n, S, nodes)),
                          next_mask=next_mask, valid=valid,

@@ -58,7 +58,8 @@ class Engine:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
-                                     dqn.normalise_inputs, dqn.n_step, dqn.gamma)
+                                     dqn.normalise_inputs, dqn.n_step, dqn.gamma,
+                                     dqn.return_shift)
         self.dqn: DQN | None = None
         self._cleaned: set[Path] = set()      # checkpoint paths whose stale temps are gone
         self.action_ticks = 0
