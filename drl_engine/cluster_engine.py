@@ -111,6 +111,7 @@ import torch
 
 from capes.common.actions import ROWS
 from capes.common.params import ParameterSpec
+from capes.common.step_grid import StepGrid
 from capes.common.replay_db import ReplayReader
 from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
@@ -371,10 +372,8 @@ class ClusterEngine:
         self._session: int | None = None
         self._seen = 0                          # reader mode: ticks of the session ingested
         # knobs on their step grids
-        self.lo = np.array([s.min for s in params], np.float64)
-        self.hi = np.array([s.max for s in params], np.float64)
-        self.step = np.array([s.step for s in params], np.float64)
-        self.n_steps = np.rint((self.hi - self.lo) / self.step).astype(np.int64)
+        g = self.grid = StepGrid.of(params)            # capes.common.step_grid
+        self.lo, self.hi, self.step, self.n_steps = g.lo, g.hi, g.step, g.n_steps
         # probes: per node, knob (−1: none), target grid index, dwell left
         self.probe_knob = np.full(nodes, -1, np.int64)
         self.probe_target = np.zeros(nodes, np.int64)
@@ -619,7 +618,7 @@ class ClusterEngine:
             np.asarray(current, np.float64).reshape(self.nodes, -1)
         present = rep.present[s]
         cur = np.where(np.isfinite(cur), cur, self.lo)
-        idx = np.clip(np.rint((cur - self.lo) / self.step), 0, self.n_steps).astype(np.int64)
+        idx = self.grid.index(cur)
         eps = self.epsilon
         if self._rollback_due:
             return self._rollback(int(tick), cur, present, eps)
@@ -671,7 +670,7 @@ class ClusterEngine:
         (probes end); counted in ``rollback_ticks``."""
         self._rollback_due = False
         self._hold_until = tick + self.cfg.settle_ticks + self.mcfg.best_window + 1
-        best = self.lo + self.best_idx * self.step
+        best = self.grid.values(self.best_idx)
         move = present[:, None] & self.dynamic[None, :]
         values = np.where(move, best, cur)
         self.probe_knob[:] = -1
@@ -717,8 +716,8 @@ class ClusterEngine:
                 elif levels:
                     item["evidence"] = "not varied"
             if self.best_idx is not None:
-                item["best_known"] = float(self.lo[k] + np.median(self.best_idx[:, k]) *
-                                           self.step[k])
+                item["best_known"] = float(self.grid.values(
+                    np.median(self.best_idx, axis=0))[k])
             out.append(item)
         return out
 
@@ -845,8 +844,7 @@ class ClusterEngine:
             # a node absent now is never moved or guarded: a placeholder until it is back
             knobs[~now] = np.median(knobs[now], axis=0)
             self.best_level, self.best_tick, self.best_nodes = level, int(tick), now.copy()
-            self.best_idx = np.clip(np.rint((knobs - self.lo) / self.step), 0,
-                                    self.n_steps).astype(np.int64)
+            self.best_idx = self.grid.index(knobs)
 
     def _start_probability(self, eps: float) -> float:
         """Per tick, the chance that a node not probing starts a probe, such that a share

@@ -18,6 +18,7 @@ import torch
 
 from capes.common import actions
 from capes.common.replay_db import ReplayReader
+from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
 from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
 from drl_engine.config import DQNConfig, RewardConfig
@@ -218,10 +219,7 @@ class Engine:
         return guide.guard(int(q.argmax()), cur), False, float(q.max())
 
     def _new_guide(self, specs) -> Guide:
-        lo = np.array([s.min for s in specs], np.float64)
-        step = np.array([s.step for s in specs], np.float64)
-        n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
-        return Guide(lo, step, n, self.cfg, self.rng,
+        return Guide(StepGrid.of(specs), self.cfg, self.rng,
                      frozen=np.array([not tuned_online(s) for s in specs]))
 
     # -- train --------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capes.common import actions
+from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
@@ -71,9 +72,10 @@ class Guide:
     LAG_T = 5.0                   # t statistic a knob's own lag needs before it is used
     LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
 
-    def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
-                 rng: np.random.Generator, frozen: np.ndarray | None = None):
-        self.lo, self.step, self.n_steps = lo, step, n_steps   # per parameter
+    def __init__(self, step_grid: StepGrid, cfg, rng: np.random.Generator,
+                 frozen: np.ndarray | None = None):
+        self.step_grid = step_grid                 # the knobs' grids (capes.common.step_grid)
+        n_steps = self.n_steps = step_grid.n_steps    # per parameter
         # parameters never moved online (a remount/reboot cost): probes keep their value
         self.frozen = np.zeros(len(n_steps), bool) if frozen is None else frozen
         self.cfg, self.rng = cfg, rng
@@ -100,7 +102,7 @@ class Guide:
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
-    STRUCTURE = ("lo", "step", "n_steps", "frozen", "shape", "dense", "probe", "_kernels")
+    STRUCTURE = ("step_grid", "n_steps", "frozen", "shape", "dense", "probe", "_kernels")
 
     def state(self) -> dict:
         """What a restart must not forget: the per-setting statistics and the best-known
@@ -133,11 +135,10 @@ class Guide:
 
     # -- statistics ---------------------------------------------------------------------
     def grid(self, values) -> np.ndarray:
-        idx = np.rint((np.asarray(values, np.float64) - self.lo) / self.step)
-        return np.clip(idx, 0, self.n_steps).astype(np.int64)
+        return self.step_grid.index(values)
 
     def values(self, idx: np.ndarray) -> list[float]:
-        return [float(v) for v in self.lo + idx * self.step]
+        return [float(v) for v in self.step_grid.values(idx)]
 
     def credit(self, p: np.ndarray, values: np.ndarray, n: int,
                first_action: int | None = None) -> bool:

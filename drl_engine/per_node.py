@@ -163,7 +163,7 @@ class PerNodeEngine:
         e = self.engine
         if e is None or e.best_idx is None:
             return None
-        vals, idx = e.lo + e.best_idx * e.step, self._row_index()
+        vals, idx = e.grid.values(e.best_idx), self._row_index()
         return {n: float(vals[idx[i], j]) for n, (i, j) in zip(self.rows.names, self.rows.cells)}
 
     def save(self, path: str | Path) -> Path:
