@@ -345,6 +345,8 @@ class ClusterEngine:
         self.mcfg.validate()
         self.reward_cfg = reward
         self.device = pick_device(device)
+        self.checkpoints = checkpoint.Checkpoints(CHECKPOINT_KIND, CHECKPOINT_VERSION,
+                                                  "a node-model")
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.pi_names, self.params = list(pi_names), list(params)
@@ -954,8 +956,7 @@ class ClusterEngine:
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION,
-                "dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
+        return {"dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "pi_names": self.pi_names, "param_names": [s.name for s in self.params],
                 "stats": None if self.mean is None else
@@ -976,18 +977,16 @@ class ClusterEngine:
                   "probe_dwell", "probe_origin", "probe_back", "p_scale", "guarded")
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint atomically and durably (``drl_engine.checkpoint``)."""
-        return checkpoint.write(self.state_dict(), path)
+        """Write a checkpoint atomically and durably (``drl_engine.checkpoint``); the
+        temp file of a save killed mid-write is removed by the next ``load`` or ``save``."""
+        return self.checkpoints.save(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint, which may come from a cluster of any size (the
         model does not depend on N). ``weights_only``: the networks and the input
         statistics only, exploring from ``pretrained_epsilon_start``. The reward scale
         is always this cluster's own (it depends on N)."""
-        state = checkpoint.read(path, self.device)
-        if state.get("kind") != CHECKPOINT_KIND or state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"{path}: not a node-model checkpoint of version "
-                             f"{CHECKPOINT_VERSION}")
+        state = self.checkpoints.load(path, self.device, resume=not weights_only)
         names = [s.name for s in self.params]
         if state["pi_names"] != self.pi_names or state["param_names"] != names:
             raise ValueError(f"{path}: trained on PIs {state['pi_names']} and knobs "

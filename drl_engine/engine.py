@@ -62,7 +62,7 @@ class Engine:
                                      dqn.normalise_inputs, dqn.n_step, dqn.gamma,
                                      dqn.return_shift)
         self.dqn: DQN | None = None
-        self._cleaned: set[Path] = set()      # checkpoint paths whose stale temps are gone
+        self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
         self.action_ticks = 0
         self.train_steps = 0
         self.bumped_at: int | None = None
@@ -246,8 +246,7 @@ class Engine:
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
         layout = self.experience.layout
-        return {"version": CHECKPOINT_VERSION,
-                "dqn": self.dqn.state_dict() if self.dqn else None,
+        return {"dqn": self.dqn.state_dict() if self.dqn else None,
                 "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "layout": dataclasses.asdict(layout) if layout else None,
@@ -266,25 +265,14 @@ class Engine:
         file beside it, fsynced, renamed into place, the directory fsynced. A crash or a
         power cut leaves the old checkpoint or the new one, never half of one; the temp
         file of a save killed mid-write is removed by the next ``load`` or ``save``."""
-        path = Path(path)
-        if path not in self._cleaned:
-            remove_stale_checkpoint_temps(path)
-            self._cleaned.add(path)
-        return checkpoint.write(self.state_dict(), path)
+        return self.checkpoints.save(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint: model, target, optimiser, counters and ε.
         ``weights_only`` takes just the networks (to start a new run from a model,
         exploring from ``pretrained_epsilon_start``). Resuming (not ``weights_only``)
         first removes the temp files of saves killed mid-write beside ``path``."""
-        path = Path(path)
-        if not weights_only and path not in self._cleaned:
-            remove_stale_checkpoint_temps(path)
-            self._cleaned.add(path)
-        state = checkpoint.read(path, self.device)
-        if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
-                             f"expected {CHECKPOINT_VERSION}")
+        state = self.checkpoints.load(path, self.device, resume=not weights_only)
         if weights_only:
             state = {"dqn": state["dqn"], "layout": state["layout"],
                      "stats": state.get("stats")}
