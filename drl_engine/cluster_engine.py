@@ -113,7 +113,7 @@ from capes.common.actions import ROWS
 from capes.common.params import ParameterSpec
 from capes.common.step_grid import StepGrid
 from capes.common.replay_db import ReplayReader
-from drl_engine import checkpoint
+from drl_engine import checkpoint, trust_region
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
@@ -792,19 +792,10 @@ class ClusterEngine:
             return actions
         k = np.maximum(actions - 1, 0) // 2
         sign = np.where(actions == 0, 0, np.where((actions - 1) % 2 == 0, 1, -1))
-        after = idx.copy()
-        rows = np.arange(len(actions))
-        after[rows, k] += sign
-        dyn = self.dynamic[None, :]       # a knob that never moves online is not guarded
-        d_after = np.where(dyn, np.abs(after - best), 0).max(axis=1)
-        d_now = np.where(dyn, np.abs(idx - best), 0).max(axis=1)
-        bad = (actions != 0) & (d_after > g) & (d_after >= d_now)
+        # a knob that never moves online is not guarded
+        bad, back = trust_region.outside(idx, k, sign, best, self.n_steps, g, self.dynamic)
         if not bad.any():
             return actions
-        rel = np.where(dyn, np.abs(best - idx) / np.maximum(self.n_steps, 1), -1.0)
-        kk = rel.argmax(axis=1)
-        diff = (best - idx)[rows, kk]
-        back = np.where(diff > 0, 1 + 2 * kk, np.where(diff < 0, 2 + 2 * kk, 0))
         self.probe_knob[bad & explore] = -1
         self.guarded += int(bad.sum())
         return np.where(bad, back, actions)

@@ -53,7 +53,7 @@ import numpy as np
 
 from capes.common import actions
 from capes.common.step_grid import StepGrid
-from drl_engine import checkpoint
+from drl_engine import checkpoint, trust_region
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
 
@@ -401,12 +401,10 @@ class Guide:
         if best is None or action == 0:
             return action
         k, steps = actions.decode(action, len(current))
-        after = current.copy()
-        after[k] += steps
-        distance = np.abs(after - best).max()
-        if distance <= self.cfg.greedy_guard_steps or distance < np.abs(current - best).max():
-            return action
-        return step_towards(current, best, self.n_steps)
+        out, back = trust_region.outside(np.asarray(current)[None], np.array([k]),
+                                         np.array([steps]), best[None], self.n_steps,
+                                         self.cfg.greedy_guard_steps)
+        return int(back[0]) if out[0] else action
 
 
 def _coarsen(keys, s, sq, n, most: int):
