@@ -59,10 +59,15 @@ class Checkpoints:
             remove_stale_checkpoint_temps(path)
             self._cleaned.add(path)
 
+    def header(self) -> dict:
+        """What an engine's ``state_dict`` starts with: its kind and format version."""
+        return {"kind": self.kind, "version": self.version}
+
     def save(self, state: dict, path: str | Path) -> Path:
+        """Write ``state`` (an engine's ``state_dict``, :meth:`header` included)."""
         path = Path(path)
         self._clean(path)
-        return write({"kind": self.kind, "version": self.version, **state}, path)
+        return write({**self.header(), **state}, path)
 
     def load(self, path: str | Path, device="cpu", resume: bool = True) -> dict:
         """The state kept at ``path``; ValueError when it is not this engine's

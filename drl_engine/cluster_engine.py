@@ -947,7 +947,8 @@ class ClusterEngine:
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
+        return {**self.checkpoints.header(),
+                "dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "pi_names": self.pi_names, "param_names": [s.name for s in self.params],
                 "stats": None if self.mean is None else

@@ -246,7 +246,8 @@ class Engine:
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
         layout = self.experience.layout
-        return {"dqn": self.dqn.state_dict() if self.dqn else None,
+        return {**self.checkpoints.header(),
+                "dqn": self.dqn.state_dict() if self.dqn else None,
                 "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "layout": dataclasses.asdict(layout) if layout else None,
