@@ -1,6 +1,7 @@
-"""Checkpoints: one module for writing, reading and cleaning up the engine's files, and
-for turning the controller's state (the guide: best-known setting, per-setting
-statistics, learned lags, change detector, running probe) into something
+"""Checkpoints: one module for writing, reading and cleaning up every engine's files
+(:class:`Checkpoints`: the flat engine's and the cluster engine's alike), and for
+turning the controller's state (the guide: best-known setting, per-setting statistics,
+learned lags, change detector, running probe) into something
 ``torch.load(weights_only=True)`` reads back.
 
 Why not pickle: a checkpoint is read with ``weights_only=True`` so that a file from
@@ -39,6 +40,47 @@ def write(state: dict, path: str | Path) -> Path:
     with atomic_write(path, "wb") as fh:
         torch.save(state, fh)
     return path
+
+
+class Checkpoints:
+    """One engine's checkpoint files: each state is tagged with the engine's ``kind``
+    and format ``version`` and written atomically (:func:`write`); a load reads it
+    ``weights_only`` (:func:`read`) and refuses another engine's or version's file with
+    one clear error. The temp files of saves killed mid-write are removed before the
+    first save of each path, and before resuming from it (not when a run only takes
+    the weights of another's checkpoint, which may still be saving)."""
+
+    def __init__(self, kind: str, version: int, label: str):
+        self.kind, self.version, self.label = kind, version, label
+        self._cleaned: set[Path] = set()       # paths whose stale temps are gone
+
+    def _clean(self, path: Path) -> None:
+        if path not in self._cleaned:
+            remove_stale_checkpoint_temps(path)
+            self._cleaned.add(path)
+
+    def header(self) -> dict:
+        """What an engine's ``state_dict`` starts with: its kind and format version."""
+        return {"kind": self.kind, "version": self.version}
+
+    def save(self, state: dict, path: str | Path) -> Path:
+        """Write ``state`` (an engine's ``state_dict``, :meth:`header` included)."""
+        path = Path(path)
+        self._clean(path)
+        return write({**self.header(), **state}, path)
+
+    def load(self, path: str | Path, device="cpu", resume: bool = True) -> dict:
+        """The state kept at ``path``; ValueError when it is not this engine's
+        checkpoint of this version (files without a kind are the flat engine's)."""
+        path = Path(path)
+        if resume:
+            self._clean(path)
+        state = read(path, device)
+        if state.get("kind", "flat") != self.kind or state.get("version") != self.version:
+            raise ValueError(f"{path}: not {self.label} checkpoint of version "
+                             f"{self.version} (found {state.get('kind', 'flat')} version "
+                             f"{state.get('version')})")
+        return state
 
 
 def read(path: str | Path, device="cpu") -> dict:

@@ -93,7 +93,7 @@ second for the whole cluster. This engine keeps the engine's interface (``update
   tracked afresh over windows that start after the change has settled). When the
   objective's ``best_window``-tick average stays below ``rollback_fraction`` of the
   best-known level for ``rollback_ticks`` ticks, every node's dynamic knobs jump back to
-  it at once (``ClusterDecision.rolled_back``; counted in ``rollback_ticks``) and holds
+  it at once (``Decision.rolled_back``; counted in ``rollback_ticks``) and holds
   there for ``settle_ticks`` + ``best_window`` ticks to measure it; still below then,
   that best is no longer reachable (a change the detector missed, or a transient): it
   is dropped and counted (``stale_bests``).
@@ -114,16 +114,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from capes.common.actions import ROWS
 from capes.common.actions import direction as step_direction
 from capes.common.params import ParameterSpec
+from capes.common.step_grid import StepGrid
 from capes.common.replay_db import ReplayReader
-from drl_engine import checkpoint
+from drl_engine import checkpoint, trust_region
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.cold_start import SharedColdStart
 from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.decision import Decision
 from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.dqn import pick_device
+from drl_engine.experience import n_step_returns
 from drl_engine.node_model import NodeDQN
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
@@ -145,21 +149,6 @@ def knob_cost(spec: ParameterSpec) -> str:
         raise ValueError(f"{spec.name}: cost must be one of {', '.join(COSTS)} "
                          f"(got {cost!r})")
     return cost
-
-
-@dataclass
-class ClusterDecision:
-    tick: int
-    actions: np.ndarray      # (N,) per node: 0 NULL, 1 + 2k increase knob k, 2 + 2k decrease
-    values: np.ndarray       # (N, K) every node's knob values after its action
-    epsilon: float
-    explored: np.ndarray     # (N,) bool: the node's action came from exploration
-    q_max: float | None      # mean over greedy nodes of their max Q (None: none greedy)
-    rolled_back: bool = False  # values are the best-known setting (a jump, actions NULL)
-
-    @property
-    def action(self) -> int:  # for code that logs the single-node Decision
-        return int(np.bincount(self.actions, minlength=1).argmax())
 
 
 @dataclass
@@ -363,6 +352,8 @@ class ClusterEngine:
         self.mcfg.validate()
         self.reward_cfg = reward
         self.device = pick_device(device)
+        self.checkpoints = checkpoint.Checkpoints(CHECKPOINT_KIND, CHECKPOINT_VERSION,
+                                                  "a node-model")
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.pi_names, self.params = list(pi_names), list(params)
@@ -390,10 +381,8 @@ class ClusterEngine:
         self._session: int | None = None
         self._seen = 0                          # reader mode: ticks of the session ingested
         # knobs on their step grids
-        self.lo = np.array([s.min for s in params], np.float64)
-        self.hi = np.array([s.max for s in params], np.float64)
-        self.step = np.array([s.step for s in params], np.float64)
-        self.n_steps = np.rint((self.hi - self.lo) / self.step).astype(np.int64)
+        g = self.grid = StepGrid.of(params)            # capes.common.step_grid
+        self.lo, self.hi, self.step, self.n_steps = g.lo, g.hi, g.step, g.n_steps
         # probes: per node, knob (−1: none), target grid index, dwell left
         self.probe_knob = np.full(nodes, -1, np.int64)
         self.probe_target = np.zeros(nodes, np.int64)
@@ -408,7 +397,7 @@ class ClusterEngine:
         self.cold: SharedColdStart | None = None
         self.handed_over_at: int | None = None      # the tick the cold start ended
         if self.mcfg.cold_start == "shared" and self.mcfg.cold_start_ticks > 0:
-            self.cold = SharedColdStart(self.lo, self.step, self.n_steps, self.dynamic, dqn,
+            self.cold = SharedColdStart(self.grid, self.dynamic, dqn,
                                         self.mcfg.cold_start_ticks,
                                         dqn.settle_ticks + self.mcfg.best_window, seed)
         # trust region around the best-known setting
@@ -635,7 +624,7 @@ class ClusterEngine:
 
     # -- act ----------------------------------------------------------------------------
     def act(self, session: int | None = None, after_tick: int | None = None,
-            current: np.ndarray | None = None) -> ClusterDecision | None:
+            current: np.ndarray | None = None) -> Decision | None:
         """Every node's action for the newest tick; None without a tick newer than
         ``after_tick``. ``current``: the knob values in effect (N, K), if known better
         than the newest PIs."""
@@ -648,7 +637,7 @@ class ClusterEngine:
             np.asarray(current, np.float64).reshape(self.nodes, -1)
         present = rep.present[s]
         cur = np.where(np.isfinite(cur), cur, self.lo)
-        idx = np.clip(np.rint((cur - self.lo) / self.step), 0, self.n_steps).astype(np.int64)
+        idx = self.grid.index(cur)
         eps = self.epsilon
         if self.cold is not None and self.cold.active and not self.pretrained:
             shared = self._cold_start(int(tick), cur, present, eps)
@@ -658,8 +647,8 @@ class ClusterEngine:
             return self._rollback(int(tick), cur, present, eps)
         if self._hold_until is not None and tick < self._hold_until:
             self.action_ticks += 1                       # measuring the rolled-back setting
-            return ClusterDecision(int(tick), np.zeros(self.nodes, np.int16), cur, eps,
-                                   np.zeros(self.nodes, bool), None)
+            return self._decision(tick, np.zeros(self.nodes, np.int16), cur, eps,
+                                  np.zeros(self.nodes, bool), None)
         explore, actions = self._explore(idx, eps)
         q_max = None
         greedy = ~explore & present
@@ -687,11 +676,19 @@ class ClusterEngine:
         actions = self._guard(idx, actions, explore)
         values = self._apply(cur, actions)
         self.action_ticks += 1
-        return ClusterDecision(int(tick), actions.astype(np.int16), values, eps,
-                               explore & present, q_max)
+        return self._decision(tick, actions.astype(np.int16), values, eps,
+                              explore & present, q_max)
+
+    @staticmethod
+    def _decision(tick, row_actions: np.ndarray, values: np.ndarray, eps: float,
+                  explored: np.ndarray, q_max: float | None,
+                  rolled_back: bool = False) -> Decision:
+        """Every row's (node's) action as one :class:`Decision` of rows."""
+        return Decision(int(tick), ROWS, values, eps, bool(explored.any()), q_max,
+                        rolled_back, row_actions=row_actions, row_explored=explored)
 
     def _cold_start(self, tick: int, cur: np.ndarray, present: np.ndarray,
-                    eps: float) -> ClusterDecision | None:
+                    eps: float) -> Decision | None:
         """A tick of the cold start's shared search (every present node moved alike);
         None once it has handed over: its best shared setting is then every node's
         best-known setting, at the level measured while the nodes held it."""
@@ -701,7 +698,7 @@ class ClusterEngine:
             self.handed_over_at = tick
             best = self.cold.best
             log.info("tick %d: the cold start hands over at %s", tick,
-                     None if best is None else (self.lo + best * self.step).tolist())
+                     None if best is None else self.grid.values(best).tolist())
             if best is not None:
                 self.best_idx = np.tile(best, (self.nodes, 1)).astype(np.int64)
                 self.best_level, self.best_tick = self.level, tick
@@ -712,16 +709,16 @@ class ClusterEngine:
         self.action_ticks += 1
         moved = present & (values != cur).any(axis=1)
         code = int(np.asarray(step_direction(action, len(self.params))))
-        return ClusterDecision(tick, np.where(moved, code, 0).astype(np.int16), values,
-                               eps, present.copy(), None)
+        return self._decision(tick, np.where(moved, code, 0).astype(np.int16), values, eps,
+                              present.copy(), None)
 
     def _rollback(self, tick: int, cur: np.ndarray, present: np.ndarray,
-                  eps: float) -> ClusterDecision:
+                  eps: float) -> Decision:
         """Every present node's dynamic knobs back to the best-known setting at once
         (probes end); counted in ``rollback_ticks``."""
         self._rollback_due = False
         self._hold_until = tick + self.cfg.settle_ticks + self.mcfg.best_window + 1
-        best = self.lo + self.best_idx * self.step
+        best = self.grid.values(self.best_idx)
         move = present[:, None] & self.dynamic[None, :]
         values = np.where(move, best, cur)
         self.probe_knob[:] = -1
@@ -731,8 +728,8 @@ class ClusterEngine:
                  len(self.rollback_ticks), math.nan if self.level is None else self.level,
                  100 * self.mcfg.rollback_fraction, self.best_level, self.mcfg.rollback_ticks)
         self.action_ticks += 1
-        return ClusterDecision(tick, np.zeros(self.nodes, np.int16), values, eps,
-                               np.zeros(self.nodes, bool), None, rolled_back=True)
+        return self._decision(tick, np.zeros(self.nodes, np.int16), values, eps,
+                              np.zeros(self.nodes, bool), None, rolled_back=True)
 
     def recommendations(self) -> list[dict]:
         """The knobs that are not dynamic (their cost category says remount, reboot or
@@ -767,8 +764,8 @@ class ClusterEngine:
                 elif levels:
                     item["evidence"] = "not varied"
             if self.best_idx is not None:
-                item["best_known"] = float(self.lo[k] + np.median(self.best_idx[:, k]) *
-                                           self.step[k])
+                item["best_known"] = float(self.grid.values(
+                    np.median(self.best_idx, axis=0))[k])
             out.append(item)
         return out
 
@@ -841,19 +838,10 @@ class ClusterEngine:
             return actions
         k = np.maximum(actions - 1, 0) // 2
         sign = np.where(actions == 0, 0, np.where((actions - 1) % 2 == 0, 1, -1))
-        after = idx.copy()
-        rows = np.arange(len(actions))
-        after[rows, k] += sign
-        dyn = self.dynamic[None, :]       # a knob that never moves online is not guarded
-        d_after = np.where(dyn, np.abs(after - best), 0).max(axis=1)
-        d_now = np.where(dyn, np.abs(idx - best), 0).max(axis=1)
-        bad = (actions != 0) & (d_after > g) & (d_after >= d_now)
+        # a knob that never moves online is not guarded
+        bad, back = trust_region.outside(idx, k, sign, best, self.n_steps, g, self.dynamic)
         if not bad.any():
             return actions
-        rel = np.where(dyn, np.abs(best - idx) / np.maximum(self.n_steps, 1), -1.0)
-        kk = rel.argmax(axis=1)
-        diff = (best - idx)[rows, kk]
-        back = np.where(diff > 0, 1 + 2 * kk, np.where(diff < 0, 2 + 2 * kk, 0))
         self.probe_knob[bad & explore] = -1
         self.guarded += int(bad.sum())
         return np.where(bad, back, actions)
@@ -895,8 +883,7 @@ class ClusterEngine:
             # a node absent now is never moved or guarded: a placeholder until it is back
             knobs[~now] = np.median(knobs[now], axis=0)
             self.best_level, self.best_tick, self.best_nodes = level, int(tick), now.copy()
-            self.best_idx = np.clip(np.rint((knobs - self.lo) / self.step), 0,
-                                    self.n_steps).astype(np.int64)
+            self.best_idx = self.grid.index(knobs)
 
     def _start_probability(self, eps: float) -> float:
         """Per tick, the chance that a node not probing starts a probe, such that a share
@@ -969,14 +956,13 @@ class ClusterEngine:
         else:
             nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
         s0, s1 = rep.slot(t), rep.slot(t + n)
-        disc = self.gamma ** np.arange(n)
-        r = rep.r[(t[:, None] + d + np.arange(n)[None]) % rep.capacity] / self.p_scale
+        ret = n_step_returns(rep.r, t, n, self.gamma, shift=d, ring=True) / self.p_scale
         mask = rep.present[s0[:, None], nodes]
         next_mask = rep.present[s1[:, None], nodes]
         acts = rep.actions[s0[:, None], nodes].astype(np.int64)
         valid = mask & next_mask & (acts >= 0)
         return NodeBatch(obs=self.features(rep.window(t, S, nodes)), mask=mask,
-                         actions=np.maximum(acts, 0), returns=(r @ disc).astype(np.float32),
+                         actions=np.maximum(acts, 0), returns=ret.astype(np.float32),
                          discounts=np.full(B, self.gamma ** n, np.float32),
                          next_obs=self.features(rep.window(t + n, S, nodes)),
                          next_mask=next_mask, valid=valid,
@@ -1007,7 +993,7 @@ class ClusterEngine:
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"kind": CHECKPOINT_KIND, "version": CHECKPOINT_VERSION,
+        return {**self.checkpoints.header(),
                 "dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "pi_names": self.pi_names, "param_names": [s.name for s in self.params],
@@ -1031,18 +1017,16 @@ class ClusterEngine:
                   "probe_dwell", "probe_origin", "probe_back", "p_scale", "guarded")
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint atomically and durably (``drl_engine.checkpoint``)."""
-        return checkpoint.write(self.state_dict(), path)
+        """Write a checkpoint atomically and durably (``drl_engine.checkpoint``); the
+        temp file of a save killed mid-write is removed by the next ``load`` or ``save``."""
+        return self.checkpoints.save(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint, which may come from a cluster of any size (the
         model does not depend on N). ``weights_only``: the networks and the input
         statistics only, exploring from ``pretrained_epsilon_start``. The reward scale
         is always this cluster's own (it depends on N)."""
-        state = checkpoint.read(path, self.device)
-        if state.get("kind") != CHECKPOINT_KIND or state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"{path}: not a node-model checkpoint of version "
-                             f"{CHECKPOINT_VERSION}")
+        state = self.checkpoints.load(path, self.device, resume=not weights_only)
         names = [s.name for s in self.params]
         if state["pi_names"] != self.pi_names or state["param_names"] != names:
             raise ValueError(f"{path}: trained on PIs {state['pi_names']} and knobs "
@@ -1084,4 +1068,4 @@ class ClusterEngine:
                 "replay_capacity_ticks": self.replay.capacity}
 
 
-__all__ = ["ClusterEngine", "ClusterDecision", "NodeReplay", "NodeBatch"]
+__all__ = ["ClusterEngine", "NodeReplay", "NodeBatch"]

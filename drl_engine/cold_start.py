@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from capes.common import actions
+from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
 from drl_engine.guide import Guide, step_towards
 
@@ -34,15 +35,15 @@ class SharedColdStart:
     """The shared search of a cold start; :meth:`act` gives every node's values each
     tick until it returns None (handed over: :attr:`best` is the setting found)."""
 
-    def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray,
-                 dynamic: np.ndarray, cfg, ticks: int, hold: int, seed: int):
-        self.lo, self.step, self.n_steps, self.dynamic = lo, step, n_steps, dynamic
+    def __init__(self, grid: StepGrid, dynamic: np.ndarray, cfg, ticks: int, hold: int,
+                 seed: int):
+        self.grid, self.n_steps, self.dynamic = grid, grid.n_steps, dynamic
         self.cfg, self.budget, self.hold_ticks = cfg, int(ticks), int(hold)
-        self.guide = Guide(lo, step, n_steps, cfg, np.random.default_rng([seed, 23]),
+        self.guide = Guide(grid, cfg, np.random.default_rng([seed, 23]),
                            frozen=~dynamic)
         self.first: int | None = None     # the first tick of the search
         self.p = np.zeros(0)              # per tick since then: the cluster objective ...
-        self.values = np.zeros((0, len(lo)))   # ... and the shared setting in effect
+        self.values = np.zeros((0, len(grid.lo)))   # ... and the shared setting in effect
         self.ticks = 0                    # ticks acted on
         self.held = 0                     # ticks held at the best after the budget
         self.done = False
@@ -113,7 +114,7 @@ class SharedColdStart:
             target[move[0]] = np.clip(target[move[0]] + move[1], 0, self.n_steps[move[0]])
         values = cur.copy()
         every = present[:, None] & self.dynamic[None, :]
-        values = np.where(every, (self.lo + target * self.step)[None, :], values)
+        values = np.where(every, self.grid.values(target)[None, :], values)
         return values, int(action)
 
     def restart(self) -> None:

@@ -34,6 +34,8 @@ class DQNConfig:
     missing_tolerance: float = 0.2
     train_steps_per_tick: int = 1
     n_step: int = 1                    # TD target over n rewards: r_t + … + γ^n max Q⁻(s_{t+n})
+    return_shift: int = 0              # ... those rewards start this many ticks after the
+                                       # action (its effect shows up late; 0: the paper's)
     double_dqn: bool = False
     loss: Literal["mse", "huber"] = "mse"
     normalise_inputs: bool = False
@@ -99,7 +101,8 @@ class DQNConfig:
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
         for name in ("settle_ticks", "probe_dwell", "guard_steps", "greedy_guard_steps",
-                     "best_min_samples", "alarm_guard_steps", "alarm_probes"):
+                     "best_min_samples", "alarm_guard_steps", "alarm_probes",
+                     "return_shift"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 1 <= self.action_steps <= MAX_STEPS:
@@ -140,9 +143,9 @@ class DQNConfig:
     MOST = {"stack": 10_000, "hidden_layers": 64, "hidden_width": 1 << 20,
             "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
             "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
-            "settle_ticks": 10**6, "probe_dwell": 10**6, "guard_steps": 10**6,
-            "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6, "alarm_probes": 10**6,
-            "context_hold_ticks": 10**6,
+            "settle_ticks": 10**6, "return_shift": 10**6, "probe_dwell": 10**6,
+            "guard_steps": 10**6, "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6,
+            "alarm_probes": 10**6, "context_hold_ticks": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
             "grad_clip": 1e12}

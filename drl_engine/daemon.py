@@ -37,7 +37,8 @@ from capes.common.one_core import single_thread_blas
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
 from drl_engine.config import DQNConfig
-from drl_engine.engine import Decision, Engine, action_name
+from drl_engine.decision import Decision
+from drl_engine.engine import Engine, action_name
 from drl_engine.loop import TickRecord, TickState, WallClock, run_ticks
 from drl_engine.config import RewardConfig
 from drl_engine.per_node import PerNodeEngine, rows_of

@@ -11,7 +11,6 @@ newest observation), ``train(steps)`` (Algorithm 2 minibatches).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,27 +18,17 @@ import torch
 
 from capes.common import actions
 from capes.common.replay_db import ReplayReader
+from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
 from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
 from drl_engine.context import WorkloadContexts
+from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
 
 CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
-
-
-@dataclass
-class Decision:
-    tick: int
-    action: int              # 0 = NULL, 1 + 2k = increase param k, 2 + 2k = decrease it,
-                             # above 2P the same by 2, 3 … steps (capes.common.actions);
-                             # actions.ROWS: every node's row moved (drl_engine.per_node)
-    values: list[float]      # every parameter's value after the action
-    epsilon: float
-    explored: bool
-    q_max: float | None      # the network's value estimate (None when explored)
 
 
 def tuned_online(spec) -> bool:
@@ -70,9 +59,10 @@ class Engine:
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
-                                     dqn.normalise_inputs, dqn.n_step, dqn.gamma)
+                                     dqn.normalise_inputs, dqn.n_step, dqn.gamma,
+                                     dqn.return_shift)
         self.dqn: DQN | None = None
-        self._cleaned: set[Path] = set()      # checkpoint paths whose stale temps are gone
+        self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
         self.action_ticks = 0
         self.train_steps = 0
         self.bumped_at: int | None = None
@@ -241,10 +231,7 @@ class Engine:
         return guide.guard(int(q.argmax()), cur), False, float(q.max())
 
     def _new_guide(self, specs) -> Guide:
-        lo = np.array([s.min for s in specs], np.float64)
-        step = np.array([s.step for s in specs], np.float64)
-        n = np.rint((np.array([s.max for s in specs]) - lo) / step).astype(np.int64)
-        return Guide(lo, step, n, self.cfg, self.rng,
+        return Guide(StepGrid.of(specs), self.cfg, self.rng,
                      frozen=np.array([not tuned_online(s) for s in specs]))
 
     # -- train --------------------------------------------------------------------------
@@ -271,7 +258,7 @@ class Engine:
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
         layout = self.experience.layout
-        return {"version": CHECKPOINT_VERSION,
+        return {**self.checkpoints.header(),
                 "dqn": self.dqn.state_dict() if self.dqn else None,
                 "config": dataclasses.asdict(self.cfg),
                 "reward": dataclasses.asdict(self.reward_cfg),
@@ -292,25 +279,14 @@ class Engine:
         file beside it, fsynced, renamed into place, the directory fsynced. A crash or a
         power cut leaves the old checkpoint or the new one, never half of one; the temp
         file of a save killed mid-write is removed by the next ``load`` or ``save``."""
-        path = Path(path)
-        if path not in self._cleaned:
-            remove_stale_checkpoint_temps(path)
-            self._cleaned.add(path)
-        return checkpoint.write(self.state_dict(), path)
+        return self.checkpoints.save(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         """Resume from a checkpoint: model, target, optimiser, counters and ε.
         ``weights_only`` takes just the networks (to start a new run from a model,
         exploring from ``pretrained_epsilon_start``). Resuming (not ``weights_only``)
         first removes the temp files of saves killed mid-write beside ``path``."""
-        path = Path(path)
-        if not weights_only and path not in self._cleaned:
-            remove_stale_checkpoint_temps(path)
-            self._cleaned.add(path)
-        state = checkpoint.read(path, self.device)
-        if state.get("version") != CHECKPOINT_VERSION:
-            raise ValueError(f"{path}: checkpoint version {state.get('version')}, "
-                             f"expected {CHECKPOINT_VERSION}")
+        state = self.checkpoints.load(path, self.device, resume=not weights_only)
         if weights_only:
             state = {"dqn": state["dqn"], "layout": state["layout"],
                      "stats": state.get("stats")}

@@ -23,6 +23,21 @@ from drl_engine.normaliser import Normaliser
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
 
+def n_step_returns(r: np.ndarray, t: np.ndarray, n: int, gamma: float, shift: int = 0,
+                   ring: bool = False) -> np.ndarray:
+    """The n-step return of the actions at ticks ``t``, for every engine:
+    r[t+d] + γ r[t+d+1] + … + γ^(n−1) r[t+d+n−1], with d = ``shift`` (r[u]: the reward of
+    tick u → u+1). An action's effect may show up d ticks late (the game's window acts 3
+    ticks late, a node's knobs take ``settle_ticks``): unshifted, its return is mostly
+    the effect of the d actions before it. The bootstrap stays Q(s_{t+n}), whose own
+    return starts at r[t+n+d], so nothing is counted twice. ``ring``: ``r`` is a ring
+    buffer indexed modulo its length (the cluster engine's replay)."""
+    idx = np.asarray(t)[:, None] + shift + np.arange(n)[None]
+    if ring:
+        idx %= len(r)
+    return r[idx] @ gamma ** np.arange(n)
+
+
 @dataclass
 class Batch:
     obs: np.ndarray        # (B, obs_dim) float32
@@ -49,9 +64,10 @@ class _Derived:
 class Experience:
     def __init__(self, reader: ReplayReader, reward: RewardConfig, stack: int,
                  missing_tolerance: float = 0.2, normalise: bool = False,
-                 n_step: int = 1, gamma: float = 0.99):
+                 n_step: int = 1, gamma: float = 0.99, return_shift: int = 0):
         self.reader = reader
         self.n_step = n_step
+        self.shift = return_shift       # the returns start this many ticks after t
         self.gamma = gamma
         self.reward = reward
         self.stack = stack
@@ -195,21 +211,15 @@ class Experience:
         miss_tn = cum[i + 1 + n] - cum[i + 1 + n - S]
         ok = (data.actions[i] >= 0) & (miss_t <= limit) & (miss_tn <= limit)
         for k in range(n):
-            ok &= np.isfinite(d.r[i + k])
+            ok &= np.isfinite(d.r[i + self.shift + k])
         return ok
 
-    def _returns(self, d: _Derived, i: np.ndarray) -> np.ndarray:
-        """n-step return r_t + γ r_{t+1} + … + γ^{n−1} r_{t+n−1} (the plain r_t for n = 1)."""
-        out = d.r[i].copy()
-        for k in range(1, self.n_step):
-            out += self.gamma ** k * d.r[i + k]
-        return out
-
     def candidates(self) -> tuple[list[int], np.ndarray]:
-        """Sessions and their number of candidate ticks t in [S−1, length−1−n]."""
+        """Sessions and their number of candidate ticks t in [S−1, length−1−n−shift]
+        (the last return's reward needs the tick after it)."""
         sids = list(self.derived)
-        counts = np.array([max(0, self.derived[s].n - self.stack - self.n_step + 1)
-                           for s in sids], np.int64)
+        lost = self.stack + self.n_step + self.shift - 1
+        counts = np.array([max(0, self.derived[s].n - lost) for s in sids], np.int64)
         return sids, counts
 
     def sample(self, n: int, rng: np.random.Generator, max_rounds: int = 50) -> Batch | None:
@@ -253,7 +263,7 @@ class Experience:
             # a move of several steps (a probe's walk) is learned as its direction
             act.append(actions.direction(data.actions[i].astype(np.int64),
                                          len(self.layout.param_names)))
-            rew.append(self._returns(d, i))
+            rew.append(n_step_returns(d.r, i, self.n_step, self.gamma, self.shift))
             ss.append(np.full(len(i), sid))
             ts.append(i + data.first_tick)
         cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731

@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capes.common import actions
-from drl_engine import checkpoint
+from capes.common.step_grid import StepGrid
+from drl_engine import checkpoint, trust_region
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
 
@@ -75,9 +76,10 @@ class Guide:
     WIDE_RATIO = 2.0              # an alarm whose anchor's level moved this factor re-explores
                                   # wide (alarm_guard_steps); a smaller move was noise
 
-    def __init__(self, lo: np.ndarray, step: np.ndarray, n_steps: np.ndarray, cfg,
-                 rng: np.random.Generator, frozen: np.ndarray | None = None):
-        self.lo, self.step, self.n_steps = lo, step, n_steps   # per parameter
+    def __init__(self, step_grid: StepGrid, cfg, rng: np.random.Generator,
+                 frozen: np.ndarray | None = None):
+        self.step_grid = step_grid                 # the knobs' grids (capes.common.step_grid)
+        n_steps = self.n_steps = step_grid.n_steps    # per parameter
         # parameters never moved online (a remount/reboot cost): probes keep their value
         self.frozen = np.zeros(len(n_steps), bool) if frozen is None else frozen
         self.cfg, self.rng = cfg, rng
@@ -108,7 +110,7 @@ class Guide:
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
-    STRUCTURE = ("lo", "step", "n_steps", "frozen", "shape", "dense", "probe", "_kernels")
+    STRUCTURE = ("step_grid", "n_steps", "frozen", "shape", "dense", "probe", "_kernels")
 
     def state(self) -> dict:
         """What a restart must not forget: the per-setting statistics and the best-known
@@ -141,11 +143,10 @@ class Guide:
 
     # -- statistics ---------------------------------------------------------------------
     def grid(self, values) -> np.ndarray:
-        idx = np.rint((np.asarray(values, np.float64) - self.lo) / self.step)
-        return np.clip(idx, 0, self.n_steps).astype(np.int64)
+        return self.step_grid.index(values)
 
     def values(self, idx: np.ndarray) -> list[float]:
-        return [float(v) for v in self.lo + idx * self.step]
+        return [float(v) for v in self.step_grid.values(idx)]
 
     def credit(self, p: np.ndarray, values: np.ndarray, n: int,
                first_action: int | None = None) -> bool:
@@ -470,12 +471,10 @@ class Guide:
         if best is None or action == 0:
             return action
         k, steps = actions.decode(action, len(current))
-        after = current.copy()
-        after[k] += steps
-        distance = np.abs(after - best).max()
-        if distance <= self.cfg.greedy_guard_steps or distance < np.abs(current - best).max():
-            return action
-        return step_towards(current, best, self.n_steps)
+        out, back = trust_region.outside(np.asarray(current)[None], np.array([k]),
+                                         np.array([steps]), best[None], self.n_steps,
+                                         self.cfg.greedy_guard_steps)
+        return int(back[0]) if out[0] else action
 
 
 def _coarsen(keys, s, sq, n, most: int):

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
-from drl_engine.engine import Decision, Engine
+from drl_engine.decision import Decision
+from drl_engine.engine import Engine
 
 
 @dataclass

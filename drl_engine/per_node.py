@@ -10,10 +10,11 @@ the rows, whatever their number, and moves every row each tick.
 
 :class:`PerNodeEngine` gives the daemon (``drl_engine.daemon``) that engine behind the
 surface it drives: ``update``/``act``/``train``/``save``/``load``, the engine's
-:class:`~drl_engine.engine.Decision`, whose values are the flat ``<node>/<knob>`` list, labelled ``actions.ROWS`` (the
-interface daemon checks it row by row). Each node's monitoring agent must report each
-knob's value as a PI of the knob's name (the engine reads each node's action back from
-them); the rows' nodes are the replay DB's node names.
+:class:`~drl_engine.decision.Decision` of rows, whose values are the flat ``<node>/<knob>``
+list, labelled ``actions.ROWS`` (the interface daemon checks it row by row). Each node's
+monitoring agent must report each knob's value as a PI of the knob's name (the engine
+reads each node's action back from them); the rows' nodes are the replay DB's node
+names.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
-from drl_engine.engine import Decision
+from drl_engine.decision import Decision
 
 
 @dataclass
@@ -146,8 +147,9 @@ class PerNodeEngine:
         if d is None:
             return None
         values = [float(d.values[idx[i], j]) for i, j in self.rows.cells]
-        return Decision(d.tick, actions.ROWS, values, d.epsilon,
-                        bool(d.explored[idx].any()), d.q_max)
+        return dataclasses.replace(d, values=values, explored=bool(d.row_explored[idx].any()),
+                                   row_actions=d.row_actions[idx],
+                                   row_explored=d.row_explored[idx])
 
     def train(self, steps: int | None = None) -> float | None:
         return None if self.engine is None else self.engine.train(steps)
@@ -161,7 +163,7 @@ class PerNodeEngine:
         e = self.engine
         if e is None or e.best_idx is None:
             return None
-        vals, idx = e.lo + e.best_idx * e.step, self._row_index()
+        vals, idx = e.grid.values(e.best_idx), self._row_index()
         return {n: float(vals[idx[i], j]) for n, (i, j) in zip(self.rows.names, self.rows.cells)}
 
     def save(self, path: str | Path) -> Path:

@@ -62,6 +62,7 @@ import numpy as np
 
 from capes.common.config import to_table
 from capes.common.params import ParameterSpec
+from capes.common.step_grid import StepGrid
 from storagegamesim.phases import (ClusterPhase, Workload, phase_starts,
                                    validate_schedule)
 
@@ -548,10 +549,7 @@ def evaluate(cfg: ClusterConfig, window, rate_limit, phase: int = 0, *,
 def _grid(spec: ParameterSpec, descending: bool = False) -> np.ndarray:
     """Every value of a knob on its step grid (ascending, or descending so that a tie
     goes to the larger value), forbidden values left out."""
-    n = int(math.floor((spec.max - spec.min) / spec.step + 1e-9)) + 1
-    g = spec.min + spec.step * np.arange(n)
-    if g[-1] < spec.max - 1e-9:
-        g = np.append(g, spec.max)
+    g = StepGrid.of([spec]).knob_values(0)
     g = g[~np.isin(g, spec.forbidden)] if spec.forbidden else g
     return g[::-1].copy() if descending else g
 

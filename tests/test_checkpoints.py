@@ -254,3 +254,21 @@ def test_a_checkpoint_of_the_engine_before_the_guide_was_kept_still_loads(tmp_pa
     other.update()
     assert other.action_ticks == eng.action_ticks and other.guide is None
     writer.close()
+
+
+def test_every_engine_checkpoints_through_one_module_that_refuses_the_others_files(tmp_path):
+    """Both engines save and load through ``checkpoint.Checkpoints``: a file is tagged
+    with its engine's kind and version, another engine's file is one clear error (not a
+    crash half-way through restoring it), and a killed save's temp file goes."""
+    from drl_engine.checkpoint import Checkpoints
+    flat = Checkpoints("flat", 1, "a flat-engine")
+    node = Checkpoints("node_model", 1, "a node-model")
+    stale = tmp_path / ".c.pt.abc123.tmp"
+    stale.write_bytes(b"PK\3\4 half a zip")
+    node.save({"x": 1}, tmp_path / "c.pt")
+    assert not stale.exists() and node.load(tmp_path / "c.pt")["x"] == 1
+    with pytest.raises(ValueError, match=r"not a flat-engine checkpoint of version 1 "
+                                         r"\(found node_model version 1\)"):
+        flat.load(tmp_path / "c.pt")
+    torch.save({"version": 1, "y": 2}, tmp_path / "old.pt")   # before kinds: the flat one's
+    assert flat.load(tmp_path / "old.pt")["y"] == 2

@@ -195,7 +195,7 @@ def test_idle_nodes_keep_their_knobs():
     feed_ticks(eng, 30, rng, x)
     for _ in range(20):
         d = eng.act()
-        assert (d.actions[2:] == 0).all() and not d.explored[2:].any()
+        assert (d.row_actions[2:] == 0).all() and not d.row_explored[2:].any()
 
 
 @pytest.mark.parametrize("signal,change", [
@@ -237,7 +237,7 @@ def test_a_checkpoint_trained_on_8_nodes_runs_on_64(tmp_path):
     x[:, 4], x[:, 5] = 20, 2000
     feed_ticks(big, 15, rng, x)
     d = big.act()
-    assert d.actions.shape == (64,) and d.values.shape == (64, 2)
+    assert d.row_actions.shape == (64,) and d.values.shape == (64, 2)
     assert big.epsilon == pytest.approx(big.cfg.pretrained_epsilon_start, abs=0.01)
     r64 = run_one(cfg_short(["cluster.nodes=64", "cluster.time_limit_ticks=30",
                              "cluster.phases=[]"]), seed=0, init_model=str(ckpt))
@@ -424,7 +424,7 @@ def test_a_lasting_drop_below_the_best_rolls_back_and_is_counted():
     level_ticks(eng, 36, 12, 70.0, 26, rng)                 # 70 % of the best, lasting
     d = eng.act()
     assert d.rolled_back and d.values[:, 1].tolist() == [20.0] * 4
-    assert (d.values[:, 0] == 2000).all() and (d.actions == 0).all()
+    assert (d.values[:, 0] == 2000).all() and (d.row_actions == 0).all()
     assert eng.rollback_ticks == [47] and eng.counters()["rollbacks"] == 1
     # back at the best and as good again: no second rollback
     level_ticks(eng, 48, 20, 100.0, 20, rng)
@@ -441,7 +441,7 @@ def test_a_best_that_a_rollback_cannot_bring_back_is_dropped():
     for t in range(42, 41 + 3 + 4 + 1):             # held at the best while measured
         level_ticks(eng, t, 1, 60.0, 20, rng)
         d = eng.act()
-        assert not d.rolled_back and (d.actions == 0).all() and not d.explored.any()
+        assert not d.rolled_back and (d.row_actions == 0).all() and not d.row_explored.any()
         assert eng.stale_bests == 0
     level_ticks(eng, 49, 1, 60.0, 20, rng)          # measured: still 60 %
     assert eng.stale_bests == 1 and eng.best_tick is None
@@ -483,7 +483,7 @@ def test_only_dynamic_knobs_are_tuned_online(explore):
         y[:, :4] *= rng.normal(1.0, 0.01, (8, 4))
         eng.ingest(t, y)
         d = eng.act()
-        assert (d.values[:, 0] == 1000).all() and not np.isin(d.actions, [1, 2]).any()
+        assert (d.values[:, 0] == 1000).all() and not np.isin(d.row_actions, [1, 2]).any()
         moved_window |= bool((d.values[:, 1] != x[:, 4]).any())
         x[:, 4] = d.values[:, 1]
     assert moved_window and eng.train(1) is not None
@@ -494,7 +494,7 @@ def test_only_dynamic_knobs_are_tuned_online(explore):
         for p in eng.dqn.q.head[-1].parameters():
             p.zero_()
         eng.dqn.q.head[-1].bias[1 + 1] = 100.0            # advantage of "rate_limit +"
-    assert not np.isin(eng.act().actions, [1, 2]).any()
+    assert not np.isin(eng.act().row_actions, [1, 2]).any()
 
 
 def test_a_knob_that_is_not_dynamic_is_reported_as_a_recommendation():

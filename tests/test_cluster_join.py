@@ -13,7 +13,7 @@ from capes.common.config import ConfigError, build
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from capes.experiments.cluster_test import ClusterSource, load_config, run_one
 from drl_engine.cluster_config import NodeModelConfig
-from drl_engine.cluster_engine import ClusterDecision, ClusterEngine
+from drl_engine.cluster_engine import ClusterEngine
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.loop import run_ticks
 from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim
@@ -124,17 +124,17 @@ def test_a_node_joins_and_another_leaves_mid_session_without_a_new_model(feed, t
     assert len(log) == END                            # every tick, no exception
     assert eng.dqn is dqn and eng.weights == weights  # the same model, never retrained
     assert eng.nodes == 4 and list(src.order) == [0, 1, 2, JOINER]   # c3 appended
-    decisions = {t: d for t, d, _, _ in log if isinstance(d, ClusterDecision)}
+    decisions = {t: d for t, d, _, _ in log if d is not None and d.rows}
     assert all(d.tick == t for t, d in decisions.items())           # acting on each tick
-    assert all(len(d.actions) == 3 for t, d in decisions.items() if t < JOIN)
+    assert all(len(d.row_actions) == 3 for t, d in decisions.items() if t < JOIN)
     knobs = {t: k for t, _, k, _ in log}
     default = [ClusterConfig().window.default, ClusterConfig().rate_limit.default]
     # the node that joined: untouched while absent, then moved by the engine
     assert all(list(knobs[t][JOINER]) == default for t in range(JOIN))
-    moved = [t for t, d in decisions.items() if t >= JOIN and d.actions[JOINER] != 0]
+    moved = [t for t, d in decisions.items() if t >= JOIN and d.row_actions[JOINER] != 0]
     assert moved and any(list(knobs[t][JOINER]) != default for t in moved)
     # the node that left: no action from its first absent tick on, its knobs left alone
-    assert all(d.actions[LEAVER] == 0 and not d.explored[LEAVER]
+    assert all(d.row_actions[LEAVER] == 0 and not d.row_explored[LEAVER]
                for t, d in decisions.items() if t >= LEAVE)
     assert all((knobs[t][LEAVER] == knobs[LEAVE - 1][LEAVER]).all()
                for t in range(LEAVE, END))

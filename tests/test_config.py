@@ -36,6 +36,7 @@ def test_presets_differ_only_in_their_improvements_and_the_file_wins(tmp_path):
     ("[game]\nnoyse = 0.1\n", "game.noyse", "unknown key"),
     ("[engine]\ngamma = 1.5\n", "engine.gamma", "must lie in [0, 1]"),
     ("[engine]\nloss = \"l1\"\n", "engine.loss", "must be one of"),
+    ("[engine]\nreturn_shift = -1\n", "engine.return_shift", "must be >= 0"),
     ("[engine]\npreset = \"fast\"\n", "engine.preset", "unknown preset"),
     ("[reward]\ntype = \"ratio\"\n", "reward.type", "unknown reward type"),
     ("[reward]\nobjective = \"latency\"\n", "reward.objective", "unknown objective"),

@@ -4,9 +4,13 @@ import pytest
 
 from capes.common import actions
 from capes.common.params import ParameterSpec
+from capes.common.step_grid import StepGrid
 from capes.experiments.converge_test import load_config, run_one
 from drl_engine.config import DQNConfig
 from drl_engine.guide import Guide, Probe, _coarsen
+
+# the game's knobs: rate limit 10..200 step 10, window 1..100 step 1
+GAME_GRID = StepGrid(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]))
 
 
 def game_throughput(rate, window):
@@ -18,7 +22,7 @@ def guide_with_samples(seed, cells, noise=0.1, frozen=None):
     """A guide over the game's grid (rate_limit 10..200 by 10, window 1..100 by 1) with
     ``cells`` random settings credited once each, noisy."""
     cfg = DQNConfig(guided=True, probe_model=True, model_length=0.25, model_beta=0.5)
-    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+    g = Guide(GAME_GRID, cfg,
               np.random.default_rng(seed), frozen=frozen)
     rng = np.random.default_rng(seed + 1000)
     for _ in range(cells):
@@ -108,7 +112,7 @@ def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
     # best known: rate index 5, window index 50; the agent sits one window step above it
     # and the Q-network asks for one more (+window = action 3)
     cfg = DQNConfig(guided=True, guard_steps=3, greedy_guard_steps=greedy_steps)
-    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+    g = Guide(GAME_GRID, cfg,
               np.random.default_rng(0))
     g.best = np.array([5, 50])
     current = np.array([5, 51])
@@ -126,7 +130,7 @@ def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
 @pytest.mark.parametrize("most", [1, 2, 3])
 def test_a_probe_walks_up_to_action_steps_per_tick_and_stops_on_its_target(most):
     cfg = DQNConfig(guided=True, action_steps=most, probe_dwell=2)
-    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+    g = Guide(GAME_GRID, cfg,
               np.random.default_rng(0))
     g.start_probe(1.0, np.array([4, 9]))
     g.probe.target = np.array([5, 20])              # 1 rate step and 11 window steps
@@ -144,7 +148,7 @@ def test_a_probe_walks_up_to_action_steps_per_tick_and_stops_on_its_target(most)
 
 def test_the_guard_counts_every_step_of_a_larger_move():
     cfg = DQNConfig(guided=True, greedy_guard_steps=1, action_steps=2)
-    g = Guide(np.array([10.0, 1.0]), np.array([10.0, 1.0]), np.array([19, 99]), cfg,
+    g = Guide(GAME_GRID, cfg,
               np.random.default_rng(0))
     g.best = np.array([5, 50])
     window_up_2 = actions.encode(1, 2, 2)
@@ -177,7 +181,8 @@ def knob_series(seed, n=400, noise=0.1, delays=(0, 3)):
 
 def lag_guide(seed=0, **cfg):
     cfg = DQNConfig(guided=True, settle_ticks=3, **{"learn_lags": True, **cfg})
-    return Guide(np.zeros(2), np.ones(2), np.array([19, 19]), cfg, np.random.default_rng(seed))
+    return Guide(StepGrid(np.zeros(2), np.ones(2), np.array([19, 19])), cfg,
+                 np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -216,7 +221,7 @@ def test_without_evidence_every_knob_keeps_the_settle_time():
 
 def ladder_guide(**cfg):
     """A guide over one knob of 11 rungs (read_ahead_kb 4 … 4096 as ladder indices)."""
-    return Guide(np.array([0.0]), np.array([1.0]), np.array([10]),
+    return Guide(StepGrid(np.array([0.0]), np.array([1.0]), np.array([10])),
                  DQNConfig(guided=True, **cfg), np.random.default_rng(0))
 
 

@@ -213,7 +213,7 @@ def test_live_tuner_reaches_a_wanted_setting_by_moves_the_daemon_accepts():
     from capes.common import actions
     from capes.common.params import ParameterSpec
     from capes.experiments.live_tuner import TunerSource
-    from drl_engine.engine import Decision
+    from drl_engine.decision import Decision
 
     class Client:
         def __init__(self):

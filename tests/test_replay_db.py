@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from capes.common.replay_db import Layout, ReplayDBError, ReplayReader, ReplayWriter, SessionInfo
-from drl_engine.experience import Experience
+from drl_engine.experience import Experience, n_step_returns
 from drl_engine.config import RewardConfig
 from conftest import two_params
 
@@ -218,6 +218,25 @@ def test_n_step_returns_discount_n_rewards_and_look_n_ticks_ahead(tmp_path, make
     np.testing.assert_allclose(batch.rewards, 2 * (1 + 0.5 + 0.25))
     np.testing.assert_allclose(batch.discounts, 0.5 ** 3)    # the bootstrap's γⁿ
     np.testing.assert_array_equal(batch.next_obs[:, 12], batch.ticks + 3)
+
+
+def test_a_shifted_return_starts_later_and_every_engine_computes_it_alike(tmp_path,
+                                                                          make_session):
+    """``engine.return_shift`` (the cluster engine: ``settle_ticks``): an action's
+    n-step return starts that many ticks after it, and the tick it needs must exist."""
+    r = np.arange(20.0)
+    np.testing.assert_array_equal(n_step_returns(r, np.array([0, 5]), 2, 0.5), [0.5, 8.0])
+    np.testing.assert_array_equal(n_step_returns(r, np.array([0, 5]), 2, 0.5, shift=3),
+                                  [3 + 2.0, 8 + 4.5])
+    np.testing.assert_array_equal(n_step_returns(r, np.array([18]), 3, 1.0, ring=True),
+                                  [18 + 19 + 0.0])                 # a ring wraps
+    path = tmp_path / "r.db"
+    make_session(path, ticks=40)
+    exp = Experience(ReplayReader(path), RewardConfig(pis=["tp"]), stack=4, n_step=3,
+                     gamma=0.5, return_shift=2)
+    rng = np.random.default_rng(0)
+    ticks = np.concatenate([exp.sample(32, rng).ticks for _ in range(20)])
+    assert ticks.min() == 3 and ticks.max() == 34       # r_{t+2+2} needs tick 39
 
 
 def test_refresh_reads_only_new_rows_never_a_whole_index(tmp_path, make_session):

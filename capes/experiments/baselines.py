@@ -3,7 +3,7 @@
 A baseline is a drop-in for :class:`drl_engine.engine.Engine` in
 :func:`drl_engine.loop.run_ticks` (duck-typed): every tick it reads the same delayed,
 noisy PIs from the same replay DB, computes the same objective (``[reward] objective``
-over ``[reward] pis``) and returns a :class:`~drl_engine.engine.Decision` whose
+over ``[reward] pis``) and returns a :class:`~drl_engine.decision.Decision` whose
 ``values`` are the full setting it wants in effect now. It knows only what a real tuner
 would: the parameter specs and the PIs, never the simulator's config.
 
@@ -38,7 +38,6 @@ optuna (extra ``tune``) is imported only when an optuna tuner is built.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +46,11 @@ import numpy as np
 
 from capes.common.config import ConfigError, build
 from capes.common.params import ParameterSpec
+from capes.common.step_grid import StepGrid
 from capes.common.registry import PluginError, Registry
 from capes.common.replay_db import ReplayReader
 from drl_engine.config import RewardConfig
-from drl_engine.engine import Decision
+from drl_engine.decision import Decision
 from drl_engine.rewards import OBJECTIVES, pi_columns
 
 TUNERS = Registry("tuner")
@@ -78,27 +78,20 @@ class SearchOptions:
 # -- the grid -----------------------------------------------------------------------------
 
 class Grid:
-    """Each parameter's step grid: index k is ``min + k·step`` (the last index may be
-    ``max`` itself when max is off the grid); forbidden values are never proposed."""
+    """Each parameter's step grid (``capes.common.step_grid``: index k is
+    ``min + k·step``, the last index may be ``max`` itself when max is off the grid);
+    forbidden values are never proposed."""
 
     def __init__(self, specs: list[ParameterSpec]):
         self.specs = list(specs)
-        self.sizes = []
-        for s in self.specs:
-            n = int(math.floor((s.max - s.min) / s.step + 1e-6))
-            if s.min + n * s.step < s.max - 1e-6 * s.step:
-                n += 1                                # max itself is the last point
-            self.sizes.append(n + 1)
-        self.allowed = [np.array([not s.is_forbidden(self._value(k, i))
-                                  for i in range(n)]) for k, (s, n)
-                        in enumerate(zip(self.specs, self.sizes))]
+        self.steps = StepGrid.of(self.specs)
+        self.sizes = [int(n) for n in self.steps.sizes]
+        self.allowed = [np.array([not s.is_forbidden(float(v))
+                                  for v in self.steps.knob_values(k)])
+                        for k, s in enumerate(self.specs)]
         for s, ok in zip(self.specs, self.allowed):
             if not ok.any():
                 raise ValueError(f"{s.name}: every value on the grid is forbidden")
-
-    def _value(self, k: int, i: int) -> float:
-        s = self.specs[k]
-        return float(s.clamp(s.min + i * s.step))
 
     def snap_index(self, k: int, i: float) -> int:
         """The nearest allowed index to (possibly fractional, out-of-range) ``i``."""
@@ -114,11 +107,10 @@ class Grid:
 
     def index_of(self, values) -> tuple[int, ...]:
         """Grid indices of ``values`` (clamped and snapped)."""
-        return self.snap([(s.clamp(float(v)) - s.min) / s.step
-                          for s, v in zip(self.specs, values)])
+        return self.snap(self.steps.index(values))
 
     def values(self, idx) -> list[float]:
-        return [self._value(k, i) for k, i in enumerate(idx)]
+        return [float(v) for v in self.steps.values(np.asarray(idx, np.int64))]
 
     def random(self, rng: np.random.Generator) -> tuple[int, ...]:
         return tuple(int(rng.choice(np.flatnonzero(ok))) for ok in self.allowed)

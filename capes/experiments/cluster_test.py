@@ -55,7 +55,8 @@ from capes.common import config as cfgmod
 from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.cluster_config import NodeModelConfig
-from drl_engine.cluster_engine import ClusterDecision, ClusterEngine
+from drl_engine.cluster_engine import ClusterEngine
+from drl_engine.decision import Decision
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from storagegamesim.cluster import ClusterConfig, ClusterSim, phase_optima
@@ -141,8 +142,8 @@ class ClusterSource:
         return TickState(session=self.session, workload_epoch=sim.phase if self.tell else 0,
                          current=current[0].tolist() if self.tell else current)
 
-    def apply(self, decision) -> None:
-        if isinstance(decision, ClusterDecision):
+    def apply(self, decision: Decision) -> None:
+        if decision.rows:
             vals = decision.values
             self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)},
                                 nodes=self.order)
@@ -208,8 +209,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
             act = sim.state.active
             trace["window_active"].append(float(sim.window[act].mean()))
             trace["rate_limit_active"].append(float(sim.rate_limit[act].mean()))
-            trace["explored"].append(float(np.mean(d.explored)) if isinstance(
-                d, ClusterDecision) else None)
+            trace["explored"].append(float(np.mean(d.row_explored))
+                                     if d is not None and d.rows else None)
 
         start = time.perf_counter()
         run_ticks(player, source, observers=[record] if trace is not None else [])

@@ -29,7 +29,8 @@ from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from capes.common.stats import median_ci, paired_mean_ci, wilson_ci
 from drl_engine.config import DQNConfig
-from drl_engine.engine import Decision, Engine
+from drl_engine.decision import Decision
+from drl_engine.engine import Engine
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from drl_engine.config import RewardConfig
 from capes.experiments.recall_scoring import score_occurrences

@@ -26,7 +26,7 @@ from capes.common.stop_signal import StopSignal
 from capes.experiments.baselines import make_tuner
 from capes.settings import load_settings
 from drl_engine.daemon import LiveSource, _wait_for_db
-from drl_engine.engine import Decision
+from drl_engine.decision import Decision
 from drl_engine.loop import WallClock, run_ticks
 
 log = logging.getLogger("capes.live_tuner")

@@ -1,0 +1,36 @@
+"""The trust region around the best-known setting, one function over rows of knobs.
+
+A greedy (or probing) move may take a row's knobs at most ``limit`` steps from that
+row's best-known setting; a move that would go farther, and not closer to it, is
+replaced by one step back towards it. The flat engine's guide calls it with its one row
+(``engine.greedy_guard_steps``), the cluster engine with every node's row
+(``engine.guard_steps``); a noisy Q-network otherwise wanders off a good setting.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def outside(idx: np.ndarray, knob: np.ndarray, steps: np.ndarray, best: np.ndarray,
+            n_steps: np.ndarray, limit: int,
+            movable: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, whether moving ``knob`` by ``steps`` (0: NULL) from grid indices
+    ``idx`` (N, K) leaves the region of ``limit`` steps around ``best`` (N, K), and the
+    one-step action back towards ``best`` (``capes.common.actions``: 1 + 2k up, 2 + 2k
+    down, 0 when there): the knob farthest from it relative to its range. Knobs not
+    ``movable`` (K,) (a remount/reboot cost) are left out of both."""
+    rows = np.arange(len(knob))
+    movable = np.ones(idx.shape[1], bool) if movable is None else movable
+    after = idx.copy()
+    after[rows, knob] += steps
+    d_after = np.where(movable, np.abs(after - best), 0).max(axis=1)
+    d_now = np.where(movable, np.abs(idx - best), 0).max(axis=1)
+    out = (steps != 0) & (d_after > limit) & (d_after >= d_now)
+    rel = np.where(movable, np.abs(best - idx) / np.maximum(n_steps, 1), -1.0)
+    k = rel.argmax(axis=1)
+    diff = (best - idx)[rows, k]
+    back = np.where(diff > 0, 1 + 2 * k, np.where(diff < 0, 2 + 2 * k, 0))
+    return out, back
+
+
+__all__ = ["outside"]

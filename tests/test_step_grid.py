@@ -1,0 +1,35 @@
+"""The knobs' step grid (capes.common.step_grid), shared by both engines' guides, the
+search baselines and the cluster simulator's best-static search."""
+import numpy as np
+
+from capes.common.params import ParameterSpec
+from capes.common.step_grid import StepGrid
+
+
+def spec(lo, hi, step):
+    s = ParameterSpec(min=lo, max=hi, step=step, default=lo, name="k")
+    s.validate()
+    return s
+
+
+def test_an_off_grid_max_is_the_last_setting_and_values_never_leave_the_range():
+    g = StepGrid.of([spec(0, 10, 3), spec(1, 100, 1)])
+    assert g.n_steps.tolist() == [4, 99]
+    assert g.knob_values(0).tolist() == [0, 3, 6, 9, 10]          # every value is valid
+    assert all(spec(0, 10, 3).check_value(float(v)) is None for v in g.knob_values(0))
+    assert g.index([10, 50]).tolist() == [4, 49] and g.index([9.4, 1]).tolist() == [3, 0]
+    assert g.values([4, 99]).tolist() == [10, 100]
+
+
+def test_values_clamp_to_the_ends_and_rows_of_knobs_index_alike():
+    g = StepGrid.of([spec(10, 200, 10), spec(1, 100, 1)])
+    assert g.index([-50, 1e9]).tolist() == [0, 99]                 # clamped, never off
+    rows = np.array([[10, 1], [200, 100], [55, 50.4]])
+    np.testing.assert_array_equal(g.index(rows), [[0, 0], [19, 99], [4, 49]])
+    np.testing.assert_array_equal(g.values(g.index(rows)), [[10, 1], [200, 100], [50, 50]])
+
+
+def test_float_steps_land_on_the_max_exactly():
+    g = StepGrid.of([spec(0.1, 1.0, 0.1)])
+    assert g.n_steps.tolist() == [9] and g.values([9]).tolist() == [1.0]
+    assert g.index([1.0]).tolist() == [9]
