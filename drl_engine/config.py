@@ -157,7 +157,7 @@ PRESETS: dict[str, dict] = {
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
                 "probe_model": True, "learn_lags": True, "action_steps": 2,
-                "use_context": True, "greedy_guard_steps": 0},
+                "use_context": True},
 }
 
 
