@@ -38,7 +38,7 @@ FIGURES = {
     "bench_real_online.py": r"MB/s",
     "bench_recall.py": r"recurring\s+\d+%\s+default\s+\d+",
     "bench_replay_storage.py": r"disk\s+[\d.]+ GB",
-    "bench_sim_hour.py": r"median [\d.]+ s wall per simulated hour",
+    "bench_sim_hour.py": r"default / paper, wall time, paired by seed: [\d.]+ / [\d.]+",
     "bench_soak.py": r"daemon drops",
     "bench_train_step.py": r"DQN.train_step \(ready tensors\)\s+median\s+[\d.]+ ms",
     "bench_tuners.py": r"wall \d+ s for 1 games",
