@@ -266,14 +266,8 @@ class ChangeDetector:
         self.stream_alarms += over
         self._voted[over] = idx
         if np.count_nonzero(self._voted > idx - cfg.vote_window) >= cfg.min_streams:
-            up = float(np.sum(self._pos[over])) >= float(np.sum(self._neg[over]))
-            self.alarms += 1
-            self.alarms_up += up
-            self.alarms_down += not up
-            self.last_alarm = idx
-            self.last_direction = "up" if up else "down"
-            self._restart(cooldown=cfg.cooldown)
-            return True
+            return self._raise(idx, float(np.sum(self._pos[over])) >=
+                               float(np.sum(self._neg[over])))
         # not enough votes yet: restart the voting streams' statistics only
         self._pos[over] = self._neg[over] = 0.0
         self._mp[over] = self._Mp[over] = self._mn[over] = self._Mn[over] = 0.0
@@ -335,13 +329,17 @@ class ChangeDetector:
         self.stream_alarms[0] += 1
         self._voted[0] = idx
         # one stream: min_streams is 1 (checked at construction)
-        up = pos >= neg
+        return self._raise(idx, bool(pos >= neg))
+
+    def _raise(self, idx: int, up: bool) -> bool:
+        """Count an alarm at sample ``idx`` (its direction: the level went up or down) and
+        restart every stream, cooling down; True, for the caller to return."""
         self.alarms += 1
         self.alarms_up += up
         self.alarms_down += not up
         self.last_alarm = idx
         self.last_direction = "up" if up else "down"
-        self._restart(cooldown=cfg.cooldown)
+        self._restart(cooldown=self.config.cooldown)
         return True
 
     def _refine(self, z: np.ndarray, live: np.ndarray) -> None:
