@@ -80,7 +80,6 @@ def test_demo_with_several_nodes_tunes_each_nodes_knobs_and_status_lists_them(tm
 
 def test_per_node_deployment_gives_each_node_its_own_knobs_and_refuses_other_configs():
     from capes.common.config import dump_toml, read_toml
-    from capes.common.deployment import DeploymentConfig  # noqa: F401  (the file loads)
     from capes.experiments.demo import DEFAULT_CONFIG, per_node_table
     import tomllib
     base = read_toml(DEFAULT_CONFIG)

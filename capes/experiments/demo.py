@@ -184,17 +184,17 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
         stack.start("interface-daemon", "interface-daemon", *cfg_args,
                     "--ready-file", "daemon.ready")
         for i, (node, d) in enumerate(sim_dirs.items()):
-            name = (lambda what: what) if opts.nodes == 1 else (lambda what: f"{what}-{node}")
-            stack.start(name("sim-node"), "sim-node", "--dir", str(d.relative_to(workdir)),
+            suffix = "" if opts.nodes == 1 else f"-{node}"     # one node: the plain names
+            stack.start(f"sim-node{suffix}", "sim-node", "--dir", str(d.relative_to(workdir)),
                         "--tick-seconds", str(tick_s), "--seed", str(opts.seed + i),
                         "--keep-running", "--config", config, *game_sets)
             per_node = [] if opts.nodes == 1 else [
                 "--set", f"monitor.node={node}", "--set", f"control.node={node}",
                 "--set", f'monitor.collectors=[{{name = "simulator", options = '
                          f'{{dir = "{d.relative_to(workdir)}"}}}}]']
-            stack.start(name("monitor-agent"), "monitor-agent", *cfg_args, *per_node,
+            stack.start(f"monitor-agent{suffix}", "monitor-agent", *cfg_args, *per_node,
                         "--set", "keys.client=monitor")
-            stack.start(name("control-agent"), "control-agent", *cfg_args, *per_node,
+            stack.start(f"control-agent{suffix}", "control-agent", *cfg_args, *per_node,
                         "--set", "keys.client=control")
         stack.start("drl-engine", "drl-engine", *cfg_args, "--seed", str(opts.seed),
                     "--checkpoint-dir", str(workdir / "checkpoints"),
