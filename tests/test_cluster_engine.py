@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from capes.common.params import ParameterSpec
 from capes.experiments.cluster_test import (aggregate, format_table, is_cluster_config,
                                             load_config, run_one, run_tuners)
 from drl_engine.cluster_engine import ClusterEngine, NodeReplay

@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
-import types
 import typing
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from capes.common import config as cfgmod

@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np

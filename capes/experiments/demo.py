@@ -323,7 +323,7 @@ def _watch(opts: DemoOptions, stack: ProcessGroup, poller: _AppliedPoller,
         if won == len(sims) and won_at is None:
             won_at = now
             result.update(won=True, won_tick=sim["ticks"], won_wall_s=now - t0)
-            print(f"won: throughput held within ±10 % of ideal for more than 20 s "
+            print("won: throughput held within ±10 % of ideal for more than 20 s "
                   + ("on every node " if many else "")
                   + f"(simulated second {sim['ticks']:.0f}, {now - t0:.1f} s wall)",
                   file=out, flush=True)
