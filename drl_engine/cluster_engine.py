@@ -108,7 +108,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -119,8 +118,8 @@ from capes.common.actions import direction as step_direction
 from capes.common.params import ParameterSpec
 from capes.common.step_grid import StepGrid
 from capes.common.replay_db import ReplayReader
-from drl_engine import checkpoint, trust_region
-from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
+from drl_engine import checkpoint, row_probes, trust_region
+from drl_engine.best_known import PeakTracker
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.cold_start import SharedColdStart
 from drl_engine.config import DQNConfig, RewardConfig
@@ -128,215 +127,17 @@ from drl_engine.decision import Decision
 from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.dqn import pick_device
 from drl_engine.experience import n_step_returns
+from drl_engine.costs import knob_cost
 from drl_engine.node_model import NodeDQN
-from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
+from drl_engine.node_replay import NodeBatch, NodeReplay
+from drl_engine.rollback import Rollback
+from drl_engine.row_detector import RowChangeDetector
+from drl_engine.row_probes import RowProbes
 
 log = logging.getLogger("capes.cluster_engine")
 
 CHECKPOINT_KIND = "node_model"
 CHECKPOINT_VERSION = 1
-
-
-COSTS = ("dynamic", "remount", "reboot", "reformat")   # seed 000, table 9.1 (categories 0-3)
-
-
-def knob_cost(spec: ParameterSpec) -> str:
-    """A knob's cost category: ``dynamic`` (changed live: tuned online), ``remount``,
-    ``reboot`` or ``reformat`` (reported as recommendations, never changed online).
-    Read with a default until :class:`ParameterSpec` carries the field."""
-    cost = getattr(spec, "cost", "dynamic")
-    if cost not in COSTS:
-        raise ValueError(f"{spec.name}: cost must be one of {', '.join(COSTS)} "
-                         f"(got {cost!r})")
-    return cost
-
-
-@dataclass
-class NodeBatch:
-    obs: np.ndarray          # (B, M, D)
-    mask: np.ndarray         # (B, M) node present at t
-    actions: np.ndarray      # (B, M)
-    returns: np.ndarray      # (B,) n-step return of the scaled cluster reward
-    discounts: np.ndarray    # (B,)
-    next_obs: np.ndarray     # (B, M, D)
-    next_mask: np.ndarray    # (B, M)
-    valid: np.ndarray        # (B, M) transition counts
-    abar: np.ndarray | None = None       # (B, M, A) the others' actions at t (mean field)
-    next_abar: np.ndarray | None = None  # (B, M, A) ... at t+n
-
-
-class NodeReplay:
-    """A ring of the last ``capacity`` ticks of every node's PIs (stored as
-    log1p(max(x, 0))), with the cluster objective p_t over the nodes present at t, the
-    reward r_t of t → t+1 and each node's action at t read back from its knob PIs.
-    Observations are stacked at sample time, never stored."""
-
-    def __init__(self, nodes: int, pi_names: list[str], params: list[ParameterSpec],
-                 capacity: int, reward: RewardConfig):
-        self.n, self.p = nodes, len(pi_names)
-        self.reward = reward
-        self.pi_names = list(pi_names)
-        self.params = list(params)
-        self.capacity = max(16, int(capacity))
-        missing = [s.name for s in params if s.name not in pi_names]
-        if missing:
-            raise ValueError(f"the cluster engine reads each node's knob values from its "
-                             f"PIs; {missing} are not among the PIs {pi_names}")
-        self.knob_cols = np.array([pi_names.index(s.name) for s in params])
-        self.steps = np.array([s.step for s in params], np.float64)
-        self.obj_cols = pi_columns(reward.pis, pi_names)
-        self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
-        self.reward_fn = REWARD_TYPES.build(reward.type, reward.options)
-        self.lookback = int(getattr(self.reward_fn, "lookback", 1))
-        C = self.capacity
-        self.lp = np.full((C, nodes, self.p), np.nan, np.float32)
-        self.present = np.zeros((C, nodes), bool)
-        self.tick_of = np.full(C, -1, np.int64)
-        self.pobj = np.full(C, np.nan)
-        self.r = np.full(C, np.nan)
-        self.actions = np.full((C, nodes), -1, np.int8)
-        self.knobs = np.full((C, nodes, len(params)), np.nan, np.float32)
-        self.n_actions = 2 * len(params) + 1
-        self.ahist = np.zeros((C, self.n_actions), np.float32)   # nodes per action at t
-        self.last: int | None = None       # newest tick
-        self.first: int | None = None      # oldest tick ever ingested
-        self.ingested = 0
-
-    @classmethod
-    def capacity_for(cls, megabytes: int, nodes: int, pis: int, knobs: int) -> int:
-        per_tick = nodes * (4 * pis + 1 + 1 + 4 * knobs) + 40
-        return max(64, (megabytes << 20) // per_tick)
-
-    @property
-    def oldest(self) -> int | None:
-        """Oldest tick still in the ring."""
-        if self.last is None:
-            return None
-        return max(self.first, self.last - self.capacity + 1)
-
-    def slot(self, tick):
-        return np.asarray(tick) % self.capacity
-
-    def ingest(self, tick: int, x: np.ndarray) -> bool:
-        """Add tick ``tick``'s PIs, (N, P) raw values (NaN: missing). False when the
-        tick is not newer than the newest one (ignored)."""
-        tick = int(tick)
-        if self.last is not None and tick <= self.last:
-            return False
-        x = np.asarray(x, np.float32)
-        if x.shape != (self.n, self.p):
-            raise ValueError(f"PIs of shape {x.shape}, expected {(self.n, self.p)}")
-        if self.last is not None:
-            for t in range(max(self.last + 1, tick - self.capacity + 1), tick):   # a gap
-                self._clear(t)
-        else:
-            self.first = tick
-        s = tick % self.capacity
-        with np.errstate(invalid="ignore"):
-            self.lp[s] = np.log1p(np.maximum(x, 0.0))
-        self.lp[s][np.isnan(x)] = np.nan
-        present = self.present[s] = ~np.isnan(x).all(axis=1)
-        self.tick_of[s] = tick
-        self.knobs[s] = x[:, self.knob_cols]
-        self.actions[s] = -1
-        self.ahist[s] = 0.0
-        self.r[s] = np.nan
-        pis = x[present][None][:, :, self.obj_cols]
-        self.pobj[s] = float(np.asarray(self.objective(pis), float)[0]) if present.any() \
-            else np.nan
-        prev = tick - 1
-        if self.last == prev:
-            ps = prev % self.capacity
-            self.actions[ps] = self._read_actions(self.knobs[ps], self.knobs[s])
-            a = self.actions[ps]
-            self.ahist[ps] = np.bincount(a[a >= 0], minlength=self.n_actions)
-            lo = max(self.oldest, tick - self.lookback - 1)
-            r = np.asarray(self.reward_fn(self.comparable(np.arange(lo, tick + 1), tick)),
-                           float)
-            self.r[ps] = r[-2]
-        self.last = tick
-        self.ingested += 1
-        return True
-
-    def comparable(self, ticks: np.ndarray, tick: int) -> np.ndarray:
-        """p at ``ticks``, NaN where the ring does not hold the tick or other nodes were
-        present than at ``tick``: a total over other nodes (one joined, left or lost a
-        row) is not comparable, and a reward across it would credit the nodes' actions
-        with the change of membership."""
-        s = ticks % self.capacity
-        same = (self.present[s] == self.present[tick % self.capacity]).all(axis=1)
-        return np.where((self.tick_of[s] == ticks) & same, self.pobj[s], np.nan)
-
-    def resized(self, nodes: int, capacity: int) -> "NodeReplay":
-        """This ring for ``nodes`` nodes (the new ones, appended, absent so far) and
-        ``capacity`` ticks, with the newest ticks that fit."""
-        new = NodeReplay(nodes, self.pi_names, self.params, capacity, self.reward)
-        if self.last is None:
-            return new
-        ticks = np.arange(max(self.oldest, self.last - new.capacity + 1), self.last + 1)
-        a, b, n = ticks % self.capacity, ticks % new.capacity, self.n
-        for name in ("lp", "present", "actions", "knobs"):
-            getattr(new, name)[b, :n] = getattr(self, name)[a]
-        for name in ("tick_of", "pobj", "r", "ahist"):
-            getattr(new, name)[b] = getattr(self, name)[a]
-        new.first, new.last, new.ingested = int(ticks[0]), self.last, self.ingested
-        return new
-
-    def _clear(self, t: int) -> None:
-        s = t % self.capacity
-        self.lp[s] = np.nan
-        self.present[s] = False
-        self.tick_of[s] = t
-        self.pobj[s] = self.r[s] = np.nan
-        self.actions[s] = -1
-        self.ahist[s] = 0.0
-        self.knobs[s] = np.nan
-
-    def _read_actions(self, before: np.ndarray, after: np.ndarray) -> np.ndarray:
-        """Each node's action from its knob values at t and t+1: one knob moved (its
-        sign gives the action), none moved (NULL), else unknown (-1)."""
-        with np.errstate(invalid="ignore"):
-            d = (after.astype(np.float64) - before) / self.steps
-        moved = np.abs(d) > 1e-6
-        known = np.isfinite(d).all(axis=1)
-        count = moved.sum(axis=1)
-        k = np.argmax(moved, axis=1)
-        sign = np.take_along_axis(d, k[:, None], axis=1)[:, 0]
-        out = np.where(count == 0, 0, 1 + 2 * k + (sign < 0))
-        out = np.where(known & (count <= 1), out, -1)
-        return out.astype(np.int8)
-
-    def mean_field(self, tick, nodes=None) -> np.ndarray:
-        """The other nodes' action distribution at ``tick``: (B, M, A) for ticks (B,) and
-        nodes (B, M), or (N, A) for one tick and all nodes. Each node's own action is
-        left out; a tick whose actions are unknown gives zeros."""
-        one = np.ndim(tick) == 0
-        ticks = np.atleast_1d(np.asarray(tick, np.int64))
-        s = ticks % self.capacity
-        if nodes is None:
-            nodes = np.broadcast_to(np.arange(self.n), (len(ticks), self.n))
-        hist = self.ahist[s][:, None, :]                          # (B, 1, A)
-        own = self.actions[s[:, None], nodes].astype(np.int64)    # (B, M)
-        onehot = np.zeros(own.shape + (self.n_actions,), np.float32)
-        np.put_along_axis(onehot, np.maximum(own, 0)[..., None],
-                          (own >= 0)[..., None].astype(np.float32), axis=-1)
-        others = hist - onehot
-        out = others / np.maximum(others.sum(axis=-1, keepdims=True), 1.0)
-        return out[0] if one else out
-
-    # -- observations -------------------------------------------------------------------
-    def window(self, tick, stack: int, nodes=None) -> np.ndarray:
-        """log1p PIs of ticks tick−S+1..tick: (B, M, S·P) for ticks (B,) and nodes
-        (B, M) (None: all); (N, S·P) for one tick and nodes None."""
-        one = np.ndim(tick) == 0
-        ticks = np.atleast_1d(np.asarray(tick, np.int64))
-        rows = (ticks[:, None] - np.arange(stack - 1, -1, -1)[None]) % self.capacity
-        if nodes is None:
-            x = self.lp[rows]                                   # (B, S, N, P)
-        else:
-            x = self.lp[rows[:, :, None], nodes[:, None, :]]    # (B, S, M, P)
-        x = x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], stack * self.p)
-        return x[0] if one else x
 
 
 class ClusterEngine:
@@ -383,16 +184,12 @@ class ClusterEngine:
         # knobs on their step grids
         g = self.grid = StepGrid.of(params)            # capes.common.step_grid
         self.lo, self.hi, self.step, self.n_steps = g.lo, g.hi, g.step, g.n_steps
-        # probes: per node, knob (−1: none), target grid index, dwell left
-        self.probe_knob = np.full(nodes, -1, np.int64)
-        self.probe_target = np.zeros(nodes, np.int64)
-        self.probe_dwell = np.zeros(nodes, np.int64)
-        self.probe_origin = np.zeros(nodes, np.int64)
-        self.probe_back = np.zeros(nodes, bool)
         # cost categories: only dynamic knobs move online
         self.costs = [knob_cost(s) for s in params]
         self.dynamic = np.array([c == "dynamic" for c in self.costs], bool)
         self.allowed = np.concatenate([[True], np.repeat(self.dynamic, 2)])   # (A,)
+        # probes: per node (drl_engine.row_probes)
+        self.probes = RowProbes(nodes, self.mcfg, self.n_steps, self.dynamic, self.allowed)
         # cold start: one shared setting for every node first (drl_engine.cold_start)
         self.cold: SharedColdStart | None = None
         self.handed_over_at: int | None = None      # the tick the cold start ended
@@ -400,41 +197,20 @@ class ClusterEngine:
             self.cold = SharedColdStart(self.grid, self.dynamic, dqn,
                                         self.mcfg.cold_start_ticks,
                                         dqn.settle_ticks + self.mcfg.best_window, seed)
-        # trust region around the best-known setting
-        self.best_level: float | None = None
-        self.best_idx: np.ndarray | None = None     # (N, K) grid indices
-        self.best_tick: int | None = None           # when it was set
-        self.best_nodes: np.ndarray | None = None   # (N,) the nodes present then
+        # the best-known setting (drl_engine.best_known), the trust region around it
+        self.best = PeakTracker(self.mcfg, dqn.settle_ticks, self.grid)
         self.guarded = 0                            # moves the guard turned back
-        # rollback to the best-known setting
-        self.level: float | None = None             # the objective's best_window average
-        self.below = 0                              # ticks in a row below the fraction
-        self.rollback_ticks: list[int] = []
-        self.stale_bests = 0                        # bests dropped: a rollback did not help
-        self._rollback_due = False
-        self._hold_until: int | None = None         # after a rollback: hold until this tick
-        self._best_from: int | None = None          # best windows start here or later
+        # rollback to the best-known setting (drl_engine.rollback)
+        self.rollback = Rollback(self.mcfg, dqn.settle_ticks)
         # change detection
         self.alarm_ticks: list[int] = []
         self._new_detector()
         self._node_obj = np.array(self.replay.obj_cols)
 
     def _new_detector(self) -> None:
-        """The change detector, from scratch, over every node or a fixed random sample
-        of ``detect_nodes`` (its per-node tables are a Python loop: ~15 µs a node and
-        tick; a change that moves a share of the cluster moves the same share of a
-        random sample)."""
-        m, n = self.mcfg, self.nodes
-        self._det_nodes = (np.sort(np.random.default_rng([self.seed, 7]).choice(
-            n, m.detect_nodes, False)) if m.detect_nodes and n > m.detect_nodes
-            else np.arange(n))
-        self.detector: SettingResidualDetector | None = None
-        if m.detect:
-            k = len(self._det_nodes)
-            vote = max(2, math.ceil(m.detect_vote * k)) if k >= 2 else 1
-            self.detector = SettingResidualDetector(ChangeDetectorConfig(
-                delay=self.cfg.settle_ticks, min_streams=vote, threshold=m.detect_threshold,
-                drift=m.detect_drift, scale_floor=m.detect_scale_floor), streams=k)
+        """The change detector, from scratch (``drl_engine.row_detector``)."""
+        self.detector = (RowChangeDetector(self.mcfg, self.cfg.settle_ticks, self.seed,
+                                           self.nodes) if self.mcfg.detect else None)
 
     # -- shape ------------------------------------------------------------------------
     @property
@@ -507,12 +283,7 @@ class ClusterEngine:
         cap = NodeReplay.capacity_for(self.mcfg.replay_mb, nodes, len(self.pi_names),
                                       len(self.params))
         self.replay = self.replay.resized(nodes, cap)
-        extra = nodes - self.nodes
-        for name in ("probe_knob", "probe_target", "probe_dwell", "probe_origin",
-                     "probe_back"):
-            a = getattr(self, name)
-            fill = -1 if name == "probe_knob" else 0
-            setattr(self, name, np.concatenate([a, np.full(extra, fill, a.dtype)]))
+        self.probes.grow(nodes - self.nodes)
         self.nodes = nodes
         self._new_detector()
         self._forget_best(tick)
@@ -527,54 +298,17 @@ class ClusterEngine:
         if not rep.ingest(tick, pis):
             return
         s = rep.slot(tick)
-        if self.detector is not None:
-            x = np.asarray(pis, np.float64)[:, self._node_obj].sum(axis=1)
-            if self.mcfg.detect_signal == "share":
-                # each node's share of the mean: blind to moves that every node makes
-                # together (contention shifts every level, not the shares)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    x = x / np.nanmean(x)
-            d = self._det_nodes
-            keys = list(map(tuple, rep.knobs[s][d].tolist()))
-            if self.detector.update_many(x[d], keys):
-                self._alarm(tick)
-        self._track_best(tick)
-        self._watch_level(int(tick))
+        if self.detector is not None and self.detector.update(pis, rep.knobs[s],
+                                                              self._node_obj):
+            self._alarm(tick)
+        if self.best.track(rep, tick):
+            self._forget_best(tick)
+        self.rollback.watch(int(tick), self.best)
         if self.mean is None and rep.ingested >= self.mcfg.stats_ticks:
             self._fit_stats()
         if self.p_scale is None and rep.ingested >= min(self.mcfg.stats_ticks,
                                                         max(self.mcfg.learn_start, 8)):
             self._fit_scale()
-
-    def _watch_level(self, tick: int) -> None:
-        """Rollback: count the ticks in a row that the objective's level stays below
-        ``rollback_fraction`` of the best-known level; after ``rollback_ticks`` of them
-        the next ``act`` puts every node back on the best-known setting and holds it
-        there (no moves, no probes) for ``settle_ticks`` + ``best_window`` ticks, long
-        enough to measure it. Still below the floor then: that best is no longer
-        reachable (the workload moved without an alarm, or the best was a transient):
-        it is dropped (``stale_bests``) and tracked afresh."""
-        f = self.mcfg.rollback_fraction
-        if not f or self.best_level is None or self.level is None or self.best_idx is None:
-            self.below = 0
-            return
-        floor = self.best_level - (1.0 - f) * abs(self.best_level)
-        if self._hold_until is not None:
-            if tick < self._hold_until:
-                return
-            self._hold_until = None
-            self.below = 0
-            if self.level < floor:
-                log.info("tick %d: back at the best-known setting the level is %.4g, "
-                         "below %.4g: that best is dropped", tick, self.level, floor)
-                self.stale_bests += 1
-                self.best_level = self.best_idx = self.best_tick = None
-            return
-        self.below = self.below + 1 if self.level < floor else 0
-        if self.below < self.mcfg.rollback_ticks or self._rollback_due:
-            return
-        self.below = 0
-        self._rollback_due = True
 
     def _fit_stats(self) -> None:
         rep = self.replay
@@ -601,10 +335,8 @@ class ClusterEngine:
         """A new workload: raise ε, forget the best-known setting, and track it afresh
         only over windows that start after the change has settled."""
         self.bumped_at = self.action_ticks
-        self.best_level = self.best_idx = self.best_tick = None
-        self.below, self._rollback_due, self._hold_until = 0, False, None
-        tick = self.replay.last if tick is None else tick
-        self._best_from = None if tick is None else int(tick) + self.cfg.settle_ticks
+        self.rollback.reset()
+        self.best.forget(self.replay.last if tick is None else tick)
 
     def workload_changed(self) -> None:
         """Told of a new workload (the control plane's notice): as an alarm, uncounted
@@ -643,9 +375,9 @@ class ClusterEngine:
             shared = self._cold_start(int(tick), cur, present, eps)
             if shared is not None:
                 return shared
-        if self._rollback_due:
+        if self.rollback.due:
             return self._rollback(int(tick), cur, present, eps)
-        if self._hold_until is not None and tick < self._hold_until:
+        if self.rollback.holding(tick):
             self.action_ticks += 1                       # measuring the rolled-back setting
             return self._decision(tick, np.zeros(self.nodes, np.int16), cur, eps,
                                   np.zeros(self.nodes, bool), None)
@@ -671,7 +403,7 @@ class ClusterEngine:
             idle = ~(np.nan_to_num(w[:, :, self.replay.obj_cols]) > 0).any(axis=(1, 2))
             actions = np.where(idle, 0, actions)
             explore = explore & ~idle
-            self.probe_knob[idle] = -1
+            self.probes.knob[idle] = -1
         actions = np.where(present, actions, 0).astype(np.int64)
         actions = self._guard(idx, actions, explore)
         values = self._apply(cur, actions)
@@ -692,7 +424,7 @@ class ClusterEngine:
         """A tick of the cold start's shared search (every present node moved alike);
         None once it has handed over: its best shared setting is then every node's
         best-known setting, at the level measured while the nodes held it."""
-        self._rollback_due = False           # the search owns the setting until then
+        self.rollback.due = False            # the search owns the setting until then
         out = self.cold.act(self.replay, tick, cur, present)
         if out is None:
             self.handed_over_at = tick
@@ -700,10 +432,9 @@ class ClusterEngine:
             log.info("tick %d: the cold start hands over at %s", tick,
                      None if best is None else self.grid.values(best).tolist())
             if best is not None:
-                self.best_idx = np.tile(best, (self.nodes, 1)).astype(np.int64)
-                self.best_level, self.best_tick = self.level, tick
-                self.best_nodes = self.replay.present[self.replay.slot(tick)].copy()
-                self.below, self._best_from = 0, None
+                self.best.take(np.tile(best, (self.nodes, 1)).astype(np.int64), tick,
+                               self.replay.present[self.replay.slot(tick)])
+                self.rollback.below = 0
             return None
         values, action = out
         self.action_ticks += 1
@@ -716,17 +447,17 @@ class ClusterEngine:
                   eps: float) -> Decision:
         """Every present node's dynamic knobs back to the best-known setting at once
         (probes end); counted in ``rollback_ticks``."""
-        self._rollback_due = False
-        self._hold_until = tick + self.cfg.settle_ticks + self.mcfg.best_window + 1
-        best = self.grid.values(self.best_idx)
+        self.rollback.start(tick)
+        best = self.grid.values(self.best.best_idx)
         move = present[:, None] & self.dynamic[None, :]
         values = np.where(move, best, cur)
-        self.probe_knob[:] = -1
-        self.rollback_ticks.append(tick)
+        self.probes.knob[:] = -1
+        level = self.best.level
         log.info("rollback at tick %d (rollback %d): the objective's level %.4g stayed "
                  "below %.0f %% of the best-known %.4g for %d ticks", tick,
-                 len(self.rollback_ticks), math.nan if self.level is None else self.level,
-                 100 * self.mcfg.rollback_fraction, self.best_level, self.mcfg.rollback_ticks)
+                 len(self.rollback.rollback_ticks), math.nan if level is None else level,
+                 100 * self.mcfg.rollback_fraction, self.best.best_level,
+                 self.mcfg.rollback_ticks)
         self.action_ticks += 1
         return self._decision(tick, np.zeros(self.nodes, np.int16), values, eps,
                               np.zeros(self.nodes, bool), None, rolled_back=True)
@@ -763,77 +494,23 @@ class ClusterEngine:
                     item["evidence"] = f"{len(levels)} values seen"
                 elif levels:
                     item["evidence"] = "not varied"
-            if self.best_idx is not None:
+            if self.best.best_idx is not None:
                 item["best_known"] = float(self.grid.values(
-                    np.median(self.best_idx, axis=0))[k])
+                    np.median(self.best.best_idx, axis=0))[k])
             out.append(item)
         return out
 
     def _explore(self, idx: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
-        """Which nodes explore this tick and their actions (0 for the others).
-
-        A probe is an excursion: walk one knob to its target, hold it ``probe_dwell``
-        ticks, walk back to where it started (with ``probe_return``). Exploration then
-        measures a move without displacing the node: only greedy actions move a node
-        for good, so knobs the objective does not depend on do not drift."""
-        n = self.nodes
-        actions = np.zeros(n, np.int64)
-        tunable = np.flatnonzero(self.dynamic)
-        if self.mcfg.explore == "random":
-            explore = self.rng.random(n) < eps
-            choices = np.flatnonzero(self.allowed)
-            actions[explore] = choices[self.rng.integers(0, len(choices), int(explore.sum()))]
-            return explore, actions
-        start = (self.probe_knob < 0) & (self.rng.random(n) < self._start_probability(eps))
-        if len(tunable) == 0:
-            start[:] = False
-        if start.any():
-            who = np.flatnonzero(start)
-            k = tunable[self.rng.integers(0, len(tunable), len(who))]
-            jump = np.rint(self.rng.normal(0.0, self.mcfg.probe_steps, len(who)))
-            jump = np.where(jump == 0, np.where(self.rng.random(len(who)) < 0.5, 1, -1), jump)
-            target = np.clip(idx[who, k] + jump, 0, self.n_steps[k]).astype(np.int64)
-            g = self.cfg.guard_steps
-            if self.best_idx is not None and g > 0:
-                b = self.best_idx[who, k]
-                target = np.clip(target, b - g, b + g)
-            self.probe_knob[who] = k
-            self.probe_origin[who] = idx[who, k]
-            self.probe_target[who] = target
-            self.probe_dwell[who] = self.mcfg.probe_dwell
-            self.probe_back[who] = False
-        probing = self.probe_knob >= 0
-        if not probing.any():
-            return probing, actions
-        who = np.flatnonzero(probing)
-        k = self.probe_knob[who]
-        at = idx[who, k]
-        there = self.probe_target[who] == at
-        holding = there & ~self.probe_back[who]
-        self.probe_dwell[who[holding]] -= 1
-        turn = holding & (self.probe_dwell[who] < 0)
-        if self.mcfg.probe_return and turn.any():      # dwell over: head back
-            t = who[turn]
-            self.probe_back[t] = True
-            self.probe_target[t] = self.probe_origin[t]
-        else:
-            self.probe_back[who[turn]] = True          # no return leg: done now
-            self.probe_target[who[turn]] = at[turn]
-        diff = self.probe_target[who] - at
-        done = self.probe_back[who] & (diff == 0)
-        a = np.where(diff > 0, 1 + 2 * k, np.where(diff < 0, 2 + 2 * k, 0))
-        actions[who] = np.where(done, 0, a)
-        self.probe_knob[who[done]] = -1
-        explore = probing.copy()
-        explore[who[done]] = False        # the probe is over: greedy this tick
-        return explore, actions
+        """Which nodes explore this tick and their actions (``drl_engine.row_probes``)."""
+        return self.probes.explore(idx, eps, self.rng, self.best.best_idx,
+                                   self.cfg.guard_steps)
 
     def _guard(self, idx: np.ndarray, actions: np.ndarray, explore: np.ndarray) -> np.ndarray:
         """The trust region: a move that takes a knob more than ``guard_steps`` steps
         from the node's best-known setting (and not closer to it) becomes a step back
         towards it; a probe so blocked ends."""
         g = self.cfg.guard_steps
-        best = self.best_idx
+        best = self.best.best_idx
         if best is None or g <= 0:
             return actions
         k = np.maximum(actions - 1, 0) // 2
@@ -842,57 +519,9 @@ class ClusterEngine:
         bad, back = trust_region.outside(idx, k, sign, best, self.n_steps, g, self.dynamic)
         if not bad.any():
             return actions
-        self.probe_knob[bad & explore] = -1
+        self.probes.knob[bad & explore] = -1
         self.guarded += int(bad.sum())
         return np.where(bad, back, actions)
-
-    def _track_best(self, tick: int) -> None:
-        """The best-known setting: every node's knobs when the cluster objective's
-        moving average over ``best_window`` ticks was highest (the settings in effect
-        ``settle_ticks`` + half a window earlier) — replaced only by a level higher by
-        ``best_margin`` (noise and flat directions do not move it). The best level decays by
-        ``best_decay`` per tick, so a best that the workload no longer allows expires
-        even without an alarm; an alarm forgets it, and so does a whole window with other
-        nodes present (one left or came back: levels over other nodes do not compare)."""
-        rep, W = self.replay, self.mcfg.best_window
-        ticks = np.arange(tick - W + 1, tick + 1)
-        if ticks[0] < rep.oldest or (self._best_from is not None and
-                                     ticks[0] < self._best_from):
-            self.level = None
-            return
-        p = rep.comparable(ticks, tick)
-        if not np.isfinite(p).all():
-            self.level = None
-            return
-        level = float(p.mean())
-        self.level = level
-        now = rep.present[rep.slot(tick)]
-        if self.best_idx is not None and (self.best_nodes != now).any():
-            log.info("tick %d: other nodes present than at the best-known setting's "
-                     "tick %d: it is forgotten", tick, self.best_tick)
-            self._forget_best(tick)
-            return
-        if self.best_level is not None:
-            self.best_level -= self.mcfg.best_decay * abs(self.best_level)
-        if self.best_level is None or level > self.best_level + \
-                self.mcfg.best_margin * abs(self.best_level):
-            at = max(rep.oldest, tick - self.cfg.settle_ticks - W // 2)
-            knobs = rep.knobs[at % rep.capacity].astype(np.float64)
-            if not np.isfinite(knobs[now]).all():
-                return
-            # a node absent now is never moved or guarded: a placeholder until it is back
-            knobs[~now] = np.median(knobs[now], axis=0)
-            self.best_level, self.best_tick, self.best_nodes = level, int(tick), now.copy()
-            self.best_idx = self.grid.index(knobs)
-
-    def _start_probability(self, eps: float) -> float:
-        """Per tick, the chance that a node not probing starts a probe, such that a share
-        ε of the nodes is probing at any time (a probe lasts ~L ticks: out, hold, back)."""
-        if eps >= 1.0:
-            return 1.0
-        m = self.mcfg
-        length = (2.0 if m.probe_return else 1.0) * 0.8 * m.probe_steps + m.probe_dwell + 1
-        return min(1.0, eps / max(1e-9, length * (1.0 - eps)))
 
     def _apply(self, cur: np.ndarray, actions: np.ndarray) -> np.ndarray:
         k = np.maximum(actions - 1, 0) // 2
@@ -1003,18 +632,29 @@ class ClusterEngine:
                 "action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "bumped_at": self.bumped_at, "pretrained": self.pretrained,
                 "alarm_ticks": list(self.alarm_ticks),
-                "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
+                "rollback_ticks": list(self.rollback.rollback_ticks),
+                "stale_bests": self.rollback.stale_bests,
                 "rng": self.rng.bit_generator.state,
                 "cold_start": None if self.cold is None else self.cold.state(),
                 "handed_over_at": self.handed_over_at,
-                "controller": {k: checkpoint.encode(getattr(self, k)) for k in self.CONTROLLER}}
+                "controller": {k: checkpoint.encode(getattr(self._part(k), a))
+                               for k, (_, a) in self.CONTROLLER.items()}}
 
     # what a restart must not forget beyond the counters: the best-known setting and its
     # level, rollback, the probes, the change detector and the reward scale (per node:
     # kept only for a cluster of the same size)
-    CONTROLLER = ("best_level", "best_idx", "best_tick", "best_nodes", "level", "below",
-                  "_rollback_due", "_hold_until", "_best_from", "probe_knob", "probe_target",
-                  "probe_dwell", "probe_origin", "probe_back", "p_scale", "guarded")
+    # (checkpoint name: the part that holds it, its attribute there)
+    CONTROLLER = {
+        **{k: ("best", k) for k in ("best_level", "best_idx", "best_tick", "best_nodes",
+                                    "level")},
+        "_best_from": ("best", "best_from"), "below": ("rollback", "below"),
+        "_rollback_due": ("rollback", "due"), "_hold_until": ("rollback", "hold_until"),
+        **{k: ("probes", a) for k, a in row_probes.STATE.items()},
+        "p_scale": (None, "p_scale"), "guarded": (None, "guarded")}
+
+    def _part(self, name: str):
+        part = self.CONTROLLER[name][0]
+        return self if part is None else getattr(self, part)
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint atomically and durably (``drl_engine.checkpoint``); the
@@ -1044,8 +684,8 @@ class ClusterEngine:
         self.bumped_at = state["bumped_at"]
         self.pretrained = state.get("pretrained", False)
         self.alarm_ticks = list(state.get("alarm_ticks", []))
-        self.rollback_ticks = list(state.get("rollback_ticks", []))
-        self.stale_bests = int(state.get("stale_bests", 0))
+        self.rollback.rollback_ticks = list(state.get("rollback_ticks", []))
+        self.rollback.stale_bests = int(state.get("stale_bests", 0))
         self.rng.bit_generator.state = state["rng"]
         self.handed_over_at = state.get("handed_over_at")
         if self.cold is not None:        # a resumed engine never starts its search over
@@ -1056,13 +696,14 @@ class ClusterEngine:
         if state.get("controller") and state.get("nodes_trained") == self.nodes:
             for k, v in state["controller"].items():
                 if k in self.CONTROLLER:
-                    setattr(self, k, checkpoint.decode(v))
+                    setattr(self._part(k), self.CONTROLLER[k][1], checkpoint.decode(v))
 
     def counters(self) -> dict:
         return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,
                 "epsilon": self.epsilon, "alarms": len(self.alarm_ticks),
-                "guarded": self.guarded, "rollbacks": len(self.rollback_ticks),
-                "rollback_ticks": list(self.rollback_ticks), "stale_bests": self.stale_bests,
+                "guarded": self.guarded, "rollbacks": len(self.rollback.rollback_ticks),
+                "rollback_ticks": list(self.rollback.rollback_ticks),
+                "stale_bests": self.rollback.stale_bests,
                 "alarm_ticks": list(self.alarm_ticks), "weights": self.weights,
                 "handed_over_at": self.handed_over_at,
                 "replay_capacity_ticks": self.replay.capacity}

@@ -161,9 +161,9 @@ class PerNodeEngine:
     def best_values(self) -> dict[str, float] | None:
         """The best-known setting, per ``<node>/<knob>`` (None: none yet)."""
         e = self.engine
-        if e is None or e.best_idx is None:
+        if e is None or e.best.best_idx is None:
             return None
-        vals, idx = e.grid.values(e.best_idx), self._row_index()
+        vals, idx = e.grid.values(e.best.best_idx), self._row_index()
         return {n: float(vals[idx[i], j]) for n, (i, j) in zip(self.rows.names, self.rows.cells)}
 
     def save(self, path: str | Path) -> Path:

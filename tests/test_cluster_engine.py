@@ -161,11 +161,11 @@ def test_probes_are_excursions_that_come_back():
     eng = engine(1, NodeModelConfig(probe_steps=3.0, probe_dwell=2, detect=False),
                  guard_steps=0)
     idx = np.array([[30, 10]])
-    eng.probe_knob[:] = 1
-    eng.probe_origin[:] = 10
-    eng.probe_target[:] = 12
-    eng.probe_dwell[:] = 2
-    eng.probe_back[:] = False
+    eng.probes.knob[:] = 1
+    eng.probes.origin[:] = 10
+    eng.probes.target[:] = 12
+    eng.probes.dwell[:] = 2
+    eng.probes.back[:] = False
     seen = []
     for _ in range(12):
         explore, a = eng._explore(idx, 0.0)
@@ -178,7 +178,7 @@ def test_probes_are_excursions_that_come_back():
 
 def test_the_trust_region_turns_a_move_away_from_the_best_back():
     eng = engine(2, guard_steps=3)
-    eng.best_idx = np.array([[39, 10], [39, 10]])
+    eng.best.best_idx = np.array([[39, 10], [39, 10]])
     idx = np.array([[39, 13], [39, 12]])
     # node 0 would go to 14 (4 from the best): turned back; node 1 to 13: allowed
     out = eng._guard(idx, np.array([3, 3]), np.zeros(2, bool))
@@ -417,17 +417,17 @@ def test_a_lasting_drop_below_the_best_rolls_back_and_is_counted():
                                     best_window=4, rollback_fraction=0.9, rollback_ticks=5))
     rng = np.random.default_rng(0)
     level_ticks(eng, 0, 30, 100.0, 20, rng)                 # the best: window 20
-    assert eng.best_idx[:, 1].tolist() == [19] * 4
+    assert eng.best.best_idx[:, 1].tolist() == [19] * 4
     level_ticks(eng, 30, 6, 95.0, 26, rng)                  # moved: 95 %, not a drop
     assert eng.act().rolled_back is False
     level_ticks(eng, 36, 12, 70.0, 26, rng)                 # 70 % of the best, lasting
     d = eng.act()
     assert d.rolled_back and d.values[:, 1].tolist() == [20.0] * 4
     assert (d.values[:, 0] == 2000).all() and (d.row_actions == 0).all()
-    assert eng.rollback_ticks == [47] and eng.counters()["rollbacks"] == 1
+    assert eng.rollback.rollback_ticks == [47] and eng.counters()["rollbacks"] == 1
     # back at the best and as good again: no second rollback
     level_ticks(eng, 48, 20, 100.0, 20, rng)
-    assert not eng.act().rolled_back and len(eng.rollback_ticks) == 1
+    assert not eng.act().rolled_back and len(eng.rollback.rollback_ticks) == 1
 
 
 def test_a_best_that_a_rollback_cannot_bring_back_is_dropped():
@@ -441,12 +441,12 @@ def test_a_best_that_a_rollback_cannot_bring_back_is_dropped():
         level_ticks(eng, t, 1, 60.0, 20, rng)
         d = eng.act()
         assert not d.rolled_back and (d.row_actions == 0).all() and not d.row_explored.any()
-        assert eng.stale_bests == 0
+        assert eng.rollback.stale_bests == 0
     level_ticks(eng, 49, 1, 60.0, 20, rng)          # measured: still 60 %
-    assert eng.stale_bests == 1 and eng.best_tick is None
+    assert eng.rollback.stale_bests == 1 and eng.best.best_tick is None
     level_ticks(eng, 50, 12, 60.0, 20, rng)         # the new best is today's level
-    assert not eng.act().rolled_back and len(eng.rollback_ticks) == 1
-    assert eng.stale_bests == 1
+    assert not eng.act().rolled_back and len(eng.rollback.rollback_ticks) == 1
+    assert eng.rollback.stale_bests == 1
 
 
 def test_an_alarm_forgets_the_best_so_no_rollback_to_another_workloads_setting():
@@ -456,8 +456,8 @@ def test_an_alarm_forgets_the_best_so_no_rollback_to_another_workloads_setting()
     level_ticks(eng, 0, 30, 100.0, 20, rng)
     eng._alarm(30)
     level_ticks(eng, 30, 20, 50.0, 26, rng)
-    assert not eng.act().rolled_back and eng.rollback_ticks == []
-    assert eng.best_idx[:, 1].tolist() == [25] * 4
+    assert not eng.act().rolled_back and eng.rollback.rollback_ticks == []
+    assert eng.best.best_idx[:, 1].tolist() == [25] * 4
 
 
 def remount_specs():
@@ -559,14 +559,15 @@ def test_a_restarted_cluster_engine_keeps_its_best_known_setting_and_probes(tmp_
         y = x.copy()
         y[:, 4:6] = d.values
         feed_ticks(eng, 1, rng, y, start=t)
-    eng.best_idx = np.array([[5, 3]] * 4)
-    eng.best_level = 123.0
+    eng.best.best_idx = np.array([[5, 3]] * 4)
+    eng.best.best_level = 123.0
     eng.save(tmp_path / "c.pt")
     again = engine(4)
     again.load(tmp_path / "c.pt")
-    assert again.best_idx.tolist() == eng.best_idx.tolist() and again.best_level == 123.0
-    assert again.probe_knob.tolist() == eng.probe_knob.tolist()
+    assert again.best.best_idx.tolist() == eng.best.best_idx.tolist()
+    assert again.best.best_level == 123.0
+    assert again.probes.knob.tolist() == eng.probes.knob.tolist()
     assert again.epsilon == eng.epsilon < 1.0
     other = engine(8)                       # another cluster size: the model only
     other.load(tmp_path / "c.pt")
-    assert other.best_idx is None
+    assert other.best.best_idx is None

@@ -139,7 +139,8 @@ def test_a_node_joins_and_another_leaves_mid_session_without_a_new_model(feed, t
     assert all((knobs[t][LEAVER] == knobs[LEAVE - 1][LEAVER]).all()
                for t in range(LEAVE, END))
     # the best-known setting is the three nodes' (the four's is forgotten, not rolled back to)
-    assert eng.best_tick is None or (eng.best_tick > LEAVE and not eng.best_nodes[LEAVER])
+    best = eng.best
+    assert best.best_tick is None or (best.best_tick > LEAVE and not best.best_nodes[LEAVER])
     # ... and the others keep learning: rewards (over the same nodes) after both changes
     rep = eng.replay
     for lo, hi in ((JOIN + 5, LEAVE), (LEAVE + 5, END - 2)):

@@ -232,9 +232,9 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
            "final_rate_limit_mean": float(sim.rate_limit.mean())}
     if is_engine:
         out.update(weights=player.weights, feed=feed, init_model=init_model,
-                   rollbacks=len(player.rollback_ticks),
-                   rollback_ticks=list(player.rollback_ticks),
-                   stale_bests=player.stale_bests,
+                   rollbacks=len(player.rollback.rollback_ticks),
+                   rollback_ticks=list(player.rollback.rollback_ticks),
+                   stale_bests=player.rollback.stale_bests,
                    handed_over_at=player.handed_over_at,
                    recommendations=player.recommendations(),
                    **_detections(player.alarm_ticks, starts, len(tp)))

@@ -1,0 +1,208 @@
+"""The per-node data side: a ring of every node's PIs, one row per node and tick.
+
+The engine over rows of knobs (``drl_engine.engine``, per-node mode) keeps the last ticks
+of every node in :class:`NodeReplay` (``replay_mb`` of memory) and samples
+:class:`NodeBatch` minibatches of ticks × nodes from it; the flat mode's data side is
+:class:`~drl_engine.experience.Experience`. Each node's action at t is read back from its
+knob PIs (the replay DB's action table holds one row per tick for the whole system).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from capes.common.params import ParameterSpec
+from drl_engine.config import RewardConfig
+from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
+
+
+@dataclass
+class NodeBatch:
+    obs: np.ndarray          # (B, M, D)
+    mask: np.ndarray         # (B, M) node present at t
+    actions: np.ndarray      # (B, M)
+    returns: np.ndarray      # (B,) n-step return of the scaled cluster reward
+    discounts: np.ndarray    # (B,)
+    next_obs: np.ndarray     # (B, M, D)
+    next_mask: np.ndarray    # (B, M)
+    valid: np.ndarray        # (B, M) transition counts
+    abar: np.ndarray | None = None       # (B, M, A) the others' actions at t (mean field)
+    next_abar: np.ndarray | None = None  # (B, M, A) ... at t+n
+
+
+class NodeReplay:
+    """A ring of the last ``capacity`` ticks of every node's PIs (stored as
+    log1p(max(x, 0))), with the cluster objective p_t over the nodes present at t, the
+    reward r_t of t → t+1 and each node's action at t read back from its knob PIs.
+    Observations are stacked at sample time, never stored."""
+
+    def __init__(self, nodes: int, pi_names: list[str], params: list[ParameterSpec],
+                 capacity: int, reward: RewardConfig):
+        self.n, self.p = nodes, len(pi_names)
+        self.reward = reward
+        self.pi_names = list(pi_names)
+        self.params = list(params)
+        self.capacity = max(16, int(capacity))
+        missing = [s.name for s in params if s.name not in pi_names]
+        if missing:
+            raise ValueError(f"the cluster engine reads each node's knob values from its "
+                             f"PIs; {missing} are not among the PIs {pi_names}")
+        self.knob_cols = np.array([pi_names.index(s.name) for s in params])
+        self.steps = np.array([s.step for s in params], np.float64)
+        self.obj_cols = pi_columns(reward.pis, pi_names)
+        self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
+        self.reward_fn = REWARD_TYPES.build(reward.type, reward.options)
+        self.lookback = int(getattr(self.reward_fn, "lookback", 1))
+        C = self.capacity
+        self.lp = np.full((C, nodes, self.p), np.nan, np.float32)
+        self.present = np.zeros((C, nodes), bool)
+        self.tick_of = np.full(C, -1, np.int64)
+        self.pobj = np.full(C, np.nan)
+        self.r = np.full(C, np.nan)
+        self.actions = np.full((C, nodes), -1, np.int8)
+        self.knobs = np.full((C, nodes, len(params)), np.nan, np.float32)
+        self.n_actions = 2 * len(params) + 1
+        self.ahist = np.zeros((C, self.n_actions), np.float32)   # nodes per action at t
+        self.last: int | None = None       # newest tick
+        self.first: int | None = None      # oldest tick ever ingested
+        self.ingested = 0
+
+    @classmethod
+    def capacity_for(cls, megabytes: int, nodes: int, pis: int, knobs: int) -> int:
+        per_tick = nodes * (4 * pis + 1 + 1 + 4 * knobs) + 40
+        return max(64, (megabytes << 20) // per_tick)
+
+    @property
+    def oldest(self) -> int | None:
+        """Oldest tick still in the ring."""
+        if self.last is None:
+            return None
+        return max(self.first, self.last - self.capacity + 1)
+
+    def slot(self, tick):
+        return np.asarray(tick) % self.capacity
+
+    def ingest(self, tick: int, x: np.ndarray) -> bool:
+        """Add tick ``tick``'s PIs, (N, P) raw values (NaN: missing). False when the
+        tick is not newer than the newest one (ignored)."""
+        tick = int(tick)
+        if self.last is not None and tick <= self.last:
+            return False
+        x = np.asarray(x, np.float32)
+        if x.shape != (self.n, self.p):
+            raise ValueError(f"PIs of shape {x.shape}, expected {(self.n, self.p)}")
+        if self.last is not None:
+            for t in range(max(self.last + 1, tick - self.capacity + 1), tick):   # a gap
+                self._clear(t)
+        else:
+            self.first = tick
+        s = tick % self.capacity
+        with np.errstate(invalid="ignore"):
+            self.lp[s] = np.log1p(np.maximum(x, 0.0))
+        self.lp[s][np.isnan(x)] = np.nan
+        present = self.present[s] = ~np.isnan(x).all(axis=1)
+        self.tick_of[s] = tick
+        self.knobs[s] = x[:, self.knob_cols]
+        self.actions[s] = -1
+        self.ahist[s] = 0.0
+        self.r[s] = np.nan
+        pis = x[present][None][:, :, self.obj_cols]
+        self.pobj[s] = float(np.asarray(self.objective(pis), float)[0]) if present.any() \
+            else np.nan
+        prev = tick - 1
+        if self.last == prev:
+            ps = prev % self.capacity
+            self.actions[ps] = self._read_actions(self.knobs[ps], self.knobs[s])
+            a = self.actions[ps]
+            self.ahist[ps] = np.bincount(a[a >= 0], minlength=self.n_actions)
+            lo = max(self.oldest, tick - self.lookback - 1)
+            r = np.asarray(self.reward_fn(self.comparable(np.arange(lo, tick + 1), tick)),
+                           float)
+            self.r[ps] = r[-2]
+        self.last = tick
+        self.ingested += 1
+        return True
+
+    def comparable(self, ticks: np.ndarray, tick: int) -> np.ndarray:
+        """p at ``ticks``, NaN where the ring does not hold the tick or other nodes were
+        present than at ``tick``: a total over other nodes (one joined, left or lost a
+        row) is not comparable, and a reward across it would credit the nodes' actions
+        with the change of membership."""
+        s = ticks % self.capacity
+        same = (self.present[s] == self.present[tick % self.capacity]).all(axis=1)
+        return np.where((self.tick_of[s] == ticks) & same, self.pobj[s], np.nan)
+
+    def resized(self, nodes: int, capacity: int) -> "NodeReplay":
+        """This ring for ``nodes`` nodes (the new ones, appended, absent so far) and
+        ``capacity`` ticks, with the newest ticks that fit."""
+        new = NodeReplay(nodes, self.pi_names, self.params, capacity, self.reward)
+        if self.last is None:
+            return new
+        ticks = np.arange(max(self.oldest, self.last - new.capacity + 1), self.last + 1)
+        a, b, n = ticks % self.capacity, ticks % new.capacity, self.n
+        for name in ("lp", "present", "actions", "knobs"):
+            getattr(new, name)[b, :n] = getattr(self, name)[a]
+        for name in ("tick_of", "pobj", "r", "ahist"):
+            getattr(new, name)[b] = getattr(self, name)[a]
+        new.first, new.last, new.ingested = int(ticks[0]), self.last, self.ingested
+        return new
+
+    def _clear(self, t: int) -> None:
+        s = t % self.capacity
+        self.lp[s] = np.nan
+        self.present[s] = False
+        self.tick_of[s] = t
+        self.pobj[s] = self.r[s] = np.nan
+        self.actions[s] = -1
+        self.ahist[s] = 0.0
+        self.knobs[s] = np.nan
+
+    def _read_actions(self, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+        """Each node's action from its knob values at t and t+1: one knob moved (its
+        sign gives the action), none moved (NULL), else unknown (-1)."""
+        with np.errstate(invalid="ignore"):
+            d = (after.astype(np.float64) - before) / self.steps
+        moved = np.abs(d) > 1e-6
+        known = np.isfinite(d).all(axis=1)
+        count = moved.sum(axis=1)
+        k = np.argmax(moved, axis=1)
+        sign = np.take_along_axis(d, k[:, None], axis=1)[:, 0]
+        out = np.where(count == 0, 0, 1 + 2 * k + (sign < 0))
+        out = np.where(known & (count <= 1), out, -1)
+        return out.astype(np.int8)
+
+    def mean_field(self, tick, nodes=None) -> np.ndarray:
+        """The other nodes' action distribution at ``tick``: (B, M, A) for ticks (B,) and
+        nodes (B, M), or (N, A) for one tick and all nodes. Each node's own action is
+        left out; a tick whose actions are unknown gives zeros."""
+        one = np.ndim(tick) == 0
+        ticks = np.atleast_1d(np.asarray(tick, np.int64))
+        s = ticks % self.capacity
+        if nodes is None:
+            nodes = np.broadcast_to(np.arange(self.n), (len(ticks), self.n))
+        hist = self.ahist[s][:, None, :]                          # (B, 1, A)
+        own = self.actions[s[:, None], nodes].astype(np.int64)    # (B, M)
+        onehot = np.zeros(own.shape + (self.n_actions,), np.float32)
+        np.put_along_axis(onehot, np.maximum(own, 0)[..., None],
+                          (own >= 0)[..., None].astype(np.float32), axis=-1)
+        others = hist - onehot
+        out = others / np.maximum(others.sum(axis=-1, keepdims=True), 1.0)
+        return out[0] if one else out
+
+    # -- observations -------------------------------------------------------------------
+    def window(self, tick, stack: int, nodes=None) -> np.ndarray:
+        """log1p PIs of ticks tick−S+1..tick: (B, M, S·P) for ticks (B,) and nodes
+        (B, M) (None: all); (N, S·P) for one tick and nodes None."""
+        one = np.ndim(tick) == 0
+        ticks = np.atleast_1d(np.asarray(tick, np.int64))
+        rows = (ticks[:, None] - np.arange(stack - 1, -1, -1)[None]) % self.capacity
+        if nodes is None:
+            x = self.lp[rows]                                   # (B, S, N, P)
+        else:
+            x = self.lp[rows[:, :, None], nodes[:, None, :]]    # (B, S, M, P)
+        x = x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], stack * self.p)
+        return x[0] if one else x
+
+
+__all__ = ["NodeReplay", "NodeBatch"]
