@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo  # noqa: E402
 from capes.experiments.cluster_test import load_config, run_one  # noqa: E402
-from drl_engine.cluster_engine import ClusterEngine  # noqa: E402
+from drl_engine.engine import Engine  # noqa: E402
 from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def bench_replay(nodes_list, ticks: int) -> None:
         ccfg = dataclasses.replace(cfg.cluster, nodes=n, phases=[])
         sim = ClusterSim(ccfg, seed=0, judge=False)
         specs = list(ccfg.param_specs().values())
-        eng = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, n,
+        eng = Engine.over_rows(cfg.engine, cfg.reward, list(PI_NAMES), specs, n,
                             model=dataclasses.replace(cfg.model, replay_mb=64))
         with tempfile.TemporaryDirectory() as tmp:
             w = ReplayWriter(Path(tmp) / "r.db")
@@ -110,13 +110,13 @@ def bench_replay(nodes_list, ticks: int) -> None:
 
 
 def _filled_engine(n: int, device: str, loss_nodes: int | None = None,
-                   ticks: int = 300) -> ClusterEngine:
+                   ticks: int = 300) -> Engine:
     cfg = load_config(None, [])
     model = dataclasses.replace(cfg.model, replay_mb=64, stats_ticks=50, learn_start=16)
     if loss_nodes is not None:
         model = dataclasses.replace(model, loss_nodes=loss_nodes)
     specs = list(ClusterConfig().param_specs().values())
-    eng = ClusterEngine(cfg.engine, cfg.reward, list(PI_NAMES), specs, n, model=model,
+    eng = Engine.over_rows(cfg.engine, cfg.reward, list(PI_NAMES), specs, n, model=model,
                         device=device)
     rng = np.random.default_rng(0)
     for t in range(ticks):
@@ -138,7 +138,7 @@ def bench_step(n: int, device: str, reps: int) -> None:
     for loss_nodes in (None, 0):
         eng = _filled_engine(n, device, loss_nodes)
         m = eng.mcfg.loss_nodes or n
-        b = eng.sample(eng.cfg.batch_size)
+        b = eng.data.sample(eng.cfg.batch_size, eng.rng)
         dev = eng.device
         t = [torch.as_tensor(np.ascontiguousarray(a), device=dev) for a in
              (b.obs, b.mask, b.actions, b.returns, b.discounts, b.next_obs, b.next_mask,

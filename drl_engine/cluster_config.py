@@ -1,7 +1,7 @@
 """The cluster engine's settings (``[cluster_engine]`` in a config file), torch-free.
 
 :class:`NodeModelConfig` is the shape of the per-node model
-(:mod:`drl_engine.node_model`) and what :class:`~drl_engine.cluster_engine.ClusterEngine`
+(:mod:`drl_engine.node_model`) and what the engine's per-node mode (:mod:`drl_engine.row_controller`)
 does around it: exploration, the trust region, change detection and rollback. It lives
 here, not beside the network, so that validating a config file (``capes.settings``)
 never imports torch. Every field is optional in the file; a bad key or value is one

@@ -1,6 +1,6 @@
 """Cold start on a cluster: every node moves together until a first best-known setting.
 
-A fresh cluster engine explores node by node (:mod:`drl_engine.cluster_engine`): each
+A fresh per-node engine explores node by node (:mod:`drl_engine.row_probes`): each
 node's probe moves the cluster objective by ~1/N of its effect, under the noise of every
 other node's moves, so the first good setting takes long to find (64 nodes, the first
 phase of ``configs/cluster-sim.toml``: ~240 simulated s to the band, where a Bayesian

@@ -2,8 +2,29 @@
 
 It knows nothing of the target system: its inputs are the replay DB's PIs, the
 parameter specs stored with each session, and the objective named in its reward
-config. The same class runs in the converge test, in ``capes drl-engine`` against a
-live DB, and in offline training on merged DBs.
+config. The one class runs the converge test, the cluster test, ``capes drl-engine``
+against a live DB (global or per-node knobs) and offline training on merged DBs.
+
+Knobs come in rows (``drl_engine.decision``), and the engine has two modes, each a set
+of plug-ins behind the same surface (``update``, ``act``, ``train``,
+``workload_changed``, ``save``/``load``, driven by :func:`drl_engine.loop.run_ticks`):
+
+* **one row** (``Engine(dqn, reward, reader)``, the paper's global knobs): the data side
+  is :class:`~drl_engine.experience.Experience` (stacked PIs of every node), the
+  Q-network the flat DQN (``drl_engine.dqn``; the paper preset's), the controller the
+  guide (``drl_engine.guide``: GP-proposed probes, learned lags, LCB best-known setting,
+  ±``greedy_guard_steps`` trust region, change detector).
+* **a row per node** (:meth:`Engine.over_rows`, per-node knobs): the data side is
+  :class:`~drl_engine.node_replay.RowData` (a ring of every node's PIs), the Q-network
+  the shared per-node model (``drl_engine.node_model``, its size independent of the
+  node count), the controller :class:`~drl_engine.row_controller.RowController`
+  (cold start, per-row probes, moving-average-peak best-known setting,
+  ±``guard_steps`` trust region, rollback, change detection by a vote of the rows).
+  ``docs/engine.md`` has the why of each part.
+
+Shared by both: the counters and ε schedule, the training loop, the checkpoint writer
+(``drl_engine.checkpoint``), the trust-region function, the step grid, the n-step
+return function and the :class:`~drl_engine.decision.Decision` type.
 
 Per action tick: ``update()`` (refresh from the DB), ``act(session)`` (ε-greedy on the
 newest observation), ``train(steps)`` (Algorithm 2 minibatches).
@@ -11,29 +32,33 @@ newest observation), ``train(steps)`` (Algorithm 2 minibatches).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from capes.common import actions
+from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
 from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
+from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.costs import tuned_online
 from drl_engine.dqn import DQN, epsilon, pick_device
 from drl_engine.experience import Experience
 from drl_engine.context import WorkloadContexts
 from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
+from drl_engine.node_replay import RowData
+from drl_engine.row_controller import RowController
+
+log = logging.getLogger("capes.engine")
 
 CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
-
-
-def tuned_online(spec) -> bool:
-    """Only knobs that take effect live are moved online (``ParameterSpec.cost``)."""
-    return getattr(spec, "cost", "dynamic") == "dynamic"
+ROWS_CHECKPOINT = ("node_model", 1, "a node-model")   # the per-node mode's checkpoints
 
 
 action_name = actions.name
@@ -50,37 +75,72 @@ def apply_action(action: int, values, specs) -> list[float]:
     return out
 
 
+@dataclasses.dataclass
+class RowShape:
+    """The per-node mode's shape: the PIs each node reports (its knobs among them), one
+    row's knobs, and the number of rows (nodes) at the start."""
+    pi_names: list[str]
+    params: list[ParameterSpec]
+    nodes: int
+
+
 class Engine:
-    def __init__(self, dqn: DQNConfig, reward: RewardConfig, reader: ReplayReader,
-                 device: str = "auto", seed: int = 0):
+    """See the module docstring. ``rows`` (None: one row) selects the per-node mode;
+    :meth:`over_rows` builds it."""
+
+    def __init__(self, dqn: DQNConfig, reward: RewardConfig,
+                 reader: ReplayReader | None = None, device: str = "auto", seed: int = 0,
+                 *, rows: RowShape | None = None, model: NodeModelConfig | None = None):
         self.cfg = dqn
         self.reward_cfg = reward
         self.device = pick_device(device)
         self.seed = seed
         self.rng = np.random.default_rng(seed)
-        self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
-                                     dqn.normalise_inputs, dqn.n_step, dqn.gamma,
-                                     dqn.return_shift)
-        self.dqn: DQN | None = None
-        self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
+        self.per_node = rows is not None
         self.action_ticks = 0
         self.train_steps = 0
         self.bumped_at: int | None = None
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
-        self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
+        self.restore_error: str | None = None   # why a checkpoint could not be used
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
+        if rows is None:
+            self._init_flat(reader)
+        else:
+            self._init_rows(rows, model or NodeModelConfig(), reader)
+
+    @classmethod
+    def over_rows(cls, dqn: DQNConfig, reward: RewardConfig, pi_names: list[str],
+                  params: list[ParameterSpec], nodes: int,
+                  model: NodeModelConfig | None = None, reader: ReplayReader | None = None,
+                  device: str = "cpu", seed: int = 0) -> "Engine":
+        """The per-node mode: ``nodes`` rows of ``params``, read back from each node's
+        ``pi_names``. ``reader`` (optional, opened with ``grow_nodes``): the replay DB to
+        pull rows from in ``update()``; without one, feed ticks with :meth:`ingest`."""
+        return cls(dqn, reward, reader, device, seed, rows=RowShape(list(pi_names),
+                                                                    list(params), nodes),
+                   model=model)
+
+    def _init_flat(self, reader: ReplayReader) -> None:
+        dqn = self.cfg
+        self.experience = Experience(reader, self.reward_cfg, dqn.stack,
+                                     dqn.missing_tolerance, dqn.normalise_inputs, dqn.n_step,
+                                     dqn.gamma, dqn.return_shift)
+        self.dqn: DQN | None = None
+        self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
+        self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
         self._context_built = False
         self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
         self.guide_session: int | None = None  # the session the guide credits
         self._pending_state: dict | None = None
-        self.restore_error: str | None = None   # why a checkpoint could not be used
         self.update()
 
     # -- data ---------------------------------------------------------------------------
     def update(self) -> int:
         """Pull new rows from the replay DB; build the network once the shape is known."""
+        if self.per_node:
+            return self._update_rows()
         n = self.experience.update()
         if self.dqn is None and self.experience.ready:
             exp = self.experience
@@ -100,17 +160,26 @@ class Engine:
 
     def param_names(self) -> list[str]:
         """The parameters, in the order of a decision's values ([] before any data)."""
+        if self.per_node:
+            return [s.name for s in self.params]
         exp = self.experience
         return list(exp.layout.param_names) if exp.ready else []
 
     def close(self) -> None:
-        self.experience.reader.close()
+        reader = self.reader if self.per_node else self.experience.reader
+        if reader is not None:
+            reader.close()
 
     @property
     def epsilon(self) -> float:
         if self.context is not None:         # [context hook] ε on the context's own clock
             return self.context.epsilon(self)
-        return epsilon(self.action_ticks, self.cfg, self.bumped_at, self.pretrained)
+        cfg = self.cfg
+        if self.per_node:                    # the per-node mode's own bump and start
+            cfg = dataclasses.replace(cfg, workload_ticks=self.mcfg.bump_ticks)
+            if self.mcfg.epsilon_start:
+                cfg = dataclasses.replace(cfg, epsilon_start=self.mcfg.epsilon_start)
+        return epsilon(self.action_ticks, cfg, self.bumped_at, self.pretrained)
 
     @property
     def global_share(self) -> float:
@@ -131,19 +200,27 @@ class Engine:
         self.change_alarms += 1
 
     def workload_changed(self) -> None:
-        """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
+        """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6). Per
+        node: as an alarm, uncounted (a cold start under way starts its search over)."""
+        if self.per_node:
+            self._forget_best()
+            if self.control.cold is not None:
+                self.control.cold.restart()
+            return
         self.bumped_at = self.action_ticks
         self.local_bump = False
         if self.guide is not None:
             self.guide.forget()
 
     # -- act ----------------------------------------------------------------------------
-    def act(self, session: int, after_tick: int | None = None,
-            current: list[float] | None = None) -> Decision | None:
+    def act(self, session: int | None = None, after_tick: int | None = None,
+            current=None) -> Decision | None:
         """Choose the action for the newest tick of ``session``; None when there is not
         enough data yet or no tick newer than ``after_tick``. ``current``: the values in
         effect now, when the caller knows them better than the DB does (a live daemon
-        may not have committed the previous action yet)."""
+        may not have committed the previous action yet; per node: (N, K))."""
+        if self.per_node:
+            return self._act_rows(after_tick, current)
         latest = self.experience.latest(session) if self.dqn is not None else None
         if latest is None and self.cfg.guided and self.dqn is not None:
             latest = self._newest_tick(session)      # the guide's probes need no stack
@@ -241,13 +318,11 @@ class Engine:
             return None
         steps = self.cfg.train_steps_per_tick if steps is None else steps
         losses = []
-        scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
+        batch = self._rows_batch if self.per_node else self._flat_batch
         for _ in range(steps):
-            batch = self.experience.sample(self.cfg.batch_size, self.rng)
-            if batch is None:
+            tensors = batch()
+            if tensors is None:
                 break
-            tensors = self.dqn.to_tensors(batch.obs, batch.actions, batch.rewards * scale,
-                                          batch.discounts, batch.next_obs)
             losses.append(self.dqn.train_step(*tensors))
             self.train_steps += 1
         if not losses:
@@ -255,8 +330,19 @@ class Engine:
         self.last_loss = float(torch.stack(losses).mean())
         return self.last_loss
 
+    def _flat_batch(self):
+        """An Algorithm-2 minibatch of the flat mode, as the DQN's tensors."""
+        batch = self.experience.sample(self.cfg.batch_size, self.rng)
+        if batch is None:
+            return None
+        scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
+        return self.dqn.to_tensors(batch.obs, batch.actions, batch.rewards * scale,
+                                   batch.discounts, batch.next_obs)
+
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:
+        if self.per_node:
+            return self._rows_state()
         layout = self.experience.layout
         return {**self.checkpoints.header(),
                 "dqn": self.dqn.state_dict() if self.dqn else None,
@@ -287,6 +373,8 @@ class Engine:
         exploring from ``pretrained_epsilon_start``). Resuming (not ``weights_only``)
         first removes the temp files of saves killed mid-write beside ``path``."""
         state = self.checkpoints.load(path, self.device, resume=not weights_only)
+        if self.per_node:
+            return self._load_rows(state, path, weights_only)
         if weights_only:
             state = {"dqn": state["dqn"], "layout": state["layout"],
                      "stats": state.get("stats")}
@@ -323,3 +411,278 @@ class Engine:
             if context is not None:
                 context.load_state(state["contexts"])
                 self.context, self._context_built = context, True
+
+    # -- the per-node mode: a row of knobs per node ---------------------------------------
+    def _init_rows(self, rows: RowShape, model: NodeModelConfig,
+                   reader: ReplayReader | None) -> None:
+        from drl_engine.node_model import NodeDQN     # torch model of the per-node mode
+        model.validate()
+        dqn = self.cfg
+        self.mcfg = model
+        self.checkpoints = checkpoint.Checkpoints(*ROWS_CHECKPOINT)
+        self.pi_names, self.params = list(rows.pi_names), list(rows.params)
+        self.nodes = rows.nodes
+        self.reader = reader
+        self.stack = dqn.stack
+        self.n_actions = 2 * len(self.params) + 1
+        if reader is not None and not reader.grow_nodes:
+            raise ValueError("the per-node engine reads a replay DB opened with "
+                             "grow_nodes=True (else a node joining is left out)")
+        self.data = RowData(dqn, self.reward_cfg, model, self.pi_names, self.params,
+                            self.nodes)
+        self.in_dim = self.stack * len(self.pi_names)
+        self.dqn = NodeDQN(self.in_dim, self.n_actions, dqn, model, self.device, self.seed)
+        self._session: int | None = None
+        self._seen = 0                          # reader mode: ticks of the session ingested
+        self.control = RowController(dqn, model, self.params, self.nodes, self.seed)
+        self._node_obj = np.array(self.data.replay.obj_cols)
+
+    @property
+    def replay(self):
+        """The per-node mode's ring of every node's PIs (``drl_engine.node_replay``)."""
+        return self.data.replay
+
+    @property
+    def weights(self) -> int:
+        return self.dqn.weights
+
+    def _update_rows(self) -> int:
+        """Reader mode: pull new rows and ingest the ticks that are complete."""
+        if self.reader is None:
+            return 0
+        n = self.reader.refresh()
+        if not self.reader.sessions:
+            return n
+        sid = max(self.reader.sessions)
+        data = self.reader.sessions[sid]
+        if sid != self._session:
+            if self._session is not None:
+                self.new_session()
+            self._session, self._seen = sid, 0
+        if data.first_tick is None:
+            return n
+        if data.pis.shape[1] < self.nodes:
+            raise ValueError(f"replay DB session {sid} has {data.pis.shape[1]} nodes, "
+                             f"this engine {self.nodes}")
+        end = data.length
+        if end > self._seen:
+            # the newest tick is partial while a node of the tick before has no row in it
+            # yet (a node that stopped sending holds it back once, not for good)
+            gone = np.isnan(data.pis[end - 1]).all(axis=1)
+            if end >= 2:
+                gone &= ~np.isnan(data.pis[end - 2]).all(axis=1)
+            end -= bool(gone.any())
+        for i in range(self._seen, end):
+            self.ingest(data.first_tick + i, data.pis[i])
+        self._seen = max(self._seen, end)
+        return n
+
+    def new_session(self) -> None:
+        """A new session: a fresh ring and detector, the same model."""
+        self.data.reset()
+        self.control.new_detector()
+
+    def grow(self, nodes: int, tick: int | None = None) -> None:
+        """Nodes joined, appended as the replay DB appends them: the same model (its
+        size does not depend on N), the ring widened, the new rows not probing. The
+        detector starts afresh and the best-known setting is forgotten as on an alarm:
+        it has no row for the new nodes and was another cluster's best."""
+        if nodes <= self.nodes:
+            return
+        log.info("tick %s: %d node(s) joined, %d in all", tick, nodes - self.nodes, nodes)
+        self.data.grow(nodes)
+        self.control.grow(nodes)
+        self.nodes = nodes
+        self._forget_best(tick)
+
+    def ingest(self, tick: int, pis: np.ndarray) -> None:
+        """One tick of every node's PIs, (N, P) in ``pi_names`` order; more rows than
+        the engine has nodes: the last ones joined (:meth:`grow`), a node without a row
+        (all NaN) is absent: it left, or its row was lost."""
+        if len(pis) > self.nodes:
+            self.grow(len(pis), tick)
+        if not self.data.ingest(tick, pis):
+            return
+        rep, control = self.data.replay, self.control
+        if control.detector is not None and control.detector.update(
+                pis, rep.knobs[rep.slot(tick)], self._node_obj):
+            self._alarm(tick)
+        if control.best.track(rep, tick):
+            self._forget_best(tick)
+        control.rollback.watch(int(tick), control.best)
+
+    def _alarm(self, tick: int) -> None:
+        alarms = self.control.alarm_ticks
+        alarms.append(int(tick))
+        log.info("workload change detected at tick %d (alarm %d): exploration raised to "
+                 "ε %.2f", tick, len(alarms), self.cfg.workload_epsilon)
+        self._forget_best(tick)
+
+    def _forget_best(self, tick: int | None = None) -> None:
+        """A new workload: raise ε, forget the best-known setting, and track it afresh
+        only over windows that start after the change has settled."""
+        self.bumped_at = self.action_ticks
+        self.control.forget(self.data.replay.last if tick is None else tick)
+
+    def _act_rows(self, after_tick: int | None, current) -> Decision | None:
+        """Every node's action for the newest tick, in the controller's order: cold
+        start, rollback (and its hold), probes, greedy moves over the margin, idle
+        nodes held, the trust region."""
+        rep, control, data = self.data.replay, self.control, self.data
+        if rep.last is None or (after_tick is not None and rep.last <= after_tick):
+            return None
+        tick = rep.last
+        s = rep.slot(tick)
+        cur = rep.knobs[s].astype(np.float64) if current is None else \
+            np.asarray(current, np.float64).reshape(self.nodes, -1)
+        present = rep.present[s]
+        cur = np.where(np.isfinite(cur), cur, control.lo)
+        idx = control.grid.index(cur)
+        eps = self.epsilon
+        none = np.zeros(self.nodes, np.int16)
+        cold = control.cold
+        if cold is not None and cold.active and not self.pretrained:
+            control.rollback.due = False         # the search owns the setting until then
+            out = cold.act(rep, int(tick), cur, present)
+            if out is None:
+                control.hand_over(int(tick), rep)
+            else:
+                values, action = out
+                self.action_ticks += 1
+                moved = present & (values != cur).any(axis=1)
+                code = int(np.asarray(actions.direction(action, len(self.params))))
+                return self._decision(tick, np.where(moved, code, 0).astype(np.int16),
+                                      values, eps, present.copy(), None)
+        if control.rollback.due:
+            values = control.roll_back(int(tick), cur, present)
+            self.action_ticks += 1
+            return self._decision(tick, none, values, eps, np.zeros(self.nodes, bool), None,
+                                  rolled_back=True)
+        if control.rollback.holding(tick):
+            self.action_ticks += 1                       # measuring the rolled-back setting
+            return self._decision(tick, none, cur, eps, np.zeros(self.nodes, bool), None)
+        explore, acts = control.explore(idx, eps, self.rng)
+        q_max = None
+        greedy = ~explore & present
+        have_history = rep.last - rep.oldest + 1 >= self.stack
+        if greedy.any() and data.mean is not None and have_history:
+            x = data.features(rep.window(tick, self.stack))
+            abar = rep.mean_field(tick - 1) if self.mcfg.mean_field else None
+            q = self.dqn.q_values(x, present, abar)
+            if not control.allowed.all():        # knobs that are not dynamic never move
+                q = np.where(control.allowed, q, -np.inf)
+            best = q.argmax(axis=1)
+            # move only for an expected gain: NULL unless the best beats it by the margin
+            best = np.where(q.max(axis=1) - q[:, 0] > control.act_margin, best, 0)
+            acts = np.where(greedy, best, acts)
+            q_max = float(q.max(axis=1)[greedy].mean())
+        if self.mcfg.idle_hold and have_history:
+            # a node that moved no data over its whole window tells nothing about its
+            # knobs: it keeps them (and does not explore) until it does I/O again
+            w = rep.window(tick, self.stack).reshape(self.nodes, self.stack, rep.p)
+            idle = ~(np.nan_to_num(w[:, :, rep.obj_cols]) > 0).any(axis=(1, 2))
+            acts = np.where(idle, 0, acts)
+            explore = explore & ~idle
+            control.probes.knob[idle] = -1
+        acts = np.where(present, acts, 0).astype(np.int64)
+        acts = control.guard(idx, acts, explore)
+        values = control.apply(cur, acts)
+        self.action_ticks += 1
+        return self._decision(tick, acts.astype(np.int16), values, eps, explore & present,
+                              q_max)
+
+    @staticmethod
+    def _decision(tick, row_actions: np.ndarray, values: np.ndarray, eps: float,
+                  explored: np.ndarray, q_max: float | None,
+                  rolled_back: bool = False) -> Decision:
+        """Every row's action as one :class:`Decision` of rows."""
+        return Decision(int(tick), actions.ROWS, values, eps, bool(explored.any()), q_max,
+                        rolled_back, row_actions=row_actions, row_explored=explored)
+
+    def recommendations(self) -> list[dict]:
+        """The knobs whose cost category keeps them from being tuned online, with what
+        the ring says of their values (:meth:`RowController.recommendations`)."""
+        return self.control.recommendations(self.data.replay) if self.per_node else []
+
+    def _rows_batch(self):
+        """A minibatch of ticks × nodes (``RowData.sample``), as the model's tensors."""
+        b = self.data.sample(self.cfg.batch_size, self.rng)
+        if b is None:
+            return None
+        dev = self.device
+        t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=dev)  # noqa: E731
+        mf = b.abar is not None
+        return (t(b.obs), t(b.mask), t(b.actions), t(b.returns), t(b.discounts),
+                t(b.next_obs), t(b.next_mask), t(b.valid),
+                t(b.abar) if mf else None, t(b.next_abar) if mf else None)
+
+    def _rows_state(self) -> dict:
+        data, control = self.data, self.control
+        return {**self.checkpoints.header(),
+                "dqn": self.dqn.state_dict(), "config": dataclasses.asdict(self.cfg),
+                "reward": dataclasses.asdict(self.reward_cfg),
+                "pi_names": self.pi_names, "param_names": [s.name for s in self.params],
+                "stats": None if data.mean is None else
+                {"mean": data.mean.tolist(), "std": data.std.tolist()},
+                "nodes_trained": self.nodes, "weights": self.weights,
+                "action_ticks": self.action_ticks, "train_steps": self.train_steps,
+                "bumped_at": self.bumped_at, "pretrained": self.pretrained,
+                "alarm_ticks": list(control.alarm_ticks),
+                "rollback_ticks": list(control.rollback.rollback_ticks),
+                "stale_bests": control.rollback.stale_bests,
+                "rng": self.rng.bit_generator.state,
+                "cold_start": None if control.cold is None else control.cold.state(),
+                "handed_over_at": control.handed_over_at,
+                # what a restart must not forget beyond the counters (per node: kept only
+                # for a cluster of the same size), and the reward scale
+                "controller": {**control.state(), "p_scale": checkpoint.encode(data.p_scale)}}
+
+    def _load_rows(self, state: dict, path, weights_only: bool) -> None:
+        """Resume the per-node mode, from a cluster of any size (the model does not
+        depend on N); ``weights_only``: the networks and input statistics only. The
+        controller's state is kept only for a cluster of the same size."""
+        names = [s.name for s in self.params]
+        if state["pi_names"] != self.pi_names or state["param_names"] != names:
+            raise ValueError(f"{path}: trained on PIs {state['pi_names']} and knobs "
+                             f"{state['param_names']}, this cluster has {self.pi_names} "
+                             f"and {names}")
+        data, control = self.data, self.control
+        self.dqn.load_state_dict(state["dqn"], optimizer=True)
+        if state.get("stats"):
+            data.mean = np.asarray(state["stats"]["mean"], np.float32)
+            data.std = np.asarray(state["stats"]["std"], np.float32)
+        if weights_only:
+            self.pretrained = True
+            return
+        self.action_ticks = state["action_ticks"]
+        self.train_steps = state["train_steps"]
+        self.bumped_at = state["bumped_at"]
+        self.pretrained = state.get("pretrained", False)
+        control.alarm_ticks = list(state.get("alarm_ticks", []))
+        control.rollback.rollback_ticks = list(state.get("rollback_ticks", []))
+        control.rollback.stale_bests = int(state.get("stale_bests", 0))
+        self.rng.bit_generator.state = state["rng"]
+        control.handed_over_at = state.get("handed_over_at")
+        if control.cold is not None:     # a resumed engine never starts its search over
+            if state.get("cold_start") is not None:
+                control.cold.load_state(state["cold_start"])
+            elif self.action_ticks:
+                control.cold.done = True
+        if state.get("controller") and state.get("nodes_trained") == self.nodes:
+            saved = dict(state["controller"])
+            if "p_scale" in saved:
+                data.p_scale = checkpoint.decode(saved.pop("p_scale"))
+            control.load_state(saved)
+
+    def counters(self) -> dict:
+        """The per-node mode's counters, as the cluster test reports them."""
+        control = self.control
+        return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,
+                "epsilon": self.epsilon, "alarms": len(control.alarm_ticks),
+                "guarded": control.guarded,
+                "rollbacks": len(control.rollback.rollback_ticks),
+                "rollback_ticks": list(control.rollback.rollback_ticks),
+                "stale_bests": control.rollback.stale_bests,
+                "alarm_ticks": list(control.alarm_ticks), "weights": self.weights,
+                "handed_over_at": control.handed_over_at,
+                "replay_capacity_ticks": self.data.replay.capacity}

@@ -14,6 +14,7 @@ import numpy as np
 
 from capes.common.params import ParameterSpec
 from drl_engine.config import RewardConfig
+from drl_engine.experience import n_step_returns
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
 
@@ -205,4 +206,137 @@ class NodeReplay:
         return x[0] if one else x
 
 
-__all__ = ["NodeReplay", "NodeBatch"]
+class RowData:
+    """The per-node mode's data side: the ring of every node's PIs, the input statistics
+    (z-scores of the log1p PIs, fixed after ``stats_ticks`` ticks), the reward scale
+    (the objective's mean level: a reward unit is 1 % of it, the same at 8 and 1,000
+    nodes) and minibatches of ticks × nodes."""
+
+    def __init__(self, dqn, reward: RewardConfig, model, pi_names: list[str],
+                 params: list[ParameterSpec], nodes: int):
+        self.mcfg, self.reward_cfg = model, reward
+        self.pi_names, self.params, self.nodes = list(pi_names), list(params), nodes
+        self.stack, self.n_step = dqn.stack, dqn.n_step
+        self.settle_ticks = dqn.settle_ticks    # the returns' shift (see sample)
+        self.gamma = model.gamma or dqn.gamma
+        cap = NodeReplay.capacity_for(model.replay_mb, nodes, len(pi_names), len(params))
+        self.replay = NodeReplay(nodes, self.pi_names, self.params, cap, reward)
+        self.mean: np.ndarray | None = None     # (P,) of the log1p PIs
+        self.std: np.ndarray | None = None
+        self.p_scale: float | None = None       # the objective's level: reward unit 1 %
+
+    def reset(self) -> None:
+        """A new session: a fresh ring (the statistics and scale stay)."""
+        self.replay = NodeReplay(self.nodes, self.pi_names, self.params,
+                                 self.replay.capacity, self.reward_cfg)
+
+    def grow(self, nodes: int) -> None:
+        """Nodes joined: the ring widened and resized to ``replay_mb``."""
+        cap = NodeReplay.capacity_for(self.mcfg.replay_mb, nodes, len(self.pi_names),
+                                      len(self.params))
+        self.replay = self.replay.resized(nodes, cap)
+        self.nodes = nodes
+
+    def ingest(self, tick: int, pis: np.ndarray) -> bool:
+        """One tick of every node's PIs; False when it is not newer (ignored)."""
+        rep = self.replay
+        if not rep.ingest(tick, pis):
+            return False
+        if self.mean is None and rep.ingested >= self.mcfg.stats_ticks:
+            self._fit_stats()
+        if self.p_scale is None and rep.ingested >= min(self.mcfg.stats_ticks,
+                                                        max(self.mcfg.learn_start, 8)):
+            self._fit_scale()
+        return True
+
+    def _fit_stats(self) -> None:
+        rep = self.replay
+        filled = rep.tick_of >= 0
+        with np.errstate(all="ignore"):
+            lp = rep.lp[filled].reshape(-1, rep.p)
+            mean = np.nanmean(lp, axis=0)
+            std = np.nanstd(lp, axis=0)
+        self.mean = np.nan_to_num(mean).astype(np.float32)
+        self.std = np.maximum(np.nan_to_num(std), self.mcfg.std_floor).astype(np.float32)
+
+    def _fit_scale(self) -> None:
+        p = self.replay.pobj[self.replay.tick_of >= 0]
+        level = float(np.nanmean(np.abs(p))) if np.isfinite(p).any() else 0.0
+        self.p_scale = level / 100.0 if level > 0 else 1.0
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """z-scores of log1p PI windows (..., S·P); NaN (missing) becomes 0, the mean."""
+        if self.mean is None:
+            return np.zeros(x.shape, np.float32)
+        mean = np.tile(self.mean, self.stack)
+        std = np.tile(self.std, self.stack)
+        z = (x - mean) / std
+        return np.nan_to_num(z, nan=0.0).astype(np.float32)
+
+    def sample(self, batch: int, rng: np.random.Generator,
+               max_rounds: int = 20) -> NodeBatch | None:
+        """B ticks drawn uniformly among those with a full transition (S ticks of
+        history, n rewards, the node present at t and t+n, its action known), M nodes
+        each (all when N ≤ ``loss_nodes``).
+
+        The return of the action at t is r_{t+d} + … + γ^(n−1) r_{t+d+n−1} with
+        d = ``settle_ticks``: the objective's changes from when the action's effect
+        shows up (the delay the best-known setting and the change detector assume too),
+        not r_t … r_{t+n−1}, which are mostly the effect of the d actions before it.
+        Unshifted, a policy whose nodes all move together and alternate (+, −, +, …)
+        sees each move credited with the opposite of its own effect (with d = 3 and
+        n = 5 the return is the true gain of −a_t), learns to reverse every move and so
+        keeps alternating: issue 11, seed 2 at 64 nodes sat at ~0.80 of the best static
+        for the whole of phase 1, its policy pushing the window down (to ~22, best 50)
+        against the trust region. The bootstrap stays Q(s_{t+n}), whose return starts
+        at r_{t+n+d}: nothing is counted twice."""
+        rep = self.replay
+        if rep.last is None or self.mean is None or self.p_scale is None:
+            return None
+        S, n, d = self.stack, self.n_step, self.settle_ticks
+        mf = self.mcfg.mean_field
+        # the rewards of t + d … t + d + n − 1 must be known (r of tick u needs tick u + 1)
+        lo, hi = rep.oldest + S - 1, rep.last - n - max(d, 1 if mf else 0)
+        if hi - lo + 1 < max(1, self.mcfg.learn_start):
+            return None
+        picked: list[np.ndarray] = []
+        got = 0
+        recent = max(lo, hi - self.mcfg.recent_ticks + 1)
+        for _ in range(max_rounds):
+            t = rng.integers(lo, hi + 1, 2 * batch)
+            if self.mcfg.recent_fraction > 0:
+                newer = rng.random(2 * batch) < self.mcfg.recent_fraction
+                t = np.where(newer, rng.integers(recent, hi + 1, 2 * batch), t)
+            r = rep.r[(t[:, None] + d + np.arange(n)[None]) % rep.capacity]
+            ok = np.isfinite(r).all(axis=1)
+            t = t[ok]
+            if len(t):
+                picked.append(t)
+                got += len(t)
+            if got >= batch:
+                break
+        if got == 0:
+            return None
+        t = np.concatenate(picked)[:batch]
+        B, N = len(t), self.nodes
+        M = N if not self.mcfg.loss_nodes or N <= self.mcfg.loss_nodes else self.mcfg.loss_nodes
+        if M == N:
+            nodes = np.broadcast_to(np.arange(N), (B, N))
+        else:
+            nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
+        s0, s1 = rep.slot(t), rep.slot(t + n)
+        ret = n_step_returns(rep.r, t, n, self.gamma, shift=d, ring=True) / self.p_scale
+        mask = rep.present[s0[:, None], nodes]
+        next_mask = rep.present[s1[:, None], nodes]
+        acts = rep.actions[s0[:, None], nodes].astype(np.int64)
+        valid = mask & next_mask & (acts >= 0)
+        return NodeBatch(obs=self.features(rep.window(t, S, nodes)), mask=mask,
+                         actions=np.maximum(acts, 0), returns=ret.astype(np.float32),
+                         discounts=np.full(B, self.gamma ** n, np.float32),
+                         next_obs=self.features(rep.window(t + n, S, nodes)),
+                         next_mask=next_mask, valid=valid,
+                         abar=rep.mean_field(t, nodes) if mf else None,
+                         next_abar=rep.mean_field(t + n, nodes) if mf else None)
+
+
+__all__ = ["NodeReplay", "NodeBatch", "RowData"]

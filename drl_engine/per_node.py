@@ -5,7 +5,7 @@ has one row of knobs per node: every node holds its own ``max_rpcs_in_flight``, 
 one value for the whole cluster would leave most of the gain behind. The flat engine's
 input is every node's PIs × the stack, and its network as wide (refused beyond ~45 nodes
 of 44 PIs by ``engine.max_inputs``); the cluster engine
-(:class:`~drl_engine.cluster_engine.ClusterEngine`) shares one per-node network over
+(:meth:`Engine.over_rows <drl_engine.engine.Engine.over_rows>`) shares one per-node network over
 the rows, whatever their number, and moves every row each tick.
 
 :class:`PerNodeEngine` gives the daemon (``drl_engine.daemon``) that engine behind the
@@ -79,7 +79,7 @@ class PerNodeEngine:
         self.cfg, self.reward_cfg, self.rows, self.model = dqn, reward, rows, model
         self.device, self.seed = pick_device(device), seed
         self.reader = ReplayReader(db, grow_nodes=True)
-        self.engine = None                 # the ClusterEngine, once every row's node is in
+        self.engine = None                 # the per-node Engine, once every row's node is in
         self.restore_error: str | None = None
         self._pending: tuple[Path, bool] | None = None
         self.update()
@@ -113,11 +113,11 @@ class PerNodeEngine:
                 raise ValueError(f"per-node knobs {missing} are not among the PIs the "
                                  f"nodes report ({list(layout.pi_names)}): each node's "
                                  f"monitoring agent must report each knob's value")
-            from drl_engine.cluster_engine import ClusterEngine
-            self.engine = ClusterEngine(self.cfg, self.reward_cfg, list(layout.pi_names),
-                                        self.rows.knobs, len(layout.node_names),
-                                        model=self.model, reader=self.reader,
-                                        device=str(self.device), seed=self.seed)
+            from drl_engine.engine import Engine
+            self.engine = Engine.over_rows(self.cfg, self.reward_cfg, list(layout.pi_names),
+                                           self.rows.knobs, len(layout.node_names),
+                                           model=self.model, reader=self.reader,
+                                           device=str(self.device), seed=self.seed)
             if self._pending is not None:
                 path, weights_only = self._pending
                 self._pending = None
@@ -161,9 +161,9 @@ class PerNodeEngine:
     def best_values(self) -> dict[str, float] | None:
         """The best-known setting, per ``<node>/<knob>`` (None: none yet)."""
         e = self.engine
-        if e is None or e.best.best_idx is None:
+        if e is None or e.control.best.best_idx is None:
             return None
-        vals, idx = e.grid.values(e.best.best_idx), self._row_index()
+        vals, idx = e.control.grid.values(e.control.best.best_idx), self._row_index()
         return {n: float(vals[idx[i], j]) for n, (i, j) in zip(self.rows.names, self.rows.cells)}
 
     def save(self, path: str | Path) -> Path:

@@ -13,7 +13,8 @@ import torch
 
 from capes.experiments.cluster_test import (aggregate, format_table, is_cluster_config,
                                             load_config, run_one, run_tuners)
-from drl_engine.cluster_engine import ClusterEngine, NodeReplay
+from drl_engine.engine import Engine
+from drl_engine.node_replay import NodeReplay
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.node_model import NodeModelConfig, NodeQNetwork, pool_nodes
 from storagegamesim.cluster import PI_NAMES, ClusterConfig
@@ -36,9 +37,9 @@ def default_dqn(**kw) -> DQNConfig:
 
 
 def engine(nodes: int, model: NodeModelConfig | None = None, cold_start="per_node",
-           **kw) -> ClusterEngine:
+           **kw) -> Engine:
     model = dataclasses.replace(model or FAST_MODEL, cold_start=cold_start)
-    return ClusterEngine(default_dqn(**kw), RewardConfig(), list(PI_NAMES), specs(), nodes,
+    return Engine.over_rows(default_dqn(**kw), RewardConfig(), list(PI_NAMES), specs(), nodes,
                          model=model, seed=0)
 
 
@@ -54,7 +55,7 @@ def test_weight_count_does_not_depend_on_the_node_count():
     small, big = engine(8), engine(1000)
     assert small.weights == big.weights > 0
     # the change detector reads a fixed sample of 128 nodes at 1,000, every node at 8
-    assert big.detector.streams == 128 and small.detector.streams == 8
+    assert big.control.detector.streams == 128 and small.control.detector.streams == 8
     x = torch.zeros(2, 1000, small.in_dim)
     assert big.dqn.q(x, None, torch.zeros(2, 1000, 5)).shape == (2, 1000, 5)
 
@@ -120,7 +121,7 @@ def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
         x = rng.uniform(1, 100, (1000, len(PI_NAMES))).astype(np.float32)
         x[:, 4], x[:, 5] = 8 + (t % 2), 2000
         eng.ingest(t, x)
-    b = eng.sample(8)
+    b = eng.data.sample(8, eng.rng)
     assert b.obs.shape == (8, 16, eng.in_dim) and b.abar.shape == (8, 16, 5)
     assert b.valid.all() and np.isfinite(b.returns).all()
     assert eng.train(2) is not None and eng.train_steps == 2
@@ -133,14 +134,14 @@ def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it(
     # the window-. (Credited with r_t ... r_{t+4}, each move got the effect of the moves
     # before it, the opposite sign, and the policy learned to reverse every move.)
     eng = engine(2)
-    assert eng.cfg.settle_ticks == 3 and eng.n_step == 5
+    assert eng.cfg.settle_ticks == 3 and eng.cfg.n_step == 5
     w = lambda u: 20.0 + (u % 2)                      # noqa: E731 -- the window at tick u
     for u in range(120):
         x = np.full((2, len(PI_NAMES)), 5.0, np.float32)
         x[:, 0] = 10.0 * w(u - 3)                     # throughput: the window 3 ticks ago
         x[:, 4], x[:, 5] = w(u), 2000                 # knob PIs: window, rate_limit
         eng.ingest(u, x)
-    b = eng.sample(64)
+    b = eng.data.sample(64, eng.rng)
     acts, ret = b.actions[:, 0], b.returns
     assert b.valid.all() and set(acts.tolist()) == {3, 4}   # window+ and window- only
     assert (ret[acts == 3] > 0).all() and (ret[acts == 4] < 0).all()
@@ -161,14 +162,14 @@ def test_probes_are_excursions_that_come_back():
     eng = engine(1, NodeModelConfig(probe_steps=3.0, probe_dwell=2, detect=False),
                  guard_steps=0)
     idx = np.array([[30, 10]])
-    eng.probes.knob[:] = 1
-    eng.probes.origin[:] = 10
-    eng.probes.target[:] = 12
-    eng.probes.dwell[:] = 2
-    eng.probes.back[:] = False
+    eng.control.probes.knob[:] = 1
+    eng.control.probes.origin[:] = 10
+    eng.control.probes.target[:] = 12
+    eng.control.probes.dwell[:] = 2
+    eng.control.probes.back[:] = False
     seen = []
     for _ in range(12):
-        explore, a = eng._explore(idx, 0.0)
+        explore, a = eng.control.explore(idx, 0.0, eng.rng)
         seen.append(int(a[0]))
         idx = idx + np.array([[0, {3: 1, 4: -1}.get(int(a[0]), 0)]])
         if not explore[0]:
@@ -178,11 +179,11 @@ def test_probes_are_excursions_that_come_back():
 
 def test_the_trust_region_turns_a_move_away_from_the_best_back():
     eng = engine(2, guard_steps=3)
-    eng.best.best_idx = np.array([[39, 10], [39, 10]])
+    eng.control.best.best_idx = np.array([[39, 10], [39, 10]])
     idx = np.array([[39, 13], [39, 12]])
     # node 0 would go to 14 (4 from the best): turned back; node 1 to 13: allowed
-    out = eng._guard(idx, np.array([3, 3]), np.zeros(2, bool))
-    assert out.tolist() == [4, 3] and eng.guarded == 1
+    out = eng.control.guard(idx, np.array([3, 3]), np.zeros(2, bool))
+    assert out.tolist() == [4, 3] and eng.control.guarded == 1
 
 
 def test_idle_nodes_keep_their_knobs():
@@ -213,10 +214,10 @@ def test_a_workload_change_is_detected_counted_and_raises_exploration(signal, ch
             y[:, 0] *= np.array(change, np.float32)
         y[:, :4] *= rng.normal(1.0, 0.01, (8, 4))
         eng.ingest(t, y)
-    assert any(200 <= a <= 230 for a in eng.alarm_ticks), eng.alarm_ticks
-    assert not [a for a in eng.alarm_ticks if a < 200]
+    assert any(200 <= a <= 230 for a in eng.control.alarm_ticks), eng.control.alarm_ticks
+    assert not [a for a in eng.control.alarm_ticks if a < 200]
     assert eng.bumped_at is not None and eng.epsilon > eng.cfg.epsilon_final
-    assert eng.counters()["alarms"] == len(eng.alarm_ticks)
+    assert eng.counters()["alarms"] == len(eng.control.alarm_ticks)
 
 
 # -- checkpoints -----------------------------------------------------------------------------
@@ -230,7 +231,7 @@ def test_a_checkpoint_trained_on_8_nodes_runs_on_64(tmp_path):
     assert state["nodes_trained"] == 8
     big = engine(64)
     big.load(ckpt, weights_only=True)
-    assert big.weights == state["weights"] and big.mean is not None and big.pretrained
+    assert big.weights == state["weights"] and big.data.mean is not None and big.pretrained
     rng = np.random.default_rng(1)
     x = np.full((64, len(PI_NAMES)), 80.0, np.float32)
     x[:, 4], x[:, 5] = 20, 2000
@@ -246,7 +247,7 @@ def test_a_checkpoint_trained_on_8_nodes_runs_on_64(tmp_path):
 def test_a_checkpoint_for_other_pis_is_refused(tmp_path):
     eng = engine(8)
     path = eng.save(tmp_path / "c.pt")
-    other = ClusterEngine(default_dqn(), RewardConfig(), list(PI_NAMES)[::-1], specs(), 8,
+    other = Engine.over_rows(default_dqn(), RewardConfig(), list(PI_NAMES)[::-1], specs(), 8,
                           model=FAST_MODEL)
     with pytest.raises(ValueError, match="trained on PIs"):
         other.load(path)
@@ -393,13 +394,13 @@ def test_neighbours_moves_are_not_an_alarm_a_workload_change_is():
     rng = np.random.default_rng(5)
     quiet = engine(8, NodeModelConfig(stats_ticks=40, replay_mb=8))
     contention_ticks(quiet, 1500, rng)
-    assert quiet.alarm_ticks == []
+    assert quiet.control.alarm_ticks == []
     # the same stream with the former floor (1e-3): shifts of a few % of a node's share
     # hit the winsorising like a workload change
     touchy = engine(8, NodeModelConfig(stats_ticks=40, replay_mb=8,
                                        detect_scale_floor=0.001))
     contention_ticks(touchy, 1500, np.random.default_rng(5))
-    assert len(touchy.alarm_ticks) >= 2
+    assert len(touchy.control.alarm_ticks) >= 2
 
 
 # -- rollback and cost categories ------------------------------------------------------------
@@ -417,17 +418,17 @@ def test_a_lasting_drop_below_the_best_rolls_back_and_is_counted():
                                     best_window=4, rollback_fraction=0.9, rollback_ticks=5))
     rng = np.random.default_rng(0)
     level_ticks(eng, 0, 30, 100.0, 20, rng)                 # the best: window 20
-    assert eng.best.best_idx[:, 1].tolist() == [19] * 4
+    assert eng.control.best.best_idx[:, 1].tolist() == [19] * 4
     level_ticks(eng, 30, 6, 95.0, 26, rng)                  # moved: 95 %, not a drop
     assert eng.act().rolled_back is False
     level_ticks(eng, 36, 12, 70.0, 26, rng)                 # 70 % of the best, lasting
     d = eng.act()
     assert d.rolled_back and d.values[:, 1].tolist() == [20.0] * 4
     assert (d.values[:, 0] == 2000).all() and (d.row_actions == 0).all()
-    assert eng.rollback.rollback_ticks == [47] and eng.counters()["rollbacks"] == 1
+    assert eng.control.rollback.rollback_ticks == [47] and eng.counters()["rollbacks"] == 1
     # back at the best and as good again: no second rollback
     level_ticks(eng, 48, 20, 100.0, 20, rng)
-    assert not eng.act().rolled_back and len(eng.rollback.rollback_ticks) == 1
+    assert not eng.act().rolled_back and len(eng.control.rollback.rollback_ticks) == 1
 
 
 def test_a_best_that_a_rollback_cannot_bring_back_is_dropped():
@@ -441,12 +442,12 @@ def test_a_best_that_a_rollback_cannot_bring_back_is_dropped():
         level_ticks(eng, t, 1, 60.0, 20, rng)
         d = eng.act()
         assert not d.rolled_back and (d.row_actions == 0).all() and not d.row_explored.any()
-        assert eng.rollback.stale_bests == 0
+        assert eng.control.rollback.stale_bests == 0
     level_ticks(eng, 49, 1, 60.0, 20, rng)          # measured: still 60 %
-    assert eng.rollback.stale_bests == 1 and eng.best.best_tick is None
+    assert eng.control.rollback.stale_bests == 1 and eng.control.best.best_tick is None
     level_ticks(eng, 50, 12, 60.0, 20, rng)         # the new best is today's level
-    assert not eng.act().rolled_back and len(eng.rollback.rollback_ticks) == 1
-    assert eng.rollback.stale_bests == 1
+    assert not eng.act().rolled_back and len(eng.control.rollback.rollback_ticks) == 1
+    assert eng.control.rollback.stale_bests == 1
 
 
 def test_an_alarm_forgets_the_best_so_no_rollback_to_another_workloads_setting():
@@ -456,8 +457,8 @@ def test_an_alarm_forgets_the_best_so_no_rollback_to_another_workloads_setting()
     level_ticks(eng, 0, 30, 100.0, 20, rng)
     eng._alarm(30)
     level_ticks(eng, 30, 20, 50.0, 26, rng)
-    assert not eng.act().rolled_back and eng.rollback.rollback_ticks == []
-    assert eng.best.best_idx[:, 1].tolist() == [25] * 4
+    assert not eng.act().rolled_back and eng.control.rollback.rollback_ticks == []
+    assert eng.control.best.best_idx[:, 1].tolist() == [25] * 4
 
 
 def remount_specs():
@@ -469,10 +470,10 @@ def remount_specs():
 
 @pytest.mark.parametrize("explore", ["probe", "random"])
 def test_only_dynamic_knobs_are_tuned_online(explore):
-    eng = ClusterEngine(default_dqn(exploration_ticks=10**6), RewardConfig(), list(PI_NAMES),
+    eng = Engine.over_rows(default_dqn(exploration_ticks=10**6), RewardConfig(), list(PI_NAMES),
                         remount_specs(), 8, seed=0,
                         model=dataclasses.replace(FAST_MODEL, explore=explore))
-    assert eng.costs == ["remount", "dynamic"] and eng.allowed.tolist() == [1, 0, 0, 1, 1]
+    assert eng.control.costs == ["remount", "dynamic"] and eng.control.allowed.tolist() == [1, 0, 0, 1, 1]
     rng = np.random.default_rng(0)
     x = np.full((8, len(PI_NAMES)), 50.0, np.float32)
     x[:, 4], x[:, 5] = 20, 1000
@@ -497,7 +498,7 @@ def test_only_dynamic_knobs_are_tuned_online(explore):
 
 
 def test_a_knob_that_is_not_dynamic_is_reported_as_a_recommendation():
-    eng = ClusterEngine(default_dqn(), RewardConfig(), list(PI_NAMES), remount_specs(), 4,
+    eng = Engine.over_rows(default_dqn(), RewardConfig(), list(PI_NAMES), remount_specs(), 4,
                         model=dataclasses.replace(FAST_MODEL, best_window=5), seed=0)
     rng = np.random.default_rng(0)
     for t, (rate, tp) in enumerate([(1000, 50.0)] * 40):
@@ -520,14 +521,14 @@ def test_an_unknown_cost_category_is_refused():
     bad = remount_specs()
     bad[0].cost = "sometimes"
     with pytest.raises(ValueError, match="cost must be one of"):
-        ClusterEngine(default_dqn(), RewardConfig(), list(PI_NAMES), bad, 4, model=FAST_MODEL)
+        Engine.over_rows(default_dqn(), RewardConfig(), list(PI_NAMES), bad, 4, model=FAST_MODEL)
 
 
 def test_the_greedy_margin_shrinks_like_one_over_n_above_margin_nodes():
-    assert engine(8).act_margin == engine(64).act_margin == FAST_MODEL.act_margin
-    assert engine(1000).act_margin == pytest.approx(FAST_MODEL.act_margin * 64 / 1000)
+    assert engine(8).control.act_margin == engine(64).control.act_margin == FAST_MODEL.act_margin
+    assert engine(1000).control.act_margin == pytest.approx(FAST_MODEL.act_margin * 64 / 1000)
     flat = dataclasses.replace(FAST_MODEL, margin_nodes=0)
-    assert engine(1000, flat).act_margin == FAST_MODEL.act_margin
+    assert engine(1000, flat).control.act_margin == FAST_MODEL.act_margin
 
 
 def test_the_harness_reports_rollbacks_and_recommendations(tmp_path):
@@ -559,15 +560,15 @@ def test_a_restarted_cluster_engine_keeps_its_best_known_setting_and_probes(tmp_
         y = x.copy()
         y[:, 4:6] = d.values
         feed_ticks(eng, 1, rng, y, start=t)
-    eng.best.best_idx = np.array([[5, 3]] * 4)
-    eng.best.best_level = 123.0
+    eng.control.best.best_idx = np.array([[5, 3]] * 4)
+    eng.control.best.best_level = 123.0
     eng.save(tmp_path / "c.pt")
     again = engine(4)
     again.load(tmp_path / "c.pt")
-    assert again.best.best_idx.tolist() == eng.best.best_idx.tolist()
-    assert again.best.best_level == 123.0
-    assert again.probes.knob.tolist() == eng.probes.knob.tolist()
+    assert again.control.best.best_idx.tolist() == eng.control.best.best_idx.tolist()
+    assert again.control.best.best_level == 123.0
+    assert again.control.probes.knob.tolist() == eng.control.probes.knob.tolist()
     assert again.epsilon == eng.epsilon < 1.0
     other = engine(8)                       # another cluster size: the model only
     other.load(tmp_path / "c.pt")
-    assert other.best.best_idx is None
+    assert other.control.best.best_idx is None

@@ -13,7 +13,7 @@ from capes.common.config import ConfigError, build
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from capes.experiments.cluster_test import ClusterSource, load_config, run_one
 from drl_engine.cluster_config import NodeModelConfig
-from drl_engine.cluster_engine import ClusterEngine
+from drl_engine.engine import Engine
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.loop import run_ticks
 from storagegamesim.cluster import PI_NAMES, ClusterConfig, ClusterSim
@@ -86,7 +86,7 @@ def test_a_growing_reader_keeps_the_rows_of_a_node_that_joined(tmp_path):
     assert growing.layout.node_names == ("a", "b", "c")
     assert np.isnan(data.pis[:2, 2]).all() and list(data.pis[2, 2]) == list(row + 2)
     with pytest.raises(ValueError, match="grow_nodes"):
-        ClusterEngine(default_dqn(), RewardConfig(), list(PI_NAMES), specs, 2,
+        Engine.over_rows(default_dqn(), RewardConfig(), list(PI_NAMES), specs, 2,
                       model=FAST_MODEL, reader=fixed)
 
 
@@ -103,7 +103,7 @@ def play(feed: str, tmp_path):
                                     node_names=[sim.node_names[i] for i in range(3)]))
     reader = ReplayReader(tmp_path / f"{feed}.db", grow_nodes=True) if feed == "reader" \
         else None
-    eng = ClusterEngine(default_dqn(), RewardConfig(), list(PI_NAMES), specs, 3,
+    eng = Engine.over_rows(default_dqn(), RewardConfig(), list(PI_NAMES), specs, 3,
                         model=FAST_MODEL, reader=reader, seed=0)
     dqn, weights = eng.dqn, eng.weights
     src = ClusterSource(sim, w, s.id, feed=eng if feed == "rows" else None)
@@ -139,7 +139,7 @@ def test_a_node_joins_and_another_leaves_mid_session_without_a_new_model(feed, t
     assert all((knobs[t][LEAVER] == knobs[LEAVE - 1][LEAVER]).all()
                for t in range(LEAVE, END))
     # the best-known setting is the three nodes' (the four's is forgotten, not rolled back to)
-    best = eng.best
+    best = eng.control.best
     assert best.best_tick is None or (best.best_tick > LEAVE and not best.best_nodes[LEAVER])
     # ... and the others keep learning: rewards (over the same nodes) after both changes
     rep = eng.replay

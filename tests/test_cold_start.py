@@ -12,7 +12,7 @@ import pytest
 from capes.experiments.cluster_test import load_config, run_one
 from drl_engine import checkpoint
 from drl_engine.cluster_config import NodeModelConfig
-from drl_engine.cluster_engine import ClusterEngine
+from drl_engine.engine import Engine
 
 MODEL = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8, cold_start_ticks=60)
 
@@ -48,11 +48,11 @@ def test_the_shared_cold_start_reaches_the_band_where_per_node_does_not_yet():
     assert per_node is None or per_node > shared
 
 
-def small_engine(cold_start="shared") -> ClusterEngine:
+def small_engine(cold_start="shared") -> Engine:
     """4 nodes of the cluster game, fed its PIs by hand (window 20, rate limit 2000)."""
     cfg = first_phase(10, cold_start)
     c = cfg.cluster
-    return ClusterEngine(cfg.engine, cfg.reward, list(c.pi_names()),
+    return Engine.over_rows(cfg.engine, cfg.reward, list(c.pi_names()),
                          list(c.param_specs().values()), 4, model=cfg.model, seed=0)
 
 
@@ -76,23 +76,23 @@ def test_a_restart_resumes_the_search_and_never_starts_it_over(tmp_path):
     eng.save(tmp_path / "c.pt")
     again = small_engine()
     again.load(tmp_path / "c.pt")
-    assert again.cold.ticks == eng.cold.ticks == 20 and again.cold.active
-    assert np.array_equal(again.cold.p, eng.cold.p)
+    assert again.control.cold.ticks == eng.control.cold.ticks == 20 and again.control.cold.active
+    assert np.array_equal(again.control.cold.p, eng.control.cold.p)
     # a checkpoint of an engine that acted before the cold start existed: no search
     state = eng.state_dict()
     state.pop("cold_start")
     checkpoint.write(state, tmp_path / "old.pt")
     old = small_engine()
     old.load(tmp_path / "old.pt")
-    assert not old.cold.active
+    assert not old.control.cold.active
 
 
 def test_per_node_is_the_ablation_and_a_pretrained_model_skips_the_search(tmp_path):
-    assert small_engine("per_node").cold is None
+    assert small_engine("per_node").control.cold is None
     eng = small_engine()
     eng.save(tmp_path / "m.pt")
     warm = small_engine()
     warm.load(tmp_path / "m.pt", weights_only=True)
     feed(warm, range(20))
     warm.act()
-    assert warm.cold.ticks == 0                      # the model's own probes, per node
+    assert warm.control.cold.ticks == 0                      # the model's own probes, per node

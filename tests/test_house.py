@@ -50,7 +50,7 @@ def test_a_converge_run_loads_only_what_it_uses():
     code = ("from capes.cli import main\n"
             "main(['converge-test', '--seeds', '1', '--set', 'game.time_limit_ticks=1', "
             "'--quiet'])")
-    unused = ("scipy", "grpc", "zmq", "matplotlib", "optuna", "drl_engine.cluster_engine",
+    unused = ("scipy", "grpc", "zmq", "matplotlib", "optuna", "drl_engine.node_model",
               "capes.experiments.cluster_test", "capes.experiments.baselines")
     assert _loaded_after(code, ("torch",) + unused) == ["torch"]   # torch: it trains
 

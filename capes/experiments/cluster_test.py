@@ -1,4 +1,4 @@
-"""The cluster converge test (issue 11): the cluster engine against ClusterSim's phases.
+"""The cluster converge test (issue 11): the engine, per node, against ClusterSim's phases.
 
     capes converge-test --config configs/cluster-sim.toml [--set cluster.nodes=N] \\
         --seeds K [--tuner capes,random,hill,bo] [--json OUT]
@@ -7,8 +7,8 @@ One run is the real data path in one process, in simulated time:
 
     ClusterSim PIs -> ReplayWriter (one row per node and tick, SQLite WAL)
         -> the engine's ring (ReplayReader refresh, or the same rows fed directly:
-           ``feed``) -> ClusterEngine.act (one action per node) -> every node's knobs;
-        ClusterEngine.train (minibatches of ticks × nodes)
+           ``feed``) -> Engine.act (per-node mode: one action per node) -> every node's knobs;
+        Engine.train (minibatches of ticks × nodes)
 
 driven by :func:`drl_engine.loop.run_ticks`, the engine's own tick loop. The engine is
 told nothing about the phases: it has to notice the change itself (its change
@@ -55,7 +55,7 @@ from capes.common import config as cfgmod
 from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.cluster_config import NodeModelConfig
-from drl_engine.cluster_engine import ClusterEngine
+from drl_engine.engine import Engine
 from drl_engine.decision import Decision
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
@@ -99,7 +99,7 @@ class ClusterSource:
     joining, ``order`` the simulator's index of each."""
 
     def __init__(self, sim: ClusterSim, writer: ReplayWriter, session: int,
-                 feed: ClusterEngine | None = None, tell_phases: bool = False):
+                 feed: Engine | None = None, tell_phases: bool = False):
         self.sim, self.writer, self.session, self.feed = sim, writer, session, feed
         self.tell = tell_phases
         index = {name: i for i, name in enumerate(sim.node_names)}
@@ -181,9 +181,9 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
         reader = ReplayReader(path, grow_nodes=is_engine) \
             if (not is_engine or feed == "reader") else None
         if is_engine:
-            player = ClusterEngine(cfg.engine, cfg.reward, list(ccfg.pi_names()), specs, len(members),
-                                   model=cfg.model, reader=reader, device=device,
-                                   seed=engine_seed)
+            player = Engine.over_rows(cfg.engine, cfg.reward, list(ccfg.pi_names()), specs,
+                                      len(members), model=cfg.model, reader=reader,
+                                      device=device, seed=engine_seed)
             if init_model:
                 player.load(init_model, weights_only=True)
         else:
@@ -232,12 +232,12 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
            "final_rate_limit_mean": float(sim.rate_limit.mean())}
     if is_engine:
         out.update(weights=player.weights, feed=feed, init_model=init_model,
-                   rollbacks=len(player.rollback.rollback_ticks),
-                   rollback_ticks=list(player.rollback.rollback_ticks),
-                   stale_bests=player.rollback.stale_bests,
-                   handed_over_at=player.handed_over_at,
+                   rollbacks=len(player.control.rollback.rollback_ticks),
+                   rollback_ticks=list(player.control.rollback.rollback_ticks),
+                   stale_bests=player.control.rollback.stale_bests,
+                   handed_over_at=player.control.handed_over_at,
                    recommendations=player.recommendations(),
-                   **_detections(player.alarm_ticks, starts, len(tp)))
+                   **_detections(player.control.alarm_ticks, starts, len(tp)))
     if trace is not None:
         out["trace"] = trace
     return out
