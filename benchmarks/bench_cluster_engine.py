@@ -10,12 +10,12 @@ Parts (one core: ``torch.set_num_threads(1)``):
   commit), ReplayReader.refresh (and, for comparison, ``OldSizingReader``: the reader
   with the sizing query it had before it read only the new rows, which scanned the
   whole ``(session, tick, node)`` index every refresh) and the engine's ring
-  (``ClusterEngine.ingest``: log1p, objective, reward, actions read back from the knob
+  (``Engine.ingest``, per-node mode: log1p, objective, reward, actions read back from the knob
   PIs, the change detector), over ``--replay-ticks`` ticks (the reader's cost grows with
   the DB: the last 10 % of ticks are reported too).
 * ``step``: at ``--step-nodes`` (1,000) nodes: the weight count, one training step
   (``NodeDQN.train_step``, B ticks × M nodes: the default ``loss_nodes`` and all nodes),
-  ``ClusterEngine.train(1)`` including sampling from the ring, and ``act`` (every node's
+  ``Engine.train(1)`` including sampling from the ring, and ``act`` (every node's
   action for one tick); on ``--device`` (cpu, cuda).
 * ``hour``: wall seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored.
@@ -76,7 +76,7 @@ def bench_replay(nodes_list, ticks: int) -> None:
         sim = ClusterSim(ccfg, seed=0, judge=False)
         specs = list(ccfg.param_specs().values())
         eng = Engine.over_rows(cfg.engine, cfg.reward, list(PI_NAMES), specs, n,
-                            model=dataclasses.replace(cfg.model, replay_mb=64))
+                               model=dataclasses.replace(cfg.model, replay_mb=64))
         with tempfile.TemporaryDirectory() as tmp:
             w = ReplayWriter(Path(tmp) / "r.db")
             w.begin_session(SessionInfo(pi_names=list(PI_NAMES), node_names=sim.node_names,
@@ -117,7 +117,7 @@ def _filled_engine(n: int, device: str, loss_nodes: int | None = None,
         model = dataclasses.replace(model, loss_nodes=loss_nodes)
     specs = list(ClusterConfig().param_specs().values())
     eng = Engine.over_rows(cfg.engine, cfg.reward, list(PI_NAMES), specs, n, model=model,
-                        device=device)
+                           device=device)
     rng = np.random.default_rng(0)
     for t in range(ticks):
         x = rng.uniform(1, 300, (n, len(PI_NAMES))).astype(np.float32)

@@ -41,7 +41,7 @@ from drl_engine.decision import Decision
 from drl_engine.engine import Engine, action_name
 from drl_engine.loop import TickRecord, TickState, WallClock, run_ticks
 from drl_engine.config import RewardConfig
-from drl_engine.per_node import PerNodeEngine, rows_of
+from drl_engine.per_node import rows_of
 
 log = logging.getLogger("capes.drl_engine")
 
@@ -119,16 +119,16 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
                   ckpt: Path, deploy: DeploymentConfig | None = None) -> Engine | None:
     """The engine on the live DB, resumed from the latest checkpoint or started from
     ``--init-model``; None (after one line in the log) when the DB cannot be read.
-    Parameters named ``<node>/<knob>`` (per-node knobs) get the node-count-independent
-    engine (``drl_engine.per_node``), global ones the flat engine."""
+    Parameters named ``<node>/<knob>`` (per-node knobs) get the engine's per-node mode
+    (node-count independent, ``Engine.for_deployment``), global ones its one-row mode."""
     rows = None
     try:
         if deploy is not None:
             rows = rows_of(deploy.param_specs())
         if rows is not None:
-            engine = PerNodeEngine(dqn, reward, db, rows, getattr(deploy, "cluster_engine",
-                                                                  None),
-                                   device=opts.device, seed=opts.seed)
+            engine = Engine.for_deployment(dqn, reward, db, rows,
+                                           getattr(deploy, "cluster_engine", None),
+                                           device=opts.device, seed=opts.seed)
         else:
             reader = ReplayReader(db)
     except (ReplayDBError, ValueError) as exc:
@@ -244,8 +244,8 @@ class EngineView:
         return float(q.max()), float(q.max() - q.min())
 
     def _reward(self, session: int) -> tuple[float | None, float | None]:
-        if getattr(self.engine, "experience", None) is None:     # per-node: the ring's
-            rep = getattr(self.engine.engine, "replay", None)
+        if self.engine.per_node:                                 # per-node: the ring's
+            rep = None if self.engine.data is None else self.engine.data.replay
             if rep is None or rep.last is None:
                 return None, None
             s = rep.slot(rep.last - 1)
@@ -264,7 +264,7 @@ class EngineView:
         self.checkpoint_at = time.time()
 
     def best(self) -> dict[str, float] | None:
-        if hasattr(self.engine, "best_values"):
+        if self.engine.per_node:
             return self.engine.best_values()
         guide = self.engine.guide
         if guide is None or guide.best is None:

@@ -90,13 +90,15 @@ class Engine:
 
     def __init__(self, dqn: DQNConfig, reward: RewardConfig,
                  reader: ReplayReader | None = None, device: str = "auto", seed: int = 0,
-                 *, rows: RowShape | None = None, model: NodeModelConfig | None = None):
+                 *, rows: RowShape | None = None, model: NodeModelConfig | None = None,
+                 deployment=None):
         self.cfg = dqn
         self.reward_cfg = reward
         self.device = pick_device(device)
         self.seed = seed
         self.rng = np.random.default_rng(seed)
-        self.per_node = rows is not None
+        self.per_node = rows is not None or deployment is not None
+        self.deployment = deployment         # per-node rows of a live deployment
         self.action_ticks = 0
         self.train_steps = 0
         self.bumped_at: int | None = None
@@ -104,10 +106,27 @@ class Engine:
         self.last_loss: float | None = None
         self.restore_error: str | None = None   # why a checkpoint could not be used
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
-        if rows is None:
+        if deployment is not None:           # the per-node mode, built by update()
+            self.mcfg = model or NodeModelConfig()
+            self.reader, self.dqn, self.data = reader, None, None
+            self._pending_load: tuple[Path, bool] | None = None
+            self.update()
+        elif rows is None:
             self._init_flat(reader)
         else:
             self._init_rows(rows, model or NodeModelConfig(), reader)
+
+    @classmethod
+    def for_deployment(cls, dqn: DQNConfig, reward: RewardConfig, db: str | Path, rows,
+                       model: NodeModelConfig | None = None, device: str = "auto",
+                       seed: int = 0) -> "Engine":
+        """The per-node mode on a live replay DB for a deployment of per-node knobs
+        (``rows``: :class:`~drl_engine.per_node.Rows`, the ``<node>/<knob>`` layout). It
+        is built once every row's node is in the DB (as the one-row mode builds its
+        network once the layout is known); a decision's values are then the flat
+        ``<node>/<knob>`` list in the deployment's order."""
+        return cls(dqn, reward, ReplayReader(db, grow_nodes=True), device, seed, model=model,
+                   deployment=rows)
 
     @classmethod
     def over_rows(cls, dqn: DQNConfig, reward: RewardConfig, pi_names: list[str],
@@ -161,6 +180,8 @@ class Engine:
     def param_names(self) -> list[str]:
         """The parameters, in the order of a decision's values ([] before any data)."""
         if self.per_node:
+            if self.deployment is not None:
+                return list(self.deployment.names)
             return [s.name for s in self.params]
         exp = self.experience
         return list(exp.layout.param_names) if exp.ready else []
@@ -203,6 +224,8 @@ class Engine:
         """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6). Per
         node: as an alarm, uncounted (a cold start under way starts its search over)."""
         if self.per_node:
+            if self.data is None:
+                return
             self._forget_best()
             if self.control.cold is not None:
                 self.control.cold.restart()
@@ -220,6 +243,8 @@ class Engine:
         effect now, when the caller knows them better than the DB does (a live daemon
         may not have committed the previous action yet; per node: (N, K))."""
         if self.per_node:
+            if self.deployment is not None:
+                return self._act_deployment(after_tick, current)
             return self._act_rows(after_tick, current)
         latest = self.experience.latest(session) if self.dqn is not None else None
         if latest is None and self.cfg.guided and self.dqn is not None:
@@ -372,6 +397,9 @@ class Engine:
         ``weights_only`` takes just the networks (to start a new run from a model,
         exploring from ``pretrained_epsilon_start``). Resuming (not ``weights_only``)
         first removes the temp files of saves killed mid-write beside ``path``."""
+        if self.per_node and self.data is None:      # built later: loaded then
+            self._pending_load = (Path(path), weights_only)
+            return
         state = self.checkpoints.load(path, self.device, resume=not weights_only)
         if self.per_node:
             return self._load_rows(state, path, weights_only)
@@ -450,6 +478,8 @@ class Engine:
         """Reader mode: pull new rows and ingest the ticks that are complete."""
         if self.reader is None:
             return 0
+        if self.data is None and not self._build_deployment():
+            return 0
         n = self.reader.refresh()
         if not self.reader.sessions:
             return n
@@ -476,6 +506,65 @@ class Engine:
             self.ingest(data.first_tick + i, data.pis[i])
         self._seen = max(self._seen, end)
         return n
+
+    def _build_deployment(self) -> bool:
+        """Build the per-node mode once every deployment row's node is in the replay DB
+        (False: not yet); then resume a checkpoint ``load`` was given before."""
+        self.reader.refresh()
+        layout, rows = self.reader.layout, self.deployment
+        if layout is None or not self.reader.sessions or \
+                not set(rows.nodes) <= set(layout.node_names):
+            return False
+        missing = [k.name for k in rows.knobs if k.name not in layout.pi_names]
+        if missing:
+            raise ValueError(f"per-node knobs {missing} are not among the PIs the "
+                             f"nodes report ({list(layout.pi_names)}): each node's "
+                             f"monitoring agent must report each knob's value")
+        self._init_rows(RowShape(list(layout.pi_names), rows.knobs, len(layout.node_names)),
+                        self.mcfg, self.reader)
+        if self._pending_load is not None:
+            path, weights_only = self._pending_load
+            self._pending_load = None
+            try:
+                self.load(path, weights_only)
+            except ValueError as exc:          # another layout: start afresh, say why
+                self.restore_error = str(exc)
+        return True
+
+    def _row_index(self) -> np.ndarray:
+        """Each deployment row's node index in the engine (the replay DB's node order)."""
+        order = list(self.reader.layout.node_names)
+        return np.array([order.index(n) for n in self.deployment.nodes])
+
+    def _act_deployment(self, after_tick: int | None, current) -> Decision | None:
+        """A per-node decision in the deployment's terms: ``current`` and the values are
+        the flat ``<node>/<knob>`` lists, the rows in the deployment's order."""
+        if self.data is None or self.data.replay.last is None:
+            return None
+        rep, idx, cells = self.data.replay, self._row_index(), self.deployment.cells
+        now = rep.knobs[rep.slot(rep.last)].astype(np.float64)    # (nodes, knobs)
+        if current is not None:           # the daemon's values: newer than the PIs
+            for (i, j), v in zip(cells, current):
+                now[idx[i], j] = v
+        d = self._act_rows(after_tick, now)
+        if d is None:
+            return None
+        values = [float(d.values[idx[i], j]) for i, j in cells]
+        return dataclasses.replace(d, values=values, explored=bool(d.row_explored[idx].any()),
+                                   row_actions=d.row_actions[idx],
+                                   row_explored=d.row_explored[idx])
+
+    def best_values(self) -> dict[str, float] | None:
+        """The per-node best-known setting, per ``<node>/<knob>`` (None: none yet, or
+        not a deployment's per-node mode)."""
+        if self.deployment is None or self.data is None:
+            return None
+        best = self.control.best.best_idx
+        if best is None:
+            return None
+        vals, idx = self.control.grid.values(best), self._row_index()
+        return {n: float(vals[idx[i], j])
+                for n, (i, j) in zip(self.deployment.names, self.deployment.cells)}
 
     def new_session(self) -> None:
         """A new session: a fresh ring and detector, the same model."""
