@@ -67,6 +67,10 @@ class NodeModelConfig:
     # or doubles it; at 0.2 a shift must exceed ~k · 0.2 = 10 % of the level to count
     detect_scale_floor: float = 0.2
     bump_ticks: int = 200             # ε anneals back from workload_epsilon this long
+    # an action's n-step return starts this many ticks after it (n_step_returns' shift);
+    # -1: the engine's settle_ticks, when its effect shows up (the per-node default;
+    # the one-row mode's is engine.return_shift, 0)
+    return_shift: int = -1
     # rollback: when the cluster objective's best_window-tick average stays below
     # rollback_fraction × the best-known level for rollback_ticks ticks, every node's
     # (dynamic) knobs go back to the best-known setting at once (0: never)
@@ -82,7 +86,7 @@ class NodeModelConfig:
         "act_margin": 1e6, "best_window": 10**6, "probe_steps": 1e6, "probe_dwell": 10**6,
         "detect_nodes": 1 << 24, "detect_threshold": 1e6, "detect_scale_floor": 1e6,
         "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9,
-        "rollback_ticks": 10**9, "best_margin": 1e6}
+        "rollback_ticks": 10**9, "best_margin": 1e6, "return_shift": 10**6}
 
     def validate(self) -> None:
         for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
@@ -101,6 +105,9 @@ class NodeModelConfig:
         for name in ("recent_fraction", "epsilon_start", "best_decay"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {getattr(self, name)})")
+        if not self.return_shift >= -1:
+            raise ValueError(f"return_shift: must be >= 0, or -1 for settle_ticks "
+                             f"(got {self.return_shift})")
         if not 0 <= self.rollback_fraction < 1:
             raise ValueError(f"rollback_fraction: must lie in [0, 1) (0: no rollback) "
                              f"(got {self.rollback_fraction})")

@@ -217,7 +217,8 @@ class RowData:
         self.mcfg, self.reward_cfg = model, reward
         self.pi_names, self.params, self.nodes = list(pi_names), list(params), nodes
         self.stack, self.n_step = dqn.stack, dqn.n_step
-        self.settle_ticks = dqn.settle_ticks    # the returns' shift (see sample)
+        # the returns' shift (see sample): the model's return_shift, -1: settle_ticks
+        self.shift = dqn.settle_ticks if model.return_shift < 0 else model.return_shift
         self.gamma = model.gamma or dqn.gamma
         cap = NodeReplay.capacity_for(model.replay_mb, nodes, len(pi_names), len(params))
         self.replay = NodeReplay(nodes, self.pi_names, self.params, cap, reward)
@@ -280,8 +281,9 @@ class RowData:
         each (all when N ≤ ``loss_nodes``).
 
         The return of the action at t is r_{t+d} + … + γ^(n−1) r_{t+d+n−1} with
-        d = ``settle_ticks``: the objective's changes from when the action's effect
-        shows up (the delay the best-known setting and the change detector assume too),
+        d = ``return_shift`` (default ``settle_ticks``): the objective's changes from
+        when the action's effect shows up (the delay the best-known setting and the
+        change detector assume too),
         not r_t … r_{t+n−1}, which are mostly the effect of the d actions before it.
         Unshifted, a policy whose nodes all move together and alternate (+, −, +, …)
         sees each move credited with the opposite of its own effect (with d = 3 and
@@ -293,7 +295,7 @@ class RowData:
         rep = self.replay
         if rep.last is None or self.mean is None or self.p_scale is None:
             return None
-        S, n, d = self.stack, self.n_step, self.settle_ticks
+        S, n, d = self.stack, self.n_step, self.shift
         mf = self.mcfg.mean_field
         # the rewards of t + d … t + d + n − 1 must be known (r of tick u needs tick u + 1)
         lo, hi = rep.oldest + S - 1, rep.last - n - max(d, 1 if mf else 0)

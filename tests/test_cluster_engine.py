@@ -127,13 +127,15 @@ def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
     assert eng.train(2) is not None and eng.train_steps == 2
 
 
-def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it():
+@pytest.mark.parametrize("shift", [-1, 0])
+def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it(shift):
     # issue 11, seed 2: every node moves together, alternating window +/- each tick, and
     # the throughput follows the window settle_ticks (3) late. A move's return must carry
     # its own effect: positive for the window+ that raises the throughput, negative for
     # the window-. (Credited with r_t ... r_{t+4}, each move got the effect of the moves
-    # before it, the opposite sign, and the policy learned to reverse every move.)
-    eng = engine(2)
+    # before it, the opposite sign, and the policy learned to reverse every move:
+    # cluster_engine.return_shift = 0, the ablation.)
+    eng = engine(2, dataclasses.replace(FAST_MODEL, return_shift=shift))
     assert eng.cfg.settle_ticks == 3 and eng.cfg.n_step == 5
     w = lambda u: 20.0 + (u % 2)                      # noqa: E731 -- the window at tick u
     for u in range(120):
@@ -144,7 +146,8 @@ def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it(
     b = eng.data.sample(64, eng.rng)
     acts, ret = b.actions[:, 0], b.returns
     assert b.valid.all() and set(acts.tolist()) == {3, 4}   # window+ and window- only
-    assert (ret[acts == 3] > 0).all() and (ret[acts == 4] < 0).all()
+    own = 1 if shift == -1 else -1                    # unshifted: the opposite sign
+    assert (own * ret[acts == 3] > 0).all() and (own * ret[acts == 4] < 0).all()
 
 
 # -- acting ----------------------------------------------------------------------------------
@@ -351,6 +354,7 @@ def test_the_cluster_engine_section_is_typed_and_reaches_the_engine(tmp_path):
     ("loss_nodes = 1.5", "cluster_engine.loss_nodes", "integer"),
     ("replay_mb = 1e12", "cluster_engine.replay_mb", ""),
     ('cold_start = "both"', "cluster_engine.cold_start", "must be one of"),
+    ("return_shift = -2", "cluster_engine.return_shift", "-1 for settle_ticks"),
 ])
 def test_a_bad_cluster_engine_key_is_one_clear_error_line(tmp_path, text, key, problem):
     from capes.common.config import ConfigError
