@@ -85,8 +85,8 @@ class RowShape:
 
 
 class Engine:
-    """See the module docstring. ``rows`` (None: one row) selects the per-node mode;
-    :meth:`over_rows` builds it."""
+    """See the module docstring. ``rows`` or ``deployment`` (None: one row) select the
+    per-node mode; :meth:`over_rows` and :meth:`for_deployment` build it."""
 
     def __init__(self, dqn: DQNConfig, reward: RewardConfig,
                  reader: ReplayReader | None = None, device: str = "auto", seed: int = 0,
@@ -396,7 +396,9 @@ class Engine:
         """Resume from a checkpoint: model, target, optimiser, counters and ε.
         ``weights_only`` takes just the networks (to start a new run from a model,
         exploring from ``pretrained_epsilon_start``). Resuming (not ``weights_only``)
-        first removes the temp files of saves killed mid-write beside ``path``."""
+        first removes the temp files of saves killed mid-write beside ``path``. Per
+        node: from a cluster of any size (``_load_rows``); a deployment's engine not
+        built yet (its nodes not all in the DB) loads it once it is."""
         if self.per_node and self.data is None:      # built later: loaded then
             self._pending_load = (Path(path), weights_only)
             return
