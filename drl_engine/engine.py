@@ -697,6 +697,7 @@ class Engine:
 
     def _rows_batch(self):
         """A minibatch of ticks × nodes (``RowData.sample``), as the model's tensors."""
+        import torch                       # the per-node mode's model is torch's too
         b = self.data.sample(self.cfg.batch_size, self.rng)
         if b is None:
             return None
