@@ -29,10 +29,13 @@ from capes.experiments.recall_scoring import recall_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 GAMES = {"recurring": ROOT / "configs" / "recurring-workloads.toml",
-         "stationary": ROOT / "configs" / "storagegamesim.toml"}
+         "stationary": ROOT / "configs" / "storagegamesim.toml",
+         "mixes": ROOT / "configs" / "recurring-workloads-mixes.toml"}
 ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "no-context": ["engine.use_context=false"],
-        "lead": ["engine.context_lead=true"]}       # the Q-network's lead (docs/recall.md)
+        "lead": ["engine.context_lead=true"],       # the Q-network's lead (docs/recall.md)
+        "infer": ["engine.context_infer=true"],
+        "nearest": ["engine.context_infer=true", "engine.use_q_network=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
@@ -80,7 +83,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--noise", type=float, nargs="+", default=[0.1])
-    p.add_argument("--games", nargs="+", default=list(GAMES), choices=list(GAMES))
+    p.add_argument("--games", nargs="+", default=["recurring", "stationary"], choices=list(GAMES))
     p.add_argument("--arms", nargs="+", default=MAIN_ARMS, choices=list(ARMS))
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)
