@@ -7,10 +7,14 @@ ablations, paired by seed, on the recurring-workloads game and on the stationary
 Arms: ``default``; ``no-q`` (``engine.use_q_network=false``: greedy holds the best-known
 setting); ``no-context`` (``engine.use_context=false``: one best-known setting for all
 workloads); on request ``lead`` (``engine.context_lead=true``: the Q-network makes the
-first move when the signature changes). Per arm: the median time to band of returns and
-of first visits (a phase that never reaches its band counts as its length), and the
-whole-session throughput against each phase's best static setting (``tp_frac_hour``);
-per ablation: default minus ablation of ``tp_frac_hour``, mean and 95 % t interval over
+first move when the signature changes), ``infer`` (``engine.context_infer=true``: a new
+workload's first setting from the Q-network's walk on fresh observations) and ``nearest``
+(the same without the network: the nearest known context's best-known setting). Games:
+``recurring`` and ``stationary`` by default; ``mixes`` on request
+(``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the recurring game's
+workloads arrive unseen). Per arm: the median time to band of returns and of first visits
+(a phase that never reaches its band counts as its length), and the whole-session
+throughput against each phase's best static setting (``tp_frac_hour``); per ablation: default minus ablation of ``tp_frac_hour``, mean and 95 % t interval over
 the paired seeds.
 """
 from __future__ import annotations
