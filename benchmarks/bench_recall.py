@@ -39,7 +39,8 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "no-context": ["engine.use_context=false"],
         "lead": ["engine.context_lead=true"],       # the Q-network's lead (docs/recall.md)
         "infer": ["engine.context_infer=true"],
-        "nearest": ["engine.context_infer=true", "engine.use_q_network=false"]}
+        "nearest": ["engine.context_infer=true", "engine.use_q_network=false"],
+        "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

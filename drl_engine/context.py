@@ -316,14 +316,19 @@ class WorkloadContexts:
                 if target is not None:
                     self.target = np.where(guide.frozen, current, target)
                 return None
-            self._net = {"wait": now, "moves": 0, "last": None}
+            wait = 0 if self.cfg.context_infer_fresh else self.cfg.stack
+            self._net = {"wait": now + wait, "moves": 0, "last": None}
         net = self._net
         if now < net["wait"]:
             return 0
         move = None
         if engine.dqn is not None and net["moves"] < self.INFER_MOVES:
-            values = guide.step_grid.values(np.asarray(current)[None])
-            q = engine.dqn.q_values(fresh_observations(engine.experience, session, values))
+            if self.cfg.context_infer_fresh:
+                values = guide.step_grid.values(np.asarray(current)[None])
+                obs = fresh_observations(engine.experience, session, values)
+            else:                     # the network's own stack, once it is all the new
+                obs = engine.experience.latest(session)[1][None]      # workload's
+            q = engine.dqn.q_values(obs)
             move = actions.decode(int(q[0].argmax()), len(current))
         k, sign = (move[0], int(np.sign(move[1]))) if move else (None, 0)
         stuck = move is None or guide.frozen[k] or not 0 <= current[k] + sign <= guide.n_steps[k]
