@@ -51,7 +51,7 @@ class PointingNetwork:
         return q
 
 
-def network_walk(request_kb: float, start: int, frozen=(False, False)):
+def network_walk(request_kb: float, start: int, frozen=(False, False), known: int = 2):
     """(moves made, setting the walk ends at) of a new context's network walk."""
     grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
                         SimpleNamespace(min=1, max=100, step=1)])
@@ -59,6 +59,7 @@ def network_walk(request_kb: float, start: int, frozen=(False, False)):
     engine = SimpleNamespace(experience=experience([80.0, 1.0, 50.0, request_kb]),
                              dqn=PointingNetwork(), action_ticks=0)
     ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True), [3])
+    ctx.memory = [SimpleNamespace(best=np.array([0, 0]))] * known + [SimpleNamespace(best=None)]
     ctx.infer, current, moves = True, np.array([4, start]), 0
     while ctx.inferring:
         action = ctx.infer_action(engine, 7, current, guide)
@@ -77,6 +78,11 @@ def test_the_network_walk_follows_its_greedy_move_and_stops_half_a_move_past_its
         moves, target = network_walk(request_kb, start)
         assert moves == turn - 1          # 8 steps a move; the turn is asked, not made
         assert abs(target[1] + 1 - peak) <= 4 and target[0] == 4   # the rate limit stays
+
+
+def test_no_walk_before_the_network_has_seen_two_other_workloads():
+    moves, target = network_walk(1024.0, 32, known=1)
+    assert moves == 0 and target is None
 
 
 def test_the_network_walk_never_moves_a_frozen_knob():
