@@ -33,6 +33,12 @@ context what the guide knows:
   often wrong as right (its stack still holds the old workload): a loss, measured in
   ``docs/recall.md``; a network trained on earlier sessions may do better.
 
+* **A new workload's first setting may be inferred** (``engine.context_infer``, off by
+  default): once two other workloads are known, the Q-network leads a walk on fresh
+  observations (:meth:`WorkloadContexts.infer_action`), or without it
+  (``use_q_network = false``) the nearest context's best-known setting is walked to;
+  measured on unseen mixes in ``docs/recall.md`` (round 3): a small gain, not reliable.
+
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
