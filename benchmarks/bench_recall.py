@@ -7,10 +7,14 @@ ablations, paired by seed, on the recurring-workloads game and on the stationary
 Arms: ``default``; ``no-q`` (``engine.use_q_network=false``: greedy holds the best-known
 setting); ``no-context`` (``engine.use_context=false``: one best-known setting for all
 workloads); on request ``lead`` (``engine.context_lead=true``: the Q-network makes the
-first move when the signature changes). Per arm: the median time to band of returns and
-of first visits (a phase that never reaches its band counts as its length), and the
-whole-session throughput against each phase's best static setting (``tp_frac_hour``);
-per ablation: default minus ablation of ``tp_frac_hour``, mean and 95 % t interval over
+first move when the signature changes), ``infer`` (``engine.context_infer=true``: a new
+workload's first setting from the Q-network's walk on fresh observations) and ``nearest``
+(the same without the network: the nearest known context's best-known setting). Games:
+``recurring`` and ``stationary`` by default; ``mixes`` on request
+(``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the recurring game's
+workloads arrive unseen). Per arm: the median time to band of returns and of first visits
+(a phase that never reaches its band counts as its length), and the whole-session
+throughput against each phase's best static setting (``tp_frac_hour``); per ablation: default minus ablation of ``tp_frac_hour``, mean and 95 % t interval over
 the paired seeds.
 """
 from __future__ import annotations
@@ -29,10 +33,14 @@ from capes.experiments.recall_scoring import recall_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 GAMES = {"recurring": ROOT / "configs" / "recurring-workloads.toml",
-         "stationary": ROOT / "configs" / "storagegamesim.toml"}
+         "stationary": ROOT / "configs" / "storagegamesim.toml",
+         "mixes": ROOT / "configs" / "recurring-workloads-mixes.toml"}
 ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "no-context": ["engine.use_context=false"],
-        "lead": ["engine.context_lead=true"]}       # the Q-network's lead (docs/recall.md)
+        "lead": ["engine.context_lead=true"],       # the Q-network's lead (docs/recall.md)
+        "infer": ["engine.context_infer=true"],
+        "nearest": ["engine.context_infer=true", "engine.use_q_network=false"],
+        "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
@@ -80,7 +88,7 @@ def main() -> int:
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--noise", type=float, nargs="+", default=[0.1])
-    p.add_argument("--games", nargs="+", default=list(GAMES), choices=list(GAMES))
+    p.add_argument("--games", nargs="+", default=["recurring", "stationary"], choices=list(GAMES))
     p.add_argument("--arms", nargs="+", default=MAIN_ARMS, choices=list(ARMS))
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)

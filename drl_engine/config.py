@@ -87,6 +87,10 @@ class DQNConfig:
     context_hold_ticks: int = 30       # ... then this many ticks without probes
     context_lead: bool = False         # the Q-network moves first on a signature change
                                        # (measured a loss online: docs/recall.md)
+    context_infer: bool = False        # a new context first walks to the setting the
+                                       # Q-network infers from its signature
+    context_infer_fresh: bool = True   # ... on fresh observations (the newest tick over
+                                       # the stack); false: its stack, after `stack` ticks
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",

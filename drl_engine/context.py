@@ -33,6 +33,12 @@ context what the guide knows:
   often wrong as right (its stack still holds the old workload): a loss, measured in
   ``docs/recall.md``; a network trained on earlier sessions may do better.
 
+* **A new workload's first setting may be inferred** (``engine.context_infer``, off by
+  default): once two other workloads are known, the Q-network leads a walk on fresh
+  observations (:meth:`WorkloadContexts.infer_action`), or without it
+  (``use_q_network = false``) the nearest context's best-known setting is walked to;
+  measured on unseen mixes in ``docs/recall.md`` (round 3): a small gain, not reliable.
+
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
@@ -187,6 +193,11 @@ def context_columns(cfg, pi_names, reward_pis, param_names) -> list[int]:
 class WorkloadContexts:
     """The engine's contexts and their memory; one per engine (one session's guide)."""
 
+    INFER_MOVES = 8       # moves of the network's walk at a new context, at most
+    INFER_KNOWN = 2       # ... and the other contexts it needs to have seen (with a
+                          # best-known setting): from one workload there is no
+                          # signature-to-setting mapping to learn
+
     def __init__(self, cfg, columns: list[int]):
         self.cfg = cfg
         self.columns = columns
@@ -196,6 +207,8 @@ class WorkloadContexts:
         self.switches: list[Switch] = []
         self.target: np.ndarray | None = None       # the recalled setting being walked to
         self.hold_until = -1          # no probes before this action tick (after a walk)
+        self.infer = False            # a new context waits for its first setting
+        self._net: dict | None = None  # the network's walk at a new context (see infer_action)
         self._left: int | None = None               # the context whose memory the guide holds
         self._seen = 0                              # session indices folded in so far
 
@@ -248,7 +261,7 @@ class WorkloadContexts:
             left.bumped_at, left.local_bump = engine.bumped_at, engine.local_bump
             left.best = guide.best_setting(now)
         self._left = switch.context
-        self.target, self.hold_until = None, -1
+        self.target, self.hold_until, self.infer, self._net = None, -1, False, None
         guide.probe, guide._best_at = None, -1
         if switch.new:
             if not self.memory:
@@ -257,6 +270,7 @@ class WorkloadContexts:
                 self.memory.append(_Memory(created_at=0))
                 return
             self.memory.append(_Memory(created_at=now))
+            self.infer = self.cfg.context_infer
             _clear_stats(guide)
             guide.best = None
             guide.detector = _fresh_detector(guide)
@@ -287,6 +301,67 @@ class WorkloadContexts:
             self.hold_until = now + self.cfg.context_hold_ticks
             return None
         return action
+
+    @property
+    def inferring(self) -> bool:
+        return self.infer or self._net is not None
+
+    def infer_action(self, engine, session: int, current: np.ndarray,
+                     guide: Guide) -> int | None:
+        """A new context's first setting (``engine.context_infer``). With the Q-network
+        (it sees the signature): a walk led by its greedy action on fresh observations
+        (the newest tick, after the last move has shown, over the whole stack: the
+        workload seen now, not the one before the switch), ``context_recall_steps`` a
+        move, until it wants to stay or turns back (then half a move back), at most
+        ``INFER_MOVES`` moves. Without it (``use_q_network = false``): a walk to the
+        best-known setting of the nearest context. Either way the setting reached is
+        held as a return's recalled one; exploration then starts as for any new
+        context. None: nothing (more) to infer, the recall walk takes over."""
+        now = engine.action_ticks
+        if self.infer:
+            self.infer = False
+            if sum(m.best is not None for m in self.memory[:-1]) < self.INFER_KNOWN:
+                return None
+            if not self.cfg.use_q_network:
+                target = self.nearest_best()
+                if target is not None:
+                    self.target = np.where(guide.frozen, current, target)
+                return None
+            wait = 0 if self.cfg.context_infer_fresh else self.cfg.stack
+            self._net = {"wait": now + wait, "moves": 0, "last": None}
+        net = self._net
+        if now < net["wait"]:
+            return 0
+        move = None
+        if engine.dqn is not None and net["moves"] < self.INFER_MOVES:
+            if self.cfg.context_infer_fresh:
+                values = guide.step_grid.values(np.asarray(current)[None])
+                obs = fresh_observations(engine.experience, session, values)
+            else:                     # the network's own stack, once it is all the new
+                obs = engine.experience.latest(session)[1][None]      # workload's
+            q = engine.dqn.q_values(obs)
+            move = actions.decode(int(q[0].argmax()), len(current))
+        k, sign = (move[0], int(np.sign(move[1]))) if move else (None, 0)
+        stuck = move is None or guide.frozen[k] or not 0 <= current[k] + sign <= guide.n_steps[k]
+        back = net["last"] is not None and net["last"][0] == k and net["last"][1] == -sign
+        if stuck or back:
+            self._net = None
+            target = np.array(current)
+            if back:
+                target[k] += sign * (self.cfg.context_recall_steps // 2)
+            self.target = guide.step_grid.clip(target)
+            return None
+        net.update(wait=now + self.cfg.settle_ticks + 1, moves=net["moves"] + 1,
+                   last=(k, sign))
+        return actions.encode(k, sign * self.cfg.context_recall_steps, len(current))
+
+    def nearest_best(self) -> np.ndarray | None:
+        """The best-known setting of the context whose signature is nearest the current
+        one's (None before any other context has one)."""
+        c, cl = self.current, self.clusters
+        known = [(cl.distance(cl.mean[c], k), k) for k, m in enumerate(self.memory)
+                 if k != c and m.best is not None]
+        return self.memory[min(known)[1]].best if known else None
 
     def lead(self, q_action: int, n_params: int) -> int:
         """The Q-network's one-step greedy action as a move of ``context_recall_steps``
@@ -356,6 +431,24 @@ def walk(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray, most: int
     k = int(np.argmax(np.abs(diff) / np.maximum(n_steps, 1)))
     steps = int(min(abs(diff[k]), most))
     return actions.encode(k, steps if diff[k] > 0 else -steps, len(current))
+
+
+def fresh_observations(exp, session: int, settings: np.ndarray) -> np.ndarray:
+    """Observations of the newest tick of ``session`` as if it had lasted the whole stack
+    (the workload seen now, not the one before the switch), at each row of ``settings``
+    (parameter values): a PI named as a parameter shows that setting too."""
+    data = exp.reader.sessions[session]
+    i = exp.derived[session].n - 1
+    row = np.nan_to_num(np.asarray(data.pis[i], np.float64))      # (nodes, PIs)
+    names, params = list(exp.layout.pi_names), list(exp.layout.param_names)
+    x = np.repeat(row[None, None], len(settings), 0).repeat(exp.stack, 1)  # (B, S, N, P)
+    for k, name in enumerate(params):
+        if name in names:
+            x[:, :, :, names.index(name)] = settings[:, k, None, None]
+    if exp.normalise:
+        x = exp.normaliser(x)
+    v = (settings - exp._param_lo) / exp._param_span
+    return np.concatenate([x.reshape(len(settings), -1), v], axis=1).astype(np.float32)
 
 
 def _clear_stats(guide: Guide) -> None:

@@ -310,6 +310,10 @@ class Engine:
         cur = guide.grid(current)
         holding = False
         if self.context is not None:          # [context hook] a return: walk to its best
+            if self.context.inferring:        # ... a new workload: where the network points
+                action = self.context.infer_action(self, session, cur, guide)
+                if action is not None:
+                    return action, False, None
             action = self.context.recall_action(cur, guide, self.action_ticks)
             if action is not None:
                 return action, False, None

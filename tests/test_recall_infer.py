@@ -1,0 +1,113 @@
+"""A new workload's first setting (``engine.context_infer``, issue 25): the Q-network's
+inferred setting from the signature seen now, or without the network the nearest known
+context's best-known setting."""
+from types import SimpleNamespace
+
+import numpy as np
+
+from capes.common import actions
+from capes.common.step_grid import StepGrid
+from drl_engine.config import DQNConfig
+from drl_engine.context import WorkloadContexts, fresh_observations
+from drl_engine.normaliser import Normaliser
+
+PIS = ["throughput", "window", "rate_limit", "request_kb"]
+PARAMS = ["rate_limit", "window"]
+STACK = 4
+
+
+def experience(newest: list[float]) -> SimpleNamespace:
+    """A session whose newest tick shows ``newest`` (older ticks: another workload)."""
+    pis = np.array([[[1.0, 10.0, 50.0, 16.0]]] * 5 + [[newest]], np.float64)
+    return SimpleNamespace(
+        reader=SimpleNamespace(sessions={7: SimpleNamespace(pis=pis)}),
+        derived={7: SimpleNamespace(n=len(pis))}, stack=STACK, normalise=False,
+        normaliser=Normaliser(), layout=SimpleNamespace(pi_names=PIS, param_names=PARAMS),
+        _param_lo=np.array([10.0, 1.0]), _param_span=np.array([190.0, 99.0]))
+
+
+def test_fresh_observations_show_the_newest_tick_over_the_whole_stack_at_each_setting():
+    exp = experience([80.0, 40.0, 200.0, 1024.0])
+    obs = fresh_observations(exp, 7, np.array([[100.0, 1.0], [100.0, 60.0]]))
+    assert obs.shape == (2, STACK * len(PIS) + len(PARAMS))
+    ticks = obs[:, :-2].reshape(2, STACK, len(PIS))
+    assert (ticks[:, :, 3] == 1024.0).all() and (ticks[:, :, 0] == 80.0).all()  # no old tick
+    assert (ticks[0, :, 1] == 1.0).all() and (ticks[1, :, 1] == 60.0).all()      # the setting
+    assert (ticks[:, :, 2] == 100.0).all()
+    assert np.allclose(obs[1, -2:], [90 / 190, 59 / 99])
+
+
+class PointingNetwork:
+    """Q-values whose greedy move points the window at a value that grows with the
+    signature's request size (up below it, down above it)."""
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        last = obs[:, (STACK - 1) * len(PIS):STACK * len(PIS)]
+        peak = 20 + 10 * np.log2(last[:, 3] / 16)           # 16 KiB: 20, 1024 KiB: 80
+        q = np.zeros((len(obs), actions.count(2)))
+        q[:, actions.encode(1, 1, 2)] = np.sign(peak - last[:, 1])
+        q[:, actions.encode(1, -1, 2)] = -np.sign(peak - last[:, 1])
+        q[:, actions.encode(0, 1, 2)] = 0.5                 # the rate limit: second best
+        return q
+
+
+def network_walk(request_kb: float, start: int, frozen=(False, False), known: int = 2):
+    """(moves made, setting the walk ends at) of a new context's network walk."""
+    grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
+                        SimpleNamespace(min=1, max=100, step=1)])
+    guide = SimpleNamespace(step_grid=grid, n_steps=grid.n_steps, frozen=np.array(frozen))
+    engine = SimpleNamespace(experience=experience([80.0, 1.0, 50.0, request_kb]),
+                             dqn=PointingNetwork(), action_ticks=0)
+    ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True), [3])
+    ctx.memory = [SimpleNamespace(best=np.array([0, 0]))] * known + [SimpleNamespace(best=None)]
+    ctx.infer, current, moves = True, np.array([4, start]), 0
+    while ctx.inferring:
+        action = ctx.infer_action(engine, 7, current, guide)
+        if action:
+            k, steps = actions.decode(action, 2)
+            current[k] += steps
+            moves += 1
+        engine.action_ticks += 1
+        assert engine.action_ticks < 100
+    return moves, ctx.target
+
+
+def test_the_network_walk_follows_its_greedy_move_and_stops_half_a_move_past_its_turn():
+    for request_kb, peak, start, turn in ((1024.0, 80, 32, 7), (16.0, 20, 49, 5),
+                                          (128.0, 50, 40, 3)):
+        moves, target = network_walk(request_kb, start)
+        assert moves == turn - 1          # 8 steps a move; the turn is asked, not made
+        assert abs(target[1] + 1 - peak) <= 4 and target[0] == 4   # the rate limit stays
+
+
+def test_no_walk_before_the_network_has_seen_two_other_workloads():
+    moves, target = network_walk(1024.0, 32, known=1)
+    assert moves == 0 and target is None
+
+
+def test_the_network_walk_never_moves_a_frozen_knob():
+    moves, target = network_walk(1024.0, 32, frozen=(False, True))
+    assert moves == 0 and list(target) == [4, 32]
+
+
+def test_without_the_network_a_new_context_starts_at_the_nearest_contexts_best():
+    ctx = WorkloadContexts(DQNConfig(use_context=True), [0, 1])
+    for sig in ([0.9, 1024.0], [0.2, 16.0], [0.6, 128.0], [0.5, 60.0]):
+        for _ in range(10):
+            ctx.clusters.update(np.array(sig))
+    assert ctx.clusters.count == 4 and ctx.current == 3      # the last is new ...
+    ctx.memory = [SimpleNamespace(best=np.array([9, b])) for b in (49, 24, 74)]
+    ctx.memory.append(SimpleNamespace(best=None))
+    assert list(ctx.nearest_best()) == [9, 74]                 # ... nearest the third
+    ctx.memory[2].best = None
+    assert list(ctx.nearest_best()) == [9, 24]                 # then the second
+
+
+def test_the_stationary_game_plays_as_before_with_inference_on():
+    from pathlib import Path
+    from capes.experiments.converge_test import load_config, run_one
+    game = Path(__file__).resolve().parents[1] / "configs" / "storagegamesim.toml"
+    on = load_config(game, ["game.time_limit_ticks=60", "engine.context_infer=true"])
+    off = load_config(game, ["game.time_limit_ticks=60"])
+    a, b = run_one(on, 3, keep_trace=True), run_one(off, 3, keep_trace=True)
+    assert a.trace["window"] == b.trace["window"]       # no signature PIs: no context
