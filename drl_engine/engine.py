@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from capes.common import actions
 from capes.common.replay_db import ReplayReader
@@ -22,7 +21,7 @@ from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
 from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
 from drl_engine.config import DQNConfig, RewardConfig
-from drl_engine.dqn import DQN, epsilon, pick_device
+from drl_engine.dqn import DQN, device_name, epsilon
 from drl_engine.experience import Experience
 from drl_engine.context import WorkloadContexts
 from drl_engine.decision import Decision
@@ -55,7 +54,7 @@ class Engine:
                  device: str = "auto", seed: int = 0):
         self.cfg = dqn
         self.reward_cfg = reward
-        self.device = pick_device(device)
+        self.device = device_name(device)      # torch is imported when the network is built
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.experience = Experience(reader, reward, dqn.stack, dqn.missing_tolerance,
@@ -252,7 +251,7 @@ class Engine:
             self.train_steps += 1
         if not losses:
             return None
-        self.last_loss = float(torch.stack(losses).mean())
+        self.last_loss = self.dqn.mean_loss(losses)
         return self.last_loss
 
     # -- checkpoints --------------------------------------------------------------------
