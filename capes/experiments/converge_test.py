@@ -5,9 +5,8 @@ One run is the real data path in one process, with no second, simplified loop:
     game PIs -> ReplayWriter (SQLite WAL) -> ReplayReader cache -> Engine.act
              -> action row -> game parameters;  Engine.train (Algorithm 2 minibatches)
 
-Per simulated second (tick): the game's PIs of tick t are written and committed (with
-the action of tick t − 1), the engine refreshes, picks a_t on s_t, the action is written
-and applied, the engine runs
+Per simulated second (tick): the game's PIs of tick t are written and committed, the
+engine refreshes, picks a_t on s_t, the action is written and applied, the engine runs
 ``train_steps_per_tick`` minibatch updates, and the game advances to t + 1.
 A run ends at the win or at the game's time limit.
 """
@@ -131,9 +130,8 @@ class GameSource:
         return TickState(session=self.session)
 
     def apply(self, decision: Decision) -> None:
-        # committed with the next tick's PIs (one transaction a tick): the engine's
-        # next refresh, after that commit, is the first to read it either way
         self.writer.add_action(self.game.ticks, decision.action, decision.values)
+        self.writer.commit()
         self.game.set_params(**dict(zip(self.names, decision.values)))
 
 
