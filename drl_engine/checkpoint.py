@@ -17,7 +17,6 @@ from collections import deque
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from capes.common.atomic import atomic_write, remove_stale_temps
 
@@ -37,6 +36,7 @@ def write(state: dict, path: str | Path) -> Path:
     cut leaves the old checkpoint or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    import torch             # here, not at the top: importing the engine needs no torch
     with atomic_write(path, "wb") as fh:
         torch.save(state, fh)
     return path
@@ -86,6 +86,7 @@ class Checkpoints:
 def read(path: str | Path, device="cpu") -> dict:
     """A checkpoint's state (``weights_only``: never runs code); ValueError when the
     file is not a readable checkpoint."""
+    import torch
     try:
         return torch.load(path, map_location=device, weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
@@ -100,6 +101,7 @@ def encode(x):
     if isinstance(x, np.generic):
         return x.item()
     if isinstance(x, np.ndarray):
+        import torch
         return {"__nd__": torch.from_numpy(np.ascontiguousarray(x).copy()),
                 "dtype": str(x.dtype)}
     if isinstance(x, deque):

@@ -36,7 +36,6 @@ import logging
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from capes.common import actions
 from capes.common.params import ParameterSpec
@@ -47,7 +46,7 @@ from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temp
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.costs import tuned_online
-from drl_engine.dqn import DQN, epsilon, pick_device
+from drl_engine.dqn import DQN, device_name, epsilon
 from drl_engine.experience import Experience
 from drl_engine.context import WorkloadContexts
 from drl_engine.decision import Decision
@@ -94,7 +93,7 @@ class Engine:
                  deployment=None):
         self.cfg = dqn
         self.reward_cfg = reward
-        self.device = pick_device(device)
+        self.device = device_name(device)      # torch is imported when the network is built
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.per_node = rows is not None or deployment is not None
@@ -356,7 +355,7 @@ class Engine:
             self.train_steps += 1
         if not losses:
             return None
-        self.last_loss = float(torch.stack(losses).mean())
+        self.last_loss = self.dqn.mean_loss(losses)
         return self.last_loss
 
     def _flat_batch(self):

@@ -48,6 +48,7 @@ replay DB) and changes *which* actions are taken:
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -73,6 +74,7 @@ class Guide:
     MODEL_MAX_CANDIDATES = 1024   # settings scored per proposal
     LAG_T = 5.0                   # t statistic a knob's own lag needs before it is used
     LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
+    KEY_MEMO = 100_000            # settings whose grid index credit keeps
     WIDE_RATIO = 2.0              # an alarm whose anchor's level moved this factor re-explores
                                   # wide (alarm_guard_steps); a smaller move was noise
 
@@ -107,10 +109,12 @@ class Guide:
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
         self.had_best = False          # a best was known once: best None is a new workload
         self.level_before: float | None = None   # the anchor's level before an alarm
+        self._grid_keys: dict[bytes, tuple] = {}   # credit's memo: values -> grid index
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
-    STRUCTURE = ("step_grid", "n_steps", "frozen", "shape", "dense", "probe", "_kernels")
+    STRUCTURE = ("step_grid", "n_steps", "frozen", "shape", "dense", "probe", "_kernels",
+                 "_grid_keys")
 
     def state(self) -> dict:
         """What a restart must not forget: the per-setting statistics and the best-known
@@ -166,11 +170,17 @@ class Guide:
         if self.cfg.learn_lags:
             self._learn_lags(p, values, n)
         cols = np.arange(values.shape[1])
+        keys = self._grid_keys
         for t in range(start, n):
             setting = values[t - self.lags, cols]     # each knob as it was its lag ago
-            if not np.isfinite(p[t]) or not np.isfinite(setting).all():
+            if not math.isfinite(p[t]) or not np.isfinite(setting).all():
                 continue
-            key = tuple(self.grid(setting))
+            raw = setting.tobytes()          # the grid index of values seen before: a
+            key = keys.get(raw)              # dict look-up, not StepGrid.index's arithmetic
+            if key is None:
+                if len(keys) >= self.KEY_MEMO:
+                    keys.clear()
+                key = keys[raw] = tuple(int(i) for i in self.grid(setting))
             # the detector only hears ticks whose setting held over the whole lag: a knob
             # that acts at once (a binding rate limit) would otherwise leave ``lag``
             # residuals keyed to the wrong setting after every move, and alarm
@@ -245,14 +255,13 @@ class Guide:
         inv = np.linalg.inv(self.lag_xx + ridge + tiny)
         beta = inv @ self.lag_xy
         rss = self.lag_yy - 2.0 * beta @ self.lag_xy + beta @ self.lag_xx @ beta
-        se = np.sqrt(np.maximum(np.diag(inv) * max(rss, 0.0) / dof, 1e-300))
+        se = np.sqrt(np.maximum(inv.diagonal() * max(rss, 0.0) / dof, 1e-300))
         t = (beta / se)[1:].reshape(L + 1, P)                   # (lag, knob)
-        b = beta[1:].reshape(L + 1, P)
-        for k in range(P):
-            best = int(np.argmax(b[:, k]))
-            if t[best, k] >= self.LAG_T:       # kept once found: a knob whose moves stop
-                self.lags[k] = best            # showing (a cap no longer binding) has
-                                               # not changed its delay
+        best = beta[1:].reshape(L + 1, P).argmax(0)             # per knob, its largest
+        found = t[best, np.arange(P)] >= self.LAG_T
+        # kept once found: a knob whose moves stop showing (a cap no longer binding) has
+        # not changed its delay
+        self.lags[found] = best[found]
 
     def best_setting(self, now: int) -> np.ndarray | None:
         """Grid indices of the best-known setting by its lower confidence bound,

@@ -51,7 +51,7 @@ from torch import nn
 
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.dqn import RMSprop, TargetNetworkLearner
+from drl_engine.qnet import RMSprop, TargetNetworkLearner
 
 
 def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:

@@ -121,9 +121,9 @@ def run(args) -> int:
         if not ray_available():
             print(f"capes converge-test: {RAY_MISSING}", file=sys.stderr)
             return 2
-    from drl_engine.dqn import pick_device
+    from drl_engine.dqn import device_name
     try:
-        device = str(pick_device(args.device))
+        device = device_name(args.device)
     except RuntimeError as exc:
         print(f"capes converge-test: {exc}", file=sys.stderr)
         return 2

@@ -8,14 +8,23 @@ to use one core call :func:`use_one_core` once, before any work.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 from threadpoolctl import threadpool_limits
 
 
 def use_one_core() -> None:
     """One thread for PyTorch's intra-op pool and for every BLAS/OpenMP pool numpy,
-    scipy or torch loaded (threadpoolctl sets them for the whole process)."""
-    import torch
-    torch.set_num_threads(1)
+    scipy or torch loaded (threadpoolctl sets them for the whole process). Torch is
+    not imported for this: a process that has not loaded it yet (the engine imports it
+    when its network is first needed) gets ``OMP_NUM_THREADS=1`` and
+    ``MKL_NUM_THREADS=1``, which torch reads when it is loaded."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    else:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     threadpool_limits(limits=1)
 
 
