@@ -63,6 +63,11 @@ class TargetNetworkLearner:
         """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
         self._soft_update()
 
+    @staticmethod
+    def mean_loss(losses) -> float:
+        """The mean of a tick's training losses, as a float (both modes' learners)."""
+        return float(torch.stack(losses).mean())
+
 
 def _clip_grad_norm(params, max_norm: float) -> None:
     grads = [p.grad for p in params if p.grad is not None]
@@ -183,11 +188,6 @@ class DQNLearner(TargetNetworkLearner):
 
     def to_tensors(self, *arrays):
         return tuple(torch.as_tensor(a, device=self.device) for a in arrays)
-
-    @staticmethod
-    def mean_loss(losses) -> float:
-        """The mean of :meth:`train_step`'s losses, as a float."""
-        return float(torch.stack(losses).mean())
 
     def state_dict(self) -> dict:
         return {"q": self.q.state_dict(), "target": self.target.state_dict(),
