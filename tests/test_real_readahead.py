@@ -30,6 +30,16 @@ def test_terse_status_lines_give_kib_and_runtime_and_junk_is_none():
     assert rr.parse_terse_status("3;fio;x;0;0;abc;1;2;3") is None
 
 
+def test_terse_io_size_is_bandwidth_over_iops_and_none_without_reads():
+    # sequential 16 KiB reads and random 4 KiB page faults, as fio's status reports them
+    assert rr.terse_io_kib("3;fio-3.33;x;0;0;18688;10200;637;1832;0;0") == pytest.approx(
+        16.0, rel=0.01)
+    assert rr.terse_io_kib("3;fio-3.33;x;0;0;372104;426724;109798;872;0") == pytest.approx(
+        3.9, rel=0.01)
+    assert rr.terse_io_kib("3;fio-3.33;x;0;0;0;0;0;0;0") is None
+    assert rr.terse_io_kib("fio: some note") is None
+
+
 def test_alternating_schedule_alternates_and_rejects_nonsense():
     s = rr.alternating_schedule(4, 120)
     assert [p.workload for p in s] == ["seqread4", "mmaprand"] * 2

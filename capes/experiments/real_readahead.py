@@ -61,6 +61,9 @@ APP_CONFIG = REPO / "configs" / "linux-readahead-app.toml"
 SEEKDISK_DIR = REPO / "tools" / "seekdisk"
 LADDER = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]   # the config's values
 PI_NAME = "app_bytes_s"
+SIGNATURE_PI = "app_io_kib"     # the application's mean request size: what it does, not
+                                # how fast, so read_ahead_kb does not move it (the signature
+                                # of configs/linux-readahead-app.toml's workload contexts)
 
 
 class RealTargetError(RuntimeError):
@@ -285,6 +288,20 @@ def parse_terse_status(line: str) -> tuple[float, float] | None:
         return None
 
 
+def terse_io_kib(line: str) -> float | None:
+    """The mean read size so far (KiB) of one terse (v3) status line: its bandwidth
+    (KiB/s) over its IOPS; None without reads. Sequential 16 KiB reads give ~16 whatever
+    the readahead, random 4 KiB page faults ~4."""
+    parts = line.split(";")
+    if len(parts) < 9 or parts[0] != "3":
+        return None
+    try:
+        bw, iops = float(parts[6]), float(parts[7])
+    except ValueError:
+        return None
+    return bw / iops if bw > 0 and iops > 0 else None
+
+
 @dataclass
 class Row:
     t: float              # wall time at the end of the second
@@ -304,13 +321,18 @@ class SessionRunner:
         self.pi_file = pi_file
         self.rows: list[Row] = []
         self.n = 0
+        self.io_kib = math.nan
 
-    def publish(self, value: float) -> None:
-        """The latest application figure, for the stack's ``command`` collector."""
+    def publish(self, value: float, io_kib: float | None = None) -> None:
+        """The latest application figures, for the stack's ``command`` collector: its
+        bytes/s (the objective) and its mean read size (the workload's signature; kept
+        from before when the second has none)."""
         if self.pi_file is None:
             return
+        if io_kib is not None:
+            self.io_kib = io_kib
         tmp = self.pi_file.with_suffix(".tmp")
-        tmp.write_text(f"{PI_NAME} {value:.1f}\n")
+        tmp.write_text(f"{PI_NAME} {value:.1f}\n{SIGNATURE_PI} {self.io_kib:.3f}\n")
         os.replace(tmp, self.pi_file)
 
     def segment(self, workload: str, seconds: float, stop=None, phase: int = -1,
@@ -356,7 +378,7 @@ class SessionRunner:
                         rate = (kib - last[0]) * 1024 / ((ms - last[1]) / 1000)
                         values.append(rate)
                         self.rows.append(Row(time.time(), rate, ra, phase, workload, label))
-                        self.publish(rate)
+                        self.publish(rate, terse_io_kib(line))
                         last = (kib, ms)
                 seen = len(complete)
                 if done:
