@@ -310,6 +310,7 @@ class Row:
     phase: int
     workload: str
     label: str
+    io_kib: float = math.nan   # the application's mean read size so far in the segment
 
 
 class SessionRunner:
@@ -377,8 +378,10 @@ class SessionRunner:
                     if ms - last[1] >= 500:            # the closing summary repeats
                         rate = (kib - last[0]) * 1024 / ((ms - last[1]) / 1000)
                         values.append(rate)
-                        self.rows.append(Row(time.time(), rate, ra, phase, workload, label))
-                        self.publish(rate, terse_io_kib(line))
+                        io = terse_io_kib(line)
+                        self.rows.append(Row(time.time(), rate, ra, phase, workload, label,
+                                             math.nan if io is None else io))
+                        self.publish(rate, io)
                         last = (kib, ms)
                 seen = len(complete)
                 if done:
@@ -554,8 +557,9 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
     cfg = ["--config", str(config)]
     for s in sets:
         cfg += ["--set", s]
-    runner.publish(0.0)
-    status = sub / "engine.json"
+    runner.io_kib = math.nan          # no signature before the session's first second:
+    runner.publish(0.0)               # a stale one (the grid's last workload) made a
+    status = sub / "engine.json"      # context of its own that the next phase "returned" to
     stack = ProcessGroup(sub)
     result = TunerRun(name)
     samples: list[int] = []
@@ -812,7 +816,7 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                                                  if v != dev.original),
                           best_known=run.status.get("best"),
                           noticed=switches_noticed(rows, run.noticed) if rows else None,
-                          series=[[r.t, r.bytes_s, r.read_ahead_kb, r.phase]
+                          series=[[r.t, r.bytes_s, r.read_ahead_kb, r.phase, r.io_kib]
                                   for r in rows])
                 result["tuners"][name] = sc
                 if sc:
@@ -937,6 +941,9 @@ def detector_traces(result: dict, source: str) -> list[dict]:
                     "key": [int(r[2]) for r in rows], "phase": phases,
                     "workloads": [sched[i] for i in sorted(set(phases))],
                     "stationary": len(set(sched[i] for i in set(phases))) == 1})
+        if all(len(r) > 4 for r in rows):      # the workload's signature (app_io_kib)
+            out[-1]["sig"] = [None if r[4] is None or not math.isfinite(r[4])
+                              else round(r[4], 2) for r in rows]
     for t in out:
         t["p"] = [int(round(x / 1024)) for x in t["p"]]
     return out
@@ -964,11 +971,37 @@ def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3) -
             "false": len(alarms) - len(near), "quiet_hours": quiet_s / 3600}
 
 
+def replay_contexts(trace: dict, window: int = 60) -> dict | None:
+    """Replay a trace's workload signature (``sig``: the application's mean read size,
+    recorded since the contexts used it) through the engine's workload contexts
+    (:class:`drl_engine.context.SignatureClusters`, the shipped config's settings), as
+    :func:`replay_detector` does the change detector: the context switches (after the
+    first context), the workload switches found within ``window`` s, the false ones.
+    None for a trace recorded without a signature."""
+    from capes.settings import load_settings
+    from drl_engine.context import SignatureClusters
+    sig = trace.get("sig")
+    if not sig:
+        return None
+    e = load_settings(APP_CONFIG).engine
+    clusters = SignatureClusters(e.context_window, e.context_threshold, e.context_floor,
+                                 e.context_confirm)
+    moves = [i for i, v in enumerate(sig)
+             if clusters.update(np.array([math.nan if v is None else float(v)])) is not None]
+    moves = moves[1:]                         # the first one makes the first context
+    ph = trace["phase"]
+    switches = [i for i in range(1, len(ph)) if ph[i] != ph[i - 1]]
+    found = [any(s <= a < s + window for a in moves) for s in switches]
+    false = sum(not any(s <= a < s + window for s in switches) for a in moves)
+    return {"alarms": moves, "switches": switches, "found": found, "false": false,
+            "contexts": clusters.count}
+
+
 __all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
            "SessionRunner", "static_grid", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",
            "BenchOptions", "run_bench", "report_table", "run_and_report", "detector_traces",
-           "replay_detector"]
+           "replay_detector", "replay_contexts"]
 
 
 def main(argv: list[str] | None = None) -> int:
