@@ -70,3 +70,21 @@ def test_one_pooled_scale_alarms_on_the_same_stationary_signal(traces):
     false, hours, _, _ = _replay(stationary, ChangeDetectorConfig(scale_prior=0))
     new, _, _, _ = _replay(stationary)
     assert false > new and false / hours > 1
+
+
+def test_the_workload_signature_finds_every_switch_and_holds_while_the_knob_moves(traces):
+    """The engine's other notice, with ``configs/linux-readahead-app.toml``'s contexts:
+    the application's mean request size (recorded in the later traces as ``sig``)
+    replayed through the engine's signature clustering. Every switch between sequential
+    and mmap random reads makes a context switch within 60 s, and none comes while only
+    read_ahead_kb moves (the agents' sessions move it over 4 … 4096 KiB)."""
+    from capes.experiments.real_readahead import replay_contexts
+    signed = [t for t in traces if t.get("sig")]
+    assert len(signed) >= 3
+    runs = [replay_contexts(t) for t in signed]
+    switches = sum(len(r["switches"]) for r in runs)
+    assert switches >= 6
+    assert sum(sum(r["found"]) for r in runs) == switches
+    assert sum(r["false"] for r in runs) == 0
+    assert max(len(set(t["key"])) for t in signed) >= 5      # the knob did move
+    assert all(r["contexts"] == len(set(t["workloads"])) for t, r in zip(signed, runs))
