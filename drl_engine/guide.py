@@ -472,9 +472,8 @@ class Guide:
         """``action`` if it keeps every parameter within ``greedy_guard_steps`` of the
         best-known setting (or moves towards it), else a step back towards it. With no
         best known and ``first_probe = "local"``: of the anchor (where tuning started,
-        or where a new workload found it), so that an untrained network cannot walk
-        away before any level is known (measured live: 128 → 8 KiB in two greedy
-        2-step moves at the 7th second, worst 10 s 0.65× the original)."""
+        or where a new workload found it): the anchor probe's rule, also for the
+        network, which is untrained then."""
         best = self.best if self.best is not None else self.anchor
         if best is None or action == 0:
             return action
