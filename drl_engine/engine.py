@@ -205,8 +205,10 @@ class Engine:
     def global_share(self) -> float:
         """The guide's share of global probes: from 1 down to 0 over the first
         ``global_fraction`` of the exploration period (and again after a workload
-        change); local probes only after that."""
-        if self.local_bump:
+        change); local probes only after that. ``global_fraction = 0``: none, not even
+        on the first tick (measured live: a uniform probe there took read_ahead_kb
+        128 -> 8 KiB at the 4th second, worst 10 s 0.65x the original)."""
+        if self.local_bump or self.cfg.global_fraction <= 0:
             return 0.0
         start = self.bumped_at or 0
         span = max(1.0, self.cfg.global_fraction * self.cfg.exploration_ticks)

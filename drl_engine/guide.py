@@ -110,6 +110,9 @@ class Guide:
         self.had_best = False          # a best was known once: best None is a new workload
         self.level_before: float | None = None   # the anchor's level before an alarm
         self._grid_keys: dict[bytes, tuple] = {}   # credit's memo: values -> grid index
+        self.anchor: np.ndarray | None = None    # first_probe "local": where the anchor
+                                                 # probe held (the greedy guard's centre
+                                                 # while no best is known)
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
@@ -394,7 +397,8 @@ class Guide:
                 self.wide_left = self.cfg.alarm_probes
             if level is None:                      # measure the anchor before moving
                 anchor = current if best is None else best
-                self.probe = Probe(np.array(anchor, np.int64), self.cfg.probe_dwell)
+                self.anchor = np.array(anchor, np.int64)
+                self.probe = Probe(self.anchor.copy(), self.cfg.probe_dwell)
                 return
             before, self.level_before = self.level_before, None
             ratio = self.WIDE_RATIO
@@ -475,8 +479,11 @@ class Guide:
 
     def guard(self, action: int, current: np.ndarray) -> int:
         """``action`` if it keeps every parameter within ``greedy_guard_steps`` of the
-        best-known setting (or moves towards it), else a step back towards it."""
-        best = self.best
+        best-known setting (or moves towards it), else a step back towards it. With no
+        best known and ``first_probe = "local"``: of the anchor (where tuning started,
+        or where a new workload found it): the anchor probe's rule, also for the
+        network, which is untrained then."""
+        best = self.best if self.best is not None else self.anchor
         if best is None or action == 0:
             return action
         k, steps = actions.decode(action, len(current))

@@ -158,6 +158,17 @@ def test_engine_observation_includes_parameter_values(tmp_path, make_session):
     assert obs[-1] == pytest.approx(4 / 10)
 
 
+def test_global_fraction_zero_means_no_global_probe_even_on_the_first_tick(
+        tmp_path, make_session):
+    path = tmp_path / "r.db"
+    make_session(path, ticks=10)
+    assert make_engine(path, guided=True).global_share == 1.0     # the default: global first
+    eng = make_engine(path, guided=True, global_fraction=0.0)
+    assert eng.global_share == 0.0
+    eng.workload_changed()
+    assert eng.global_share == 0.0
+
+
 def test_checkpoint_resume_restores_networks_counters_and_epsilon(tmp_path, make_session):
     path = tmp_path / "r.db"
     make_session(path, ticks=60)

@@ -253,6 +253,21 @@ def test_a_local_first_probe_holds_where_tuning_starts_until_its_level_is_known(
     assert max(abs(t - 5) for t in far) >= 3
 
 
+def test_before_any_level_is_known_a_greedy_move_stays_near_the_local_anchor():
+    down_2 = actions.encode(0, -2, 1)
+    g = ladder_guide(first_probe="local", guard_steps=1, greedy_guard_steps=1,
+                     action_steps=2)
+    assert g.guard(down_2, np.array([5])) == down_2       # no anchor yet: unguarded
+    g.start_probe(1.0, np.array([5]))                     # the anchor probe: 128 KiB
+    assert g.best is None
+    assert g.guard(down_2, np.array([5])) == 0            # two rungs away: refused
+    assert g.guard(down_2, np.array([6])) == down_2       # ends one rung from it: allowed
+    assert g.guard(actions.encode(0, -1, 1), np.array([4])) == actions.encode(0, 1, 1)
+    h = ladder_guide(first_probe="global", greedy_guard_steps=1, action_steps=2)
+    h.start_probe(1.0, np.array([5]))
+    assert h.guard(down_2, np.array([5])) == down_2       # the presets' path: unchanged
+
+
 def test_a_probe_below_the_floor_walks_back_at_once():
     g = ladder_guide(first_probe="local", guard_steps=1, probe_floor=0.75, probe_dwell=4)
     credit_level(g, 5, 26.0)

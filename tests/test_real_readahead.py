@@ -30,6 +30,29 @@ def test_terse_status_lines_give_kib_and_runtime_and_junk_is_none():
     assert rr.parse_terse_status("3;fio;x;0;0;abc;1;2;3") is None
 
 
+def test_terse_io_size_is_bandwidth_over_iops_and_none_without_reads():
+    # sequential 16 KiB reads and random 4 KiB page faults, as fio's status reports them
+    assert rr.terse_io_kib("3;fio-3.33;x;0;0;18688;10200;637;1832;0;0") == pytest.approx(
+        16.0, rel=0.01)
+    assert rr.terse_io_kib("3;fio-3.33;x;0;0;372104;426724;109798;872;0") == pytest.approx(
+        3.9, rel=0.01)
+    assert rr.terse_io_kib("3;fio-3.33;x;0;0;0;0;0;0;0") is None
+    assert rr.terse_io_kib("fio: some note") is None
+
+
+def test_the_runner_publishes_the_objective_and_the_signature_for_the_command_collector(
+        tmp_path):
+    from monitor_agent.collectors.command import parse_lines
+    runner = rr.SessionRunner(None, tmp_path, pi_file=tmp_path / "app")
+    runner.publish(0.0)
+    first = parse_lines((tmp_path / "app").read_text())
+    assert first[rr.PI_NAME] == 0 and math.isnan(first[rr.SIGNATURE_PI])   # none yet
+    runner.publish(5e6, 16.0)
+    runner.publish(6e6)               # a second without reads: the signature stays
+    assert parse_lines((tmp_path / "app").read_text()) == {rr.PI_NAME: 6e6,
+                                                          rr.SIGNATURE_PI: 16.0}
+
+
 def test_alternating_schedule_alternates_and_rejects_nonsense():
     s = rr.alternating_schedule(4, 120)
     assert [p.workload for p in s] == ["seqread4", "mmaprand"] * 2
@@ -124,6 +147,11 @@ def test_app_config_objective_is_the_application_figure_and_reaches_4_kib(tmp_pa
     assert s.reward.pis == [rr.PI_NAME]
     collectors = [c.name for c in s.monitor.collectors]
     assert "command" in collectors
+    # the workload's signature is the application's request size, which read_ahead_kb
+    # does not move (the blockdev PIs, which it does, would split one workload in two)
+    assert s.engine.use_context and s.engine.context_pis == [rr.SIGNATURE_PI]
+    command = next(c for c in s.monitor.collectors if c.name == "command")
+    assert rr.SIGNATURE_PI in command.options["names"]
 
     class Dev:
         name = "loop7"

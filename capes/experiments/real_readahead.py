@@ -61,6 +61,9 @@ APP_CONFIG = REPO / "configs" / "linux-readahead-app.toml"
 SEEKDISK_DIR = REPO / "tools" / "seekdisk"
 LADDER = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]   # the config's values
 PI_NAME = "app_bytes_s"
+SIGNATURE_PI = "app_io_kib"     # the application's mean request size: what it does, not
+                                # how fast, so read_ahead_kb does not move it (the signature
+                                # of configs/linux-readahead-app.toml's workload contexts)
 
 
 class RealTargetError(RuntimeError):
@@ -285,6 +288,20 @@ def parse_terse_status(line: str) -> tuple[float, float] | None:
         return None
 
 
+def terse_io_kib(line: str) -> float | None:
+    """The mean read size so far (KiB) of one terse (v3) status line: its bandwidth
+    (KiB/s) over its IOPS; None without reads. Sequential 16 KiB reads give ~16 whatever
+    the readahead, random 4 KiB page faults ~4."""
+    parts = line.split(";")
+    if len(parts) < 9 or parts[0] != "3":
+        return None
+    try:
+        bw, iops = float(parts[6]), float(parts[7])
+    except ValueError:
+        return None
+    return bw / iops if bw > 0 and iops > 0 else None
+
+
 @dataclass
 class Row:
     t: float              # wall time at the end of the second
@@ -293,6 +310,7 @@ class Row:
     phase: int
     workload: str
     label: str
+    io_kib: float = math.nan   # the application's mean read size so far in the segment
 
 
 class SessionRunner:
@@ -304,13 +322,18 @@ class SessionRunner:
         self.pi_file = pi_file
         self.rows: list[Row] = []
         self.n = 0
+        self.io_kib = math.nan
 
-    def publish(self, value: float) -> None:
-        """The latest application figure, for the stack's ``command`` collector."""
+    def publish(self, value: float, io_kib: float | None = None) -> None:
+        """The latest application figures, for the stack's ``command`` collector: its
+        bytes/s (the objective) and its mean read size (the workload's signature; kept
+        from before when the second has none)."""
         if self.pi_file is None:
             return
+        if io_kib is not None:
+            self.io_kib = io_kib
         tmp = self.pi_file.with_suffix(".tmp")
-        tmp.write_text(f"{PI_NAME} {value:.1f}\n")
+        tmp.write_text(f"{PI_NAME} {value:.1f}\n{SIGNATURE_PI} {self.io_kib:.3f}\n")
         os.replace(tmp, self.pi_file)
 
     def segment(self, workload: str, seconds: float, stop=None, phase: int = -1,
@@ -355,8 +378,10 @@ class SessionRunner:
                     if ms - last[1] >= 500:            # the closing summary repeats
                         rate = (kib - last[0]) * 1024 / ((ms - last[1]) / 1000)
                         values.append(rate)
-                        self.rows.append(Row(time.time(), rate, ra, phase, workload, label))
-                        self.publish(rate)
+                        io = terse_io_kib(line)
+                        self.rows.append(Row(time.time(), rate, ra, phase, workload, label,
+                                             math.nan if io is None else io))
+                        self.publish(rate, io)
                         last = (kib, ms)
                 seen = len(complete)
                 if done:
@@ -532,8 +557,9 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
     cfg = ["--config", str(config)]
     for s in sets:
         cfg += ["--set", s]
-    runner.publish(0.0)
-    status = sub / "engine.json"
+    runner.io_kib = math.nan          # no signature before the session's first second:
+    runner.publish(0.0)               # a stale one (the grid's last workload) made a
+    status = sub / "engine.json"      # context of its own that the next phase "returned" to
     stack = ProcessGroup(sub)
     result = TunerRun(name)
     samples: list[int] = []
@@ -790,7 +816,7 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                                                  if v != dev.original),
                           best_known=run.status.get("best"),
                           noticed=switches_noticed(rows, run.noticed) if rows else None,
-                          series=[[r.t, r.bytes_s, r.read_ahead_kb, r.phase]
+                          series=[[r.t, r.bytes_s, r.read_ahead_kb, r.phase, r.io_kib]
                                   for r in rows])
                 result["tuners"][name] = sc
                 if sc:
@@ -915,6 +941,9 @@ def detector_traces(result: dict, source: str) -> list[dict]:
                     "key": [int(r[2]) for r in rows], "phase": phases,
                     "workloads": [sched[i] for i in sorted(set(phases))],
                     "stationary": len(set(sched[i] for i in set(phases))) == 1})
+        if all(len(r) > 4 for r in rows):      # the workload's signature (app_io_kib)
+            out[-1]["sig"] = [None if r[4] is None or not math.isfinite(r[4])
+                              else round(r[4], 2) for r in rows]
     for t in out:
         t["p"] = [int(round(x / 1024)) for x in t["p"]]
     return out
@@ -942,11 +971,37 @@ def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3) -
             "false": len(alarms) - len(near), "quiet_hours": quiet_s / 3600}
 
 
+def replay_contexts(trace: dict, window: int = 60) -> dict | None:
+    """Replay a trace's workload signature (``sig``: the application's mean read size,
+    recorded since the contexts used it) through the engine's workload contexts
+    (:class:`drl_engine.context.SignatureClusters`, the shipped config's settings), as
+    :func:`replay_detector` does the change detector: the context switches (after the
+    first context), the workload switches found within ``window`` s, the false ones.
+    None for a trace recorded without a signature."""
+    from capes.settings import load_settings
+    from drl_engine.context import SignatureClusters
+    sig = trace.get("sig")
+    if not sig:
+        return None
+    e = load_settings(APP_CONFIG).engine
+    clusters = SignatureClusters(e.context_window, e.context_threshold, e.context_floor,
+                                 e.context_confirm)
+    moves = [i for i, v in enumerate(sig)
+             if clusters.update(np.array([math.nan if v is None else float(v)])) is not None]
+    moves = moves[1:]                         # the first one makes the first context
+    ph = trace["phase"]
+    switches = [i for i in range(1, len(ph)) if ph[i] != ph[i - 1]]
+    found = [any(s <= a < s + window for a in moves) for s in switches]
+    false = sum(not any(s <= a < s + window for s in switches) for a in moves)
+    return {"alarms": moves, "switches": switches, "found": found, "false": false,
+            "contexts": clusters.count}
+
+
 __all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
            "SessionRunner", "static_grid", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",
            "BenchOptions", "run_bench", "report_table", "run_and_report", "detector_traces",
-           "replay_detector"]
+           "replay_detector", "replay_contexts"]
 
 
 def main(argv: list[str] | None = None) -> int:
