@@ -121,7 +121,8 @@ def start_server(daemon, address: str, token: str | None, workers: int = WORKERS
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if reflect:
-                reflection.enable_server_reflection(
+        from grpc_reflection.v1alpha import reflection   # only when asked for
+        reflection.enable_server_reflection(
             (SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     _resolve(address)
     tls = _tls_credentials(daemon, address)

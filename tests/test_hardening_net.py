@@ -173,6 +173,30 @@ def _capes_status(tmp: Path, d: DaemonProcess) -> subprocess.CompletedProcess:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
+def test_reflection_when_asked_for_is_served_behind_the_token(tmp_path):
+    """``daemon.grpc_reflection = true`` (for grpcurl): the daemon starts and lists its
+    services to a caller with the token, and refuses one without it."""
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+    from interface_daemon.control_service import TOKEN_HEADER
+    curve.generate(tmp_path / "keys", ["mon"])
+    d = DaemonProcess(write_config(tmp_path, extra="grpc_reflection = true"),
+                      tmp_path / "ready.json")
+    try:
+        token = curve.load_token(keys_for(tmp_path, "x"))
+        with grpc.insecure_channel(d.info["grpc"]) as ch:
+            stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+            ask = [reflection_pb2.ServerReflectionRequest(list_services="")]
+            reply = next(iter(stub.ServerReflectionInfo(
+                iter(ask), timeout=10, metadata=((TOKEN_HEADER, token),))))
+            names = {s.name for s in reply.list_services_response.service}
+            assert "grpc.health.v1.Health" in names and any("Control" in n for n in names)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(iter(stub.ServerReflectionInfo(iter(ask), timeout=10)))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        assert d.stop() == 0
+
+
 def test_token_less_streams_cannot_block_capes_status(tmp_path):
     curve.generate(tmp_path / "keys", ["mon"])
     d = DaemonProcess(write_config(tmp_path), tmp_path / "ready.json")
