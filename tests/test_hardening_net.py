@@ -215,11 +215,13 @@ def test_token_less_streams_cannot_block_capes_status(tmp_path):
                 codes["ended"] += 1
             except grpc.RpcError as exc:
                 codes[exc.code().name] += 1
-        # every stream refused, none served or left open; the server may refuse one as
-        # UNAVAILABLE (its per-connection stream bound) instead of answering it
+        # every stream refused, none served or left open (a stream held open would end in
+        # DEADLINE_EXCEEDED). Which refusal a stream gets depends on timing: the token check
+        # (UNAUTHENTICATED, or UNIMPLEMENTED for a method it hides) or, on a loaded host,
+        # the per-connection stream bound (UNAVAILABLE: 3 of 16 in one CI run), so only the
+        # set of codes is asserted; the token check itself is tested by the reflection test
         assert codes["ended"] == 0 and sum(codes.values()) == 16, codes
         assert set(codes) <= {"UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE"}, codes
-        assert codes["UNAUTHENTICATED"] + codes["UNIMPLEMENTED"] >= 14, codes
     finally:
         _close(calls, channels)
         assert d.stop() == 0
