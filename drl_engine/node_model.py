@@ -42,7 +42,6 @@ next state is pooled over the same nodes at t + n.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -51,7 +50,7 @@ from torch import nn
 
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.qnet import RMSprop, TargetNetworkLearner
+from drl_engine.qnet import TargetNetworkLearner
 
 
 def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:
@@ -133,14 +132,7 @@ class NodeDQN(TargetNetworkLearner):
         self.mcfg.validate()
         self.device = torch.device(device)
         self.in_dim, self.n_actions = in_dim, n_actions
-        torch.manual_seed(seed)
-        self.q = NodeQNetwork(in_dim, n_actions, self.mcfg).to(self.device)
-        self.target = copy.deepcopy(self.q)
-        self.target.requires_grad_(False)
-        self.optimizer = RMSprop(self.q.parameters(), lr=dqn.learning_rate,
-                                 alpha=dqn.rmsprop_decay)
-        self._q_params = list(self.q.parameters())
-        self._t_params = list(self.target.parameters())
+        self._build_networks(lambda: NodeQNetwork(in_dim, n_actions, self.mcfg), seed)
         self.huber = dqn.loss == "huber"
 
     @property
@@ -190,20 +182,12 @@ class NodeDQN(TargetNetworkLearner):
         return self.descend((per * w).sum() / w.sum().clamp_min(1.0))
 
     def state_dict(self) -> dict:
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "model": dataclasses.asdict(self.mcfg),
+        return {**self._networks_state(), "model": dataclasses.asdict(self.mcfg),
                 "in_dim": self.in_dim, "n_actions": self.n_actions}
 
     def load_state_dict(self, state: dict, optimizer: bool = True) -> None:
-        if (state["in_dim"], state["n_actions"]) != (self.in_dim, self.n_actions):
-            raise ValueError(f"checkpoint is for {state['in_dim']} per-node inputs and "
-                             f"{state['n_actions']} actions, this engine has "
-                             f"{self.in_dim} and {self.n_actions}")
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        if optimizer:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self._load_networks(state, ("in_dim", "n_actions"), (self.in_dim, self.n_actions),
+                            "per-node inputs", optimizer)
 
 
 __all__ = ["NodeModelConfig", "NodeQNetwork", "NodeDQN", "pool_nodes", "weight_count"]
