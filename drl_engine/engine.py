@@ -346,6 +346,10 @@ class Engine:
         """Run ``steps`` minibatch updates (default: train_steps_per_tick); mean loss."""
         if self.dqn is None:
             return None
+        if self.cfg.train_every > 1 and not self.per_node:   # every k-th tick, k× batch
+            self._train_calls = getattr(self, "_train_calls", 0) + 1
+            if self._train_calls % self.cfg.train_every:
+                return None
         steps = self.cfg.train_steps_per_tick if steps is None else steps
         losses = []
         batch = self._rows_batch if self.per_node else self._flat_batch
@@ -362,7 +366,7 @@ class Engine:
 
     def _flat_batch(self):
         """An Algorithm-2 minibatch of the flat mode, as the DQN's tensors."""
-        batch = self.experience.sample(self.cfg.batch_size, self.rng)
+        batch = self.experience.sample(self.cfg.batch_size * self.cfg.train_every, self.rng)
         if batch is None:
             return None
         scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
