@@ -665,8 +665,9 @@ class Engine:
         q_max = None
         greedy = ~explore & present
         have_history = rep.last - rep.oldest + 1 >= self.stack
+        window = rep.window(tick, self.stack) if have_history else None   # read once
         if greedy.any() and data.mean is not None and have_history:
-            x = data.features(rep.window(tick, self.stack))
+            x = data.features(window)
             abar = rep.mean_field(tick - 1) if self.mcfg.mean_field else None
             q = self.dqn.q_values(x, present, abar)
             if not control.allowed.all():        # knobs that are not dynamic never move
@@ -679,7 +680,7 @@ class Engine:
         if self.mcfg.idle_hold and have_history:
             # a node that moved no data over its whole window tells nothing about its
             # knobs: it keeps them (and does not explore) until it does I/O again
-            w = rep.window(tick, self.stack).reshape(self.nodes, self.stack, rep.p)
+            w = window.reshape(self.nodes, self.stack, rep.p)
             idle = ~(np.nan_to_num(w[:, :, rep.obj_cols]) > 0).any(axis=(1, 2))
             acts = np.where(idle, 0, acts)
             explore = explore & ~idle

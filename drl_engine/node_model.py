@@ -64,6 +64,12 @@ def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.
     return nn.Sequential(*mods)
 
 
+def _layers(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    for layer in seq:
+        x = layer.forward(x)
+    return x
+
+
 def pool_nodes(e: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
     """Cluster summary of embeddings ``e`` (B, M, E) over the nodes where ``mask``
     (B, M) is true: mean ⊕ std (or mean ⊕ max), (B, 2E). A tick with no node gives 0."""
@@ -104,13 +110,15 @@ class NodeQNetwork(nn.Module):
                 abar: torch.Tensor | None = None) -> torch.Tensor:
         """``abar`` (B, M, n_actions): the other nodes' action distribution (mean field),
         needed when the model was built with ``mean_field``."""
-        e = self.encoder(x)                                     # (B, M, E)
+        # each layer's own forward, not the Sequential's __call__: its hook handling
+        # costs more than these small layers' arithmetic (the same ops, as QNetwork)
+        e = _layers(self.encoder, x)                            # (B, M, E)
         c = pool_nodes(e, mask, self.pool)                      # (B, 2E)
         parts = [e, c.unsqueeze(1).expand(-1, e.shape[1], -1)]
         if self.mean_field:
             parts.append(abar)
         h = torch.cat(parts, dim=-1)
-        out = self.head(h)
+        out = _layers(self.head, h)
         if self.dueling:
             v, a = out[..., :1], out[..., 1:]
             return v + a - a.mean(dim=-1, keepdim=True)
@@ -149,7 +157,7 @@ class NodeDQN(TargetNetworkLearner):
             torch.as_tensor(mask, device=self.device).unsqueeze(0)
         at = None if abar is None else \
             torch.as_tensor(abar, dtype=torch.float32, device=self.device).unsqueeze(0)
-        return self.q(xt, mt, at)[0].cpu().numpy()
+        return self.q.forward(xt, mt, at)[0].cpu().numpy()
 
     def train_step(self, obs: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor,
                    returns: torch.Tensor, discounts: torch.Tensor, next_obs: torch.Tensor,
@@ -162,16 +170,17 @@ class NodeDQN(TargetNetworkLearner):
         n-step returns; discounts (B,) γⁿ; abar/next_abar (B, M, A) the other nodes'
         action distributions at t and t+n (mean field). Returns the loss (0-d)."""
         with torch.no_grad():
-            next_q_t = self.target(next_obs, next_mask, next_abar)
+            next_q_t = self.target.forward(next_obs, next_mask, next_abar)
             if self.cfg.double_dqn:
-                best = self.q(next_obs, next_mask, next_abar).argmax(dim=-1, keepdim=True)
+                best = self.q.forward(next_obs, next_mask, next_abar).argmax(dim=-1,
+                                                                             keepdim=True)
             else:
                 best = next_q_t.argmax(dim=-1, keepdim=True)
             next_v = next_q_t.gather(-1, best).squeeze(-1)              # (B, M)
             if returns.dim() == 1:
                 returns = returns.unsqueeze(1)
             y = returns + discounts.unsqueeze(1) * next_v
-        q = self.q(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        q = self.q.forward(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         err = q - y
         if self.huber:
             a = err.abs()
