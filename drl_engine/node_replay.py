@@ -201,9 +201,17 @@ class NodeReplay:
         if nodes is None:
             x = self.lp[rows]                                   # (B, S, N, P)
         else:
-            x = self.lp[rows[:, :, None], nodes[:, None, :]]    # (B, S, M, P)
+            x = self._gather(rows, nodes)                       # (B, S, M, P)
         x = x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], stack * self.p)
         return x[0] if one else x
+
+    def _gather(self, rows: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """``lp[rows[:, :, None], nodes[:, None, :]]`` (B, S, M, P), as one ``take`` of
+        whole P-rows by a flat index (the same values; numpy's 2-axis fancy indexing
+        was most of a minibatch's sampling time at 1,000 nodes)."""
+        flat = (rows[:, :, None] * self.n + nodes[:, None, :]).reshape(-1)
+        x = np.take(self.lp.reshape(-1, self.p), flat, axis=0)
+        return x.reshape(rows.shape + (nodes.shape[1], self.p))
 
     def window_pair(self, ticks: np.ndarray, stack: int, ahead: int, nodes: np.ndarray,
                     features) -> tuple[np.ndarray, np.ndarray]:
@@ -212,7 +220,7 @@ class NodeReplay:
         S − ahead ticks): the same numbers, ``features`` being element-wise (it gets
         the (B, S + ahead, M, P) gather)."""
         rows = (ticks[:, None] - np.arange(stack - 1, -ahead - 1, -1)[None]) % self.capacity
-        z = features(self.lp[rows[:, :, None], nodes[:, None, :]])      # (B, S+a, M, P)
+        z = features(self._gather(rows, nodes))                          # (B, S+a, M, P)
         B, M = z.shape[0], z.shape[2]
         now, later = (z[:, lo:lo + stack].transpose(0, 2, 1, 3).reshape(B, M, stack * self.p)
                       for lo in (0, ahead))
