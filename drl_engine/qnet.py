@@ -97,7 +97,10 @@ class TargetNetworkLearner:
 
     @staticmethod
     def mean_loss(losses) -> float:
-        """The mean of a tick's training losses, as a float (both modes' learners)."""
+        """The mean of a tick's training losses, as a float (both modes' learners); one
+        loss (a step a tick) is its own mean, exactly, without a stack and a mean."""
+        if len(losses) == 1:
+            return float(losses[0])
         return float(torch.stack(losses).mean())
 
 
