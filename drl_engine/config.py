@@ -164,7 +164,7 @@ PRESETS: dict[str, dict] = {
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
                 "probe_model": True, "learn_lags": True, "action_steps": 2,
-                "use_context": True},
+                "use_context": True, "train_every": 3},
 }
 
 
