@@ -288,3 +288,5 @@ def test_train_every_trains_every_kth_tick_on_a_k_times_larger_minibatch(
     assert eng.train_steps == 2 and sizes == [12, 12]
     one = make_engine(path, batch_size=4)          # 1, the paper's: a step every call
     assert all(one.train() is not None for _ in range(3)) and one.train_steps == 3
+    sizes.clear()                   # an explicit count (offline training): exactly that
+    assert eng.train(2) is not None and eng.train_steps == 4 and sizes == [4, 4]
