@@ -149,7 +149,8 @@ class DQNConfig:
     # exhaust memory at start instead of failing here with the key's name
     MOST = {"stack": 10_000, "hidden_layers": 64, "hidden_width": 1 << 20,
             "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
-            "train_steps_per_tick": 10_000, "train_every": 10_000, "n_step": 10_000, "learning_rate": 10.0,
+            "train_steps_per_tick": 10_000, "train_every": 10_000, "n_step": 10_000,
+            "learning_rate": 10.0,
             "settle_ticks": 10**6, "return_shift": 10**6, "probe_dwell": 10**6,
             "guard_steps": 10**6, "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6,
             "alarm_probes": 10**6, "context_hold_ticks": 10**6,
