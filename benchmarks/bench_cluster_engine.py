@@ -17,7 +17,7 @@ Parts (one core: ``torch.set_num_threads(1)``):
   (``NodeDQN.train_step``, B ticks × M nodes: the default ``loss_nodes`` and all nodes),
   ``Engine.train(1)`` including sampling from the ring, and ``act`` (every node's
   action for one tick); on ``--device`` (cpu, cuda).
-* ``hour``: wall seconds per simulated hour of ``capes converge-test --config
+* ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored.
 * ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
   64 nodes (``--init-model``) beside a fresh engine on the same seeds.
@@ -170,17 +170,20 @@ def bench_step(n: int, device: str, reps: int) -> None:
 
 
 def bench_hour(nodes_list, seed: int, feed: str) -> list[dict]:
-    print(f"\nWall seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
+    print(f"\nWall and CPU seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
           f"core, seed {seed}, feed {feed}")
-    print(f"{'nodes':>6} {'wall s':>7} {'write s':>7} {'weights':>8} {'med tp':>7} "
-          f"{'mean tp':>7} {'in-band':>7} {'recover s per phase':>22} {'alarms':>7}")
+    print(f"{'nodes':>6} {'wall s':>7} {'CPU s':>7} {'write s':>7} {'weights':>8} "
+          f"{'med tp':>7} {'mean tp':>7} {'in-band':>7} {'recover s per phase':>22} "
+          f"{'alarms':>7}")
     out = []
     for n in nodes_list:
         cfg = load_config(None, [f"cluster.nodes={n}"])
+        cpu = time.process_time()          # the steadier figure on a shared machine
         r = run_one(cfg, seed, feed=feed)
+        cpu = time.process_time() - cpu
         rec = ",".join("-" if p["recover_ticks"] is None else str(p["recover_ticks"])
                        for p in r["per_phase"])
-        print(f"{n:>6} {r['wall_s']:>7.1f} {r['write_s']:>7.1f} {r['weights']:>8} "
+        print(f"{n:>6} {r['wall_s']:>7.1f} {cpu:>7.1f} {r['write_s']:>7.1f} {r['weights']:>8} "
               f"{r['median_relative']:>7.3f} {r['mean_relative']:>7.3f} "
               f"{r['in_band_share']:>7.2f} {rec:>22} {r['alarms']:>7}", flush=True)
         out.append(r)

@@ -7,10 +7,13 @@ beside the paper preset in the same run, and the start-up time of a converge-tes
 Each run plays one simulated hour with the win switched off (the hold time is longer
 than the game), so every run goes through the real data path for all 3,600 simulated
 seconds: SQLite writes and reads, the engine's action and its training step(s) every
-second. A 30-tick run of each preset first takes the process's one-time costs (not
-reported). The presets alternate (default, paper, then paper, default, ...) on the same
-seeds, so both see the same load; the ratio default / paper is taken per seed and shown
-as min / median / max. Each run reports wall time and CPU time
+second. A 30-tick run of each arm first takes the process's one-time costs (not
+reported). The arms alternate (default, paper, ablation, then ablation, paper, default,
+...) on the same seeds, so all see the same load; the ratio default / paper is taken per
+seed and shown as min / median / max. The third arm is the default preset with its
+speed setting switched off (``engine.train_every = 1``: a training step every tick, as
+the paper's; the default trains a k-times larger minibatch every k-th tick), so what
+that setting saves is shown in the same run. Each run reports wall time and CPU time
 (``time.process_time``): on a shared machine the CPU time is the steadier measure, but
 not a clean one (caches and a busy sibling hyperthread still slow a run down), so the
 load average is printed too; the goals are for an idle core.
@@ -41,6 +44,11 @@ from capes.common.one_core import use_one_core
 from capes.experiments.converge_test import load_config, run_one
 
 PRESETS = ("default", "paper")
+# the arms timed: each preset, and the default preset without its speed setting
+# (engine.train_every = 1: a training step every tick, as the paper), its ablation
+ABLATION = "default, train_every=1"
+ARMS = {"default": ("default", []), "paper": ("paper", []),
+        ABLATION: ("default", ["engine.train_every=1"])}
 STARTUP_ARGS = ["converge-test", "--seeds", "1", "--set", "game.time_limit_ticks=1",
                 "--quiet"]
 # the child: the CLI, with the first applied action noted (monotonic clock, own CPU)
@@ -64,10 +72,11 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def one_hour(preset: str, seed: int, noise: float, ticks: int) -> tuple[float, float]:
-    """(wall s, CPU s) per simulated hour of one run."""
+def one_hour(arm: str, seed: int, noise: float, ticks: int) -> tuple[float, float]:
+    """(wall s, CPU s) per simulated hour of one run of ``arm`` (a key of ARMS)."""
+    preset, sets = ARMS[arm]
     cfg = load_config(None, [f"game.noise={noise}", "game.win_hold_ticks=100000",
-                             f"game.time_limit_ticks={ticks}"], preset)
+                             f"game.time_limit_ticks={ticks}", *sets], preset)
     cpu = time.process_time()
     r = run_one(cfg, seed)
     cpu = time.process_time() - cpu
@@ -107,25 +116,29 @@ def main() -> int:
     use_one_core()
     print(f"load average at start {load()} (1/5/15 min); one core per run; "
           f"{args.ticks} simulated s per run, noise {args.noise:g}", flush=True)
-    for name in PRESETS:           # warm-up, not reported: the process's one-time costs
+    arms = list(ARMS)
+    for name in arms:              # warm-up, not reported: the process's one-time costs
         one_hour(name, 1000, args.noise, 30)          # (lazy imports, first torch calls)
-    times = {name: {"wall": [], "cpu": []} for name in PRESETS}
+    times = {name: {"wall": [], "cpu": []} for name in arms}
     for seed in range(args.runs):
-        order = PRESETS if seed % 2 == 0 else PRESETS[::-1]
+        order = arms if seed % 2 == 0 else arms[::-1]
         for name in order:
             wall, cpu = one_hour(name, seed, args.noise, args.ticks)
             times[name]["wall"].append(wall)
             times[name]["cpu"].append(cpu)
-            print(f"seed {seed} {name:>7}: {wall:6.2f} s wall, {cpu:6.2f} s CPU per "
+            print(f"seed {seed} {name:>22}: {wall:6.2f} s wall, {cpu:6.2f} s CPU per "
                   f"simulated hour", flush=True)
-    print(f"\n{'preset':>8} {'wall s/h min / median / max':>30} "
+    print(f"\n{'arm':>22} {'wall s/h min / median / max':>30} "
           f"{'CPU s/h min / median / max':>30}")
-    for name in PRESETS:
-        print(f"{name:>8} {spread(times[name]['wall']):>30} {spread(times[name]['cpu']):>30}")
+    for name in arms:
+        print(f"{name:>22} {spread(times[name]['wall']):>30} "
+              f"{spread(times[name]['cpu']):>30}")
     for kind in ("wall", "cpu"):
-        ratios = [d / q for d, q in zip(times["default"][kind], times["paper"][kind])]
-        print(f"default / paper, {kind:>4} time, paired by seed: {spread(ratios)} "
-              f"(min / median / max of {len(ratios)}; goal <= 1.1)")
+        for name, goal in (("default", "; goal <= 1.1"), (ABLATION, "")):
+            ratios = [d / q for d, q in zip(times[name][kind], times["paper"][kind])]
+            label = "default" if name == "default" else f"({name})"
+            print(f"{label} / paper, {kind:>4} time, paired by seed: {spread(ratios)} "
+                  f"(min / median / max of {len(ratios)}{goal})")
     if args.startup:
         runs = [startup() for _ in range(args.startup)]
         print(f"start-up of `capes {' '.join(STARTUP_ARGS)}` (min / median / max of "

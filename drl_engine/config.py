@@ -33,6 +33,9 @@ class DQNConfig:
     workload_ticks: int = 3_600        # ticks to anneal back after a workload change
     missing_tolerance: float = 0.2
     train_steps_per_tick: int = 1
+    train_every: int = 1               # one-row mode: train on every k-th tick only, each
+                                       # minibatch k times as large (the same samples per
+                                       # tick, 1/k of the per-step cost; 1: the paper's)
     n_step: int = 1                    # TD target over n rewards: r_t + … + γ^n max Q⁻(s_{t+n})
     return_shift: int = 0              # ... those rewards start this many ticks after the
                                        # action (its effect shows up late; 0: the paper's)
@@ -94,7 +97,7 @@ class DQNConfig:
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
-                    "train_steps_per_tick", "learning_rate", "n_step")
+                    "train_steps_per_tick", "train_every", "learning_rate", "n_step")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
@@ -146,7 +149,8 @@ class DQNConfig:
     # exhaust memory at start instead of failing here with the key's name
     MOST = {"stack": 10_000, "hidden_layers": 64, "hidden_width": 1 << 20,
             "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
-            "train_steps_per_tick": 10_000, "n_step": 10_000, "learning_rate": 10.0,
+            "train_steps_per_tick": 10_000, "train_every": 10_000, "n_step": 10_000,
+            "learning_rate": 10.0,
             "settle_ticks": 10**6, "return_shift": 10**6, "probe_dwell": 10**6,
             "guard_steps": 10**6, "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6,
             "alarm_probes": 10**6, "context_hold_ticks": 10**6,
@@ -161,7 +165,7 @@ PRESETS: dict[str, dict] = {
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
                 "probe_model": True, "learn_lags": True, "action_steps": 2,
-                "use_context": True},
+                "use_context": True, "train_every": 3},
 }
 
 

@@ -13,8 +13,8 @@
 
 Tuning never ends, so no transition is terminal. Presets: ``paper`` is exactly the
 above; ``default`` adds Double DQN, the Huber loss, input normalisation, reward
-scaling, gradient clipping, 5-step returns, the guide and two-step probe walks, justified by
-the converge test (README).
+scaling, gradient clipping, 5-step returns, the guide, two-step probe walks and a 3×
+minibatch every 3rd tick (``train_every``), justified by the converge test (README).
 The hyperparameters and presets live in the torch-free ``drl_engine.config``; the
 n-step return and its discount γⁿ come with each minibatch from ``drl_engine.experience``.
 

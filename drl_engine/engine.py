@@ -343,12 +343,19 @@ class Engine:
 
     # -- train --------------------------------------------------------------------------
     def train(self, steps: int | None = None) -> float | None:
-        """Run ``steps`` minibatch updates (default: train_steps_per_tick); mean loss."""
+        """Run ``steps`` minibatch updates (default: train_steps_per_tick, on every
+        ``train_every``-th call only, each minibatch that many times as large); mean
+        loss. An explicit ``steps`` (offline training) runs exactly that many."""
         if self.dqn is None:
             return None
+        every = self.cfg.train_every if steps is None and not self.per_node else 1
+        if every > 1:                              # the tick schedule: every k-th, k× batch
+            self._train_calls = getattr(self, "_train_calls", 0) + 1
+            if self._train_calls % every:
+                return None
         steps = self.cfg.train_steps_per_tick if steps is None else steps
         losses = []
-        batch = self._rows_batch if self.per_node else self._flat_batch
+        batch = self._rows_batch if self.per_node else lambda: self._flat_batch(every)
         for _ in range(steps):
             tensors = batch()
             if tensors is None:
@@ -360,9 +367,10 @@ class Engine:
         self.last_loss = self.dqn.mean_loss(losses)
         return self.last_loss
 
-    def _flat_batch(self):
-        """An Algorithm-2 minibatch of the flat mode, as the DQN's tensors."""
-        batch = self.experience.sample(self.cfg.batch_size, self.rng)
+    def _flat_batch(self, times: int = 1):
+        """An Algorithm-2 minibatch of the flat mode (``times`` × batch_size), as the
+        DQN's tensors."""
+        batch = self.experience.sample(self.cfg.batch_size * times, self.rng)
         if batch is None:
             return None
         scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
@@ -661,8 +669,9 @@ class Engine:
         q_max = None
         greedy = ~explore & present
         have_history = rep.last - rep.oldest + 1 >= self.stack
+        window = rep.window(tick, self.stack) if have_history else None   # read once
         if greedy.any() and data.mean is not None and have_history:
-            x = data.features(rep.window(tick, self.stack))
+            x = data.features(window)
             abar = rep.mean_field(tick - 1) if self.mcfg.mean_field else None
             q = self.dqn.q_values(x, present, abar)
             if not control.allowed.all():        # knobs that are not dynamic never move
@@ -675,7 +684,7 @@ class Engine:
         if self.mcfg.idle_hold and have_history:
             # a node that moved no data over its whole window tells nothing about its
             # knobs: it keeps them (and does not explore) until it does I/O again
-            w = rep.window(tick, self.stack).reshape(self.nodes, self.stack, rep.p)
+            w = window.reshape(self.nodes, self.stack, rep.p)
             idle = ~(np.nan_to_num(w[:, :, rep.obj_cols]) > 0).any(axis=(1, 2))
             acts = np.where(idle, 0, acts)
             explore = explore & ~idle

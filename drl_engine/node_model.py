@@ -42,7 +42,6 @@ next state is pooled over the same nodes at t + n.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -51,7 +50,7 @@ from torch import nn
 
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.qnet import RMSprop, TargetNetworkLearner
+from drl_engine.qnet import TargetNetworkLearner
 
 
 def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.Sequential:
@@ -63,6 +62,12 @@ def _mlp(d_in: int, width: int, d_out: int, layers: int, last_tanh: bool) -> nn.
     if last_tanh:
         mods.append(nn.Tanh())
     return nn.Sequential(*mods)
+
+
+def _layers(seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    for layer in seq:
+        x = layer.forward(x)
+    return x
 
 
 def pool_nodes(e: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:
@@ -105,13 +110,15 @@ class NodeQNetwork(nn.Module):
                 abar: torch.Tensor | None = None) -> torch.Tensor:
         """``abar`` (B, M, n_actions): the other nodes' action distribution (mean field),
         needed when the model was built with ``mean_field``."""
-        e = self.encoder(x)                                     # (B, M, E)
+        # each layer's own forward, not the Sequential's __call__: its hook handling
+        # costs more than these small layers' arithmetic (the same ops, as QNetwork)
+        e = _layers(self.encoder, x)                            # (B, M, E)
         c = pool_nodes(e, mask, self.pool)                      # (B, 2E)
         parts = [e, c.unsqueeze(1).expand(-1, e.shape[1], -1)]
         if self.mean_field:
             parts.append(abar)
         h = torch.cat(parts, dim=-1)
-        out = self.head(h)
+        out = _layers(self.head, h)
         if self.dueling:
             v, a = out[..., :1], out[..., 1:]
             return v + a - a.mean(dim=-1, keepdim=True)
@@ -133,14 +140,7 @@ class NodeDQN(TargetNetworkLearner):
         self.mcfg.validate()
         self.device = torch.device(device)
         self.in_dim, self.n_actions = in_dim, n_actions
-        torch.manual_seed(seed)
-        self.q = NodeQNetwork(in_dim, n_actions, self.mcfg).to(self.device)
-        self.target = copy.deepcopy(self.q)
-        self.target.requires_grad_(False)
-        self.optimizer = RMSprop(self.q.parameters(), lr=dqn.learning_rate,
-                                 alpha=dqn.rmsprop_decay)
-        self._q_params = list(self.q.parameters())
-        self._t_params = list(self.target.parameters())
+        self._build_networks(lambda: NodeQNetwork(in_dim, n_actions, self.mcfg), seed)
         self.huber = dqn.loss == "huber"
 
     @property
@@ -157,7 +157,7 @@ class NodeDQN(TargetNetworkLearner):
             torch.as_tensor(mask, device=self.device).unsqueeze(0)
         at = None if abar is None else \
             torch.as_tensor(abar, dtype=torch.float32, device=self.device).unsqueeze(0)
-        return self.q(xt, mt, at)[0].cpu().numpy()
+        return self.q.forward(xt, mt, at)[0].cpu().numpy()
 
     def train_step(self, obs: torch.Tensor, mask: torch.Tensor, actions: torch.Tensor,
                    returns: torch.Tensor, discounts: torch.Tensor, next_obs: torch.Tensor,
@@ -170,16 +170,17 @@ class NodeDQN(TargetNetworkLearner):
         n-step returns; discounts (B,) γⁿ; abar/next_abar (B, M, A) the other nodes'
         action distributions at t and t+n (mean field). Returns the loss (0-d)."""
         with torch.no_grad():
-            next_q_t = self.target(next_obs, next_mask, next_abar)
+            next_q_t = self.target.forward(next_obs, next_mask, next_abar)
             if self.cfg.double_dqn:
-                best = self.q(next_obs, next_mask, next_abar).argmax(dim=-1, keepdim=True)
+                best = self.q.forward(next_obs, next_mask, next_abar).argmax(dim=-1,
+                                                                             keepdim=True)
             else:
                 best = next_q_t.argmax(dim=-1, keepdim=True)
             next_v = next_q_t.gather(-1, best).squeeze(-1)              # (B, M)
             if returns.dim() == 1:
                 returns = returns.unsqueeze(1)
             y = returns + discounts.unsqueeze(1) * next_v
-        q = self.q(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        q = self.q.forward(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         err = q - y
         if self.huber:
             a = err.abs()
@@ -190,20 +191,12 @@ class NodeDQN(TargetNetworkLearner):
         return self.descend((per * w).sum() / w.sum().clamp_min(1.0))
 
     def state_dict(self) -> dict:
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "model": dataclasses.asdict(self.mcfg),
+        return {**self._networks_state(), "model": dataclasses.asdict(self.mcfg),
                 "in_dim": self.in_dim, "n_actions": self.n_actions}
 
     def load_state_dict(self, state: dict, optimizer: bool = True) -> None:
-        if (state["in_dim"], state["n_actions"]) != (self.in_dim, self.n_actions):
-            raise ValueError(f"checkpoint is for {state['in_dim']} per-node inputs and "
-                             f"{state['n_actions']} actions, this engine has "
-                             f"{self.in_dim} and {self.n_actions}")
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        if optimizer:
-            self.optimizer.load_state_dict(state["optimizer"])
+        self._load_networks(state, ("in_dim", "n_actions"), (self.in_dim, self.n_actions),
+                            "per-node inputs", optimizer)
 
 
 __all__ = ["NodeModelConfig", "NodeQNetwork", "NodeDQN", "pool_nodes", "weight_count"]

@@ -41,9 +41,41 @@ class QNetwork(nn.Module):
 
 
 class TargetNetworkLearner:
-    """What every Q-learner here does after computing its loss: one optimiser step on the
+    """What every Q-learner here shares: its networks and optimiser, built by
+    :meth:`_build_networks`, and after computing its loss one optimiser step on the
     online network θ (gradient norm clipped to ``cfg.grad_clip`` when set), then the soft
-    target update. Needs ``cfg``, ``optimizer``, ``_q_params`` and ``_t_params``."""
+    target update. Needs ``cfg`` and ``device``."""
+
+    def _build_networks(self, make_net, seed: int) -> None:
+        """The online network ``make_net()`` (on ``device``), its target copy and its
+        RMSprop. ``torch.manual_seed(seed)`` runs first, so a seed gives the same weights
+        in every learner and in every build of one (drl_engine/dqn.py builds late)."""
+        torch.manual_seed(seed)
+        self.q = make_net().to(self.device)
+        self.target = copy.deepcopy(self.q)
+        self.target.requires_grad_(False)
+        self.optimizer = RMSprop(self.q.parameters(), lr=self.cfg.learning_rate,
+                                 alpha=self.cfg.rmsprop_decay)
+        self._q_params = list(self.q.parameters())
+        self._t_params = list(self.target.parameters())
+
+    def _networks_state(self) -> dict:
+        """The networks' and optimiser's part of a checkpoint (both learners' layout)."""
+        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
+    def _load_networks(self, state: dict, shape: tuple[str, str], have: tuple[int, int],
+                       what: str, optimizer: bool = True) -> None:
+        """Load :meth:`_networks_state`'s part after checking that the checkpoint's
+        ``shape`` entries (inputs, actions) are this learner's ``have``."""
+        saved = (state[shape[0]], state[shape[1]])
+        if saved != have:
+            raise ValueError(f"checkpoint is for {saved[0]} {what} and {saved[1]} "
+                             f"actions, this engine has {have[0]} and {have[1]}")
+        self.q.load_state_dict(state["q"])
+        self.target.load_state_dict(state["target"])
+        if optimizer:
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def descend(self, loss: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
@@ -65,7 +97,10 @@ class TargetNetworkLearner:
 
     @staticmethod
     def mean_loss(losses) -> float:
-        """The mean of a tick's training losses, as a float (both modes' learners)."""
+        """The mean of a tick's training losses, as a float (both modes' learners); one
+        loss (a step a tick) is its own mean, exactly, without a stack and a mean."""
+        if len(losses) == 1:
+            return float(losses[0])
         return float(torch.stack(losses).mean())
 
 
@@ -148,14 +183,8 @@ class DQNLearner(TargetNetworkLearner):
         self.cfg = cfg
         self.device = torch.device(device)
         self.obs_dim, self.n_actions = obs_dim, n_actions
-        torch.manual_seed(seed)
-        self.q = QNetwork(obs_dim, n_actions, cfg.hidden_layers, cfg.hidden_width).to(self.device)
-        self.target = copy.deepcopy(self.q)
-        self.target.requires_grad_(False)
-        self.optimizer = RMSprop(self.q.parameters(), lr=cfg.learning_rate,
-                                 alpha=cfg.rmsprop_decay)
-        self._q_params = list(self.q.parameters())
-        self._t_params = list(self.target.parameters())
+        self._build_networks(lambda: QNetwork(obs_dim, n_actions, cfg.hidden_layers,
+                                              cfg.hidden_width), seed)
         # the functional losses, not their nn.Module wrappers (same arithmetic)
         self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
 
@@ -190,16 +219,9 @@ class DQNLearner(TargetNetworkLearner):
         return tuple(torch.as_tensor(a, device=self.device) for a in arrays)
 
     def state_dict(self) -> dict:
-        return {"q": self.q.state_dict(), "target": self.target.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "cfg": dataclasses.asdict(self.cfg),
+        return {**self._networks_state(), "cfg": dataclasses.asdict(self.cfg),
                 "obs_dim": self.obs_dim, "n_actions": self.n_actions}
 
     def load_state_dict(self, state: dict) -> None:
-        if (state["obs_dim"], state["n_actions"]) != (self.obs_dim, self.n_actions):
-            raise ValueError(f"checkpoint is for {state['obs_dim']} inputs and "
-                             f"{state['n_actions']} actions, this engine has "
-                             f"{self.obs_dim} and {self.n_actions}")
-        self.q.load_state_dict(state["q"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_networks(state, ("obs_dim", "n_actions"),
+                            (self.obs_dim, self.n_actions), "inputs")

@@ -270,3 +270,23 @@ def test_the_guide_probes_before_the_first_full_observation(tmp_path, make_sessi
     assert decision is not None and decision.tick == 1 and decision.explored
     assert decision.action != 0                          # walking to a probe's target
     assert make_engine(path).act(1) is None
+
+
+def test_train_every_trains_every_kth_tick_on_a_k_times_larger_minibatch(
+        tmp_path, make_session):
+    """engine.train_every = k (the default preset's speed setting): a training step on
+    every k-th call only, sampling k × batch_size transitions, so a run sees as many
+    samples per tick as with a step every tick."""
+    path = tmp_path / "r.db"
+    make_session(path, ticks=60)
+    eng = make_engine(path, train_every=3, batch_size=4)
+    sizes = []
+    sample = eng.experience.sample
+    eng.experience.sample = lambda n, rng: sizes.append(n) or sample(n, rng)
+    losses = [eng.train() for _ in range(7)]
+    assert [loss is not None for loss in losses] == [False, False, True] * 2 + [False]
+    assert eng.train_steps == 2 and sizes == [12, 12]
+    one = make_engine(path, batch_size=4)          # 1, the paper's: a step every call
+    assert all(one.train() is not None for _ in range(3)) and one.train_steps == 3
+    sizes.clear()                   # an explicit count (offline training): exactly that
+    assert eng.train(2) is not None and eng.train_steps == 4 and sizes == [4, 4]
