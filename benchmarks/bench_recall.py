@@ -40,7 +40,8 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "lead": ["engine.context_lead=true"],       # the Q-network's lead (docs/recall.md)
         "infer": ["engine.context_infer=true"],
         "nearest": ["engine.context_infer=true", "engine.use_q_network=false"],
-        "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"]}
+        "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"],
+        "demo": ["engine.context_infer=true", "engine.demo_margin=0.5"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

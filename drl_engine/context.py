@@ -211,6 +211,7 @@ class WorkloadContexts:
         self._net: dict | None = None  # the network's walk at a new context (see infer_action)
         self._left: int | None = None               # the context whose memory the guide holds
         self._seen = 0                              # session indices folded in so far
+        self._session_from = 0                      # switches of the current session
 
     @classmethod
     def build(cls, cfg, layout, reward_pis) -> "WorkloadContexts | None":
@@ -238,6 +239,19 @@ class WorkloadContexts:
         """Another session of the replay DB: its ticks are folded in from its start."""
         self._seen = 0
         self.clusters.recent = []
+        self._session_from = len(self.switches)
+
+    def session_contexts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(session index of each switch, context entered) in the current session:
+        which workload ran at each of its ticks (``drl_engine/demonstrations``)."""
+        sw = self.switches[self._session_from:]
+        return (np.array([s.index for s in sw], np.int64),
+                np.array([s.context for s in sw], np.int64))
+
+    def best_of(self, k: int, guide: Guide) -> np.ndarray | None:
+        """Context ``k``'s best-known setting (grid indices): the guide's for the
+        current one, the stored one for the others."""
+        return guide.best if k == self.current else self.memory[k].best
 
     # -- per tick -----------------------------------------------------------------------
     def follow(self, engine, pis: np.ndarray, n: int, guide: Guide) -> None:
@@ -419,6 +433,7 @@ class WorkloadContexts:
             self.memory.append(mem)
         self._left = state.get("left")
         self.switches = [Switch(*s) for s in state.get("switches", [])]
+        self._session_from = len(self.switches)    # a session's indices are its own
 
 
 def walk(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray, most: int) -> int:
