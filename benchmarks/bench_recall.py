@@ -41,7 +41,13 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "infer": ["engine.context_infer=true"],
         "nearest": ["engine.context_infer=true", "engine.use_q_network=false"],
         "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"],
-        "demo": ["engine.context_infer=true", "engine.demo_margin=0.5"]}
+        "demo": ["engine.context_infer=true", "engine.demo_margin=0.5"],
+        "demo-g0": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                    "engine.greedy_guard_steps=0"],
+        "demo3-g0": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                     "engine.greedy_guard_steps=0", "engine.context_infer_known=3"],
+        "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
+                     "engine.context_infer_known=3"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

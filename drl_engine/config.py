@@ -91,6 +91,7 @@ class DQNConfig:
                                        # Q-network infers from its signature
     context_infer_fresh: bool = True   # ... on fresh observations (the newest tick over
                                        # the stack); false: its stack, after `stack` ticks
+    context_infer_known: int = 2       # ... once this many other contexts have a best setting
     demo_margin: float = 0.0           # DQfD's large-margin loss towards each context's
                                        # best-known setting (drl_engine/demonstrations.py)
 
@@ -128,7 +129,7 @@ class DQNConfig:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 0 < self.model_length <= 10:
             raise ValueError(f"model_length: must lie in (0, 10] (got {self.model_length})")
-        for name in ("context_window", "context_confirm"):       # [context hook]
+        for name in ("context_window", "context_confirm", "context_infer_known"):
             if not 1 <= getattr(self, name) <= 10_000:
                 raise ValueError(f"{name}: must lie in [1, 10000] (got {getattr(self, name)})")
         if not 1 <= self.context_recall_steps <= MAX_STEPS:

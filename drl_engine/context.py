@@ -194,9 +194,9 @@ class WorkloadContexts:
     """The engine's contexts and their memory; one per engine (one session's guide)."""
 
     INFER_MOVES = 8       # moves of the network's walk at a new context, at most
-    INFER_KNOWN = 2       # ... and the other contexts it needs to have seen (with a
-                          # best-known setting): from one workload there is no
-                          # signature-to-setting mapping to learn
+                          # (``context_infer_known``: the other contexts it needs to have
+                          # seen with a best-known setting; from one workload there is no
+                          # signature-to-setting mapping to learn)
 
     def __init__(self, cfg, columns: list[int]):
         self.cfg = cfg
@@ -334,7 +334,8 @@ class WorkloadContexts:
         now = engine.action_ticks
         if self.infer:
             self.infer = False
-            if sum(m.best is not None for m in self.memory[:-1]) < self.INFER_KNOWN:
+            known = sum(m.best is not None for m in self.memory[:-1])
+            if known < self.cfg.context_infer_known:
                 return None
             if not self.cfg.use_q_network:
                 target = self.nearest_best()
