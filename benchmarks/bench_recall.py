@@ -9,13 +9,19 @@ setting); ``no-context`` (``engine.use_context=false``: one best-known setting f
 workloads); on request ``lead`` (``engine.context_lead=true``: the Q-network makes the
 first move when the signature changes), ``infer`` (``engine.context_infer=true``: a new
 workload's first setting from the Q-network's walk on fresh observations) and ``nearest``
-(the same without the network: the nearest known context's best-known setting). Games:
-``recurring`` and ``stationary`` by default; ``mixes`` on request
-(``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the recurring game's
-workloads arrive unseen). Per arm: the median time to band of returns and of first visits
-(a phase that never reaches its band counts as its length), and the whole-session
-throughput against each phase's best static setting (``tp_frac_hour``); per ablation: default minus ablation of ``tp_frac_hour``, mean and 95 % t interval over
-the paired seeds.
+(the same without the network: the nearest known context's best-known setting);
+``demo`` (``engine.demo_margin``: the network also learns the move towards each
+context's best-known setting, DQfD's margin loss) and its variants (``…3``: the
+inference waits for three known workloads, ``engine.context_infer_known=3``; ``…-g0``:
+``greedy_guard_steps=0``). Games: ``recurring`` and ``stationary`` by default; ``mixes``
+on request (``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the
+recurring game's workloads arrive unseen). Per arm: the median time to band of returns
+and of first visits (a phase that never reaches its band counts as its length), and the
+whole-session throughput against each phase's best static setting (``tp_frac_hour``);
+per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95 % t
+interval over the paired seeds, of ``tp_frac_hour`` and of the throughput over the first
+visits of the fourth workload on (where a new workload's setting can be inferred; on the
+mixes game, the mixes). ``--table`` prints the table of earlier ``--json`` files.
 """
 from __future__ import annotations
 
@@ -29,7 +35,7 @@ from pathlib import Path
 from capes.common.one_core import use_one_core
 from capes.common.stats import paired_mean_ci
 from capes.experiments.converge_test import load_config, run_one
-from capes.experiments.recall_scoring import recall_summary
+from capes.experiments.recall_scoring import new_first_share, recall_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 GAMES = {"recurring": ROOT / "configs" / "recurring-workloads.toml",
@@ -46,6 +52,10 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
                     "engine.greedy_guard_steps=0"],
         "demo3-g0": ["engine.context_infer=true", "engine.demo_margin=0.5",
                      "engine.greedy_guard_steps=0", "engine.context_infer_known=3"],
+        "demo3": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                  "engine.context_infer_known=3"],
+        "demo3-nb": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                     "engine.context_infer_known=3", "engine.greedy_null_back=true"],
         "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
                      "engine.context_infer_known=3"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
@@ -66,27 +76,36 @@ def _job(job):
     return {"game": game, "arm": arm, **r}
 
 
-def table(runs: list[dict]) -> str:
+def _paired(rs, base, score) -> str:
+    pairs = [(score(r), score(base[r["seed"]])) for r in rs if r["seed"] in base]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    ci = paired_mean_ci([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+    return f"{ci[0]:+.4f} [{ci[1]:+.4f}, {ci[2]:+.4f}] n={len(pairs)}" if ci else "-"
+
+
+def table(runs: list[dict], base_arm: str = "default") -> str:
+    """Per game, noise and arm: medians, and ``base_arm`` minus the arm, paired by seed,
+    over the hour and over the first visits of the fourth workload on (``new firsts``:
+    on the mixes game, the unseen mixes)."""
     lines = [f"{'game':>10} {'noise':>5} {'arm':>10} {'n':>3} {'return s':>8} "
-             f"{'first s':>8} {'tp/best':>7} {'default − arm [95 % t]':>26}"]
+             f"{'first s':>8} {'tp/best':>7} {base_arm + ' − arm [95 % t]':>34} "
+             f"{'same, new firsts':>34}"]
     keys = sorted({(r["game"], r["noise"]) for r in runs})
     for game, noise in keys:
         cell = [r for r in runs if r["game"] == game and r["noise"] == noise]
-        base = {r["seed"]: r["tp_frac_hour"] for r in cell if r["arm"] == "default"}
+        base = {r["seed"]: r for r in cell if r["arm"] == base_arm}
         for arm in ARMS:
             rs = [r for r in cell if r["arm"] == arm]
             if not rs:
                 continue
             s = recall_summary(rs)
-            diff = "-"
-            if arm != "default":
-                pairs = [(r["tp_frac_hour"], base[r["seed"]]) for r in rs if r["seed"] in base]
-                ci = paired_mean_ci([a for a, _ in pairs], [b for _, b in pairs])
-                if ci:
-                    diff = f"{ci[0]:+.4f} [{ci[1]:+.4f}, {ci[2]:+.4f}] n={len(pairs)}"
+            hour = new = "-"
+            if arm != base_arm:
+                hour = _paired(rs, base, lambda r: r["tp_frac_hour"])
+                new = _paired(rs, base, new_first_share)
             lines.append(f"{game:>10} {noise * 100:>4g}% {arm:>10} {len(rs):>3} "
                          f"{s['median_return_ticks']:>8.1f} {s['median_first_ticks']:>8.1f} "
-                         f"{s['median_tp_frac']:>7.4f} {diff:>26}")
+                         f"{s['median_tp_frac']:>7.4f} {hour:>34} {new:>34}")
     return "\n".join(lines)
 
 
@@ -100,10 +119,19 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", default="", help="write every run here")
+    p.add_argument("--base", default="default", choices=list(ARMS),
+                   help="the arm the others are paired against")
+    p.add_argument("--table", nargs="+", default=[],
+                   help="print the table of these --json files (no runs)")
     p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
     a = p.parse_args()
     if a.quick:
         a.seeds, a.games, a.arms, a.limit, a.noise = 1, ["recurring"], ["default"], 700, [0.1]
+    if a.table:
+        runs = {(r["game"], r["noise"], r["arm"], r["seed"]): r      # a seed run twice:
+                for f in a.table for r in json.loads(Path(f).read_text())}   # the last
+        print(table(list(runs.values()), a.base))
+        return 0
     plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
             for s in range(a.seeds) for arm in a.arms]
     runs = []
@@ -115,7 +143,7 @@ def main() -> int:
                   f"{r['wall_s']:.0f} s wall", file=sys.stderr, flush=True)
             if a.json:
                 Path(a.json).write_text(json.dumps(runs, indent=1, default=float))
-    print(table(runs))
+    print(table(runs, a.base))
     return 0
 
 
