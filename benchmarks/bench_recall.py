@@ -54,8 +54,6 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
                      "engine.greedy_guard_steps=0", "engine.context_infer_known=3"],
         "demo3": ["engine.context_infer=true", "engine.demo_margin=0.5",
                   "engine.context_infer_known=3"],
-        "demo3-nb": ["engine.context_infer=true", "engine.demo_margin=0.5",
-                     "engine.context_infer_known=3", "engine.greedy_null_back=true"],
         "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
                      "engine.context_infer_known=3"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]

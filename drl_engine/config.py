@@ -72,7 +72,6 @@ class DQNConfig:
     alarm_probes: int = 0              # probes may go this far (0: guard_steps): a far optimum
                                        # on a ladder is reached in a few probes, not one rung each
     greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
-    greedy_null_back: bool = False     # ... a greedy NULL outside it steps back (round 4)
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
     # apart by their PI signature, keep each one's best-known setting, recall it on return.

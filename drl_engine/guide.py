@@ -484,12 +484,6 @@ class Guide:
         or where a new workload found it): the anchor probe's rule, also for the
         network, which is untrained then."""
         best = self.best if self.best is not None else self.anchor
-        if best is not None and action == 0 and self.cfg.greedy_null_back:
-            # a NULL outside the region: a step back, as the ablation's greedy does
-            far = np.abs(np.asarray(current) - best)[~self.frozen]
-            if far.size and far.max() > self.cfg.greedy_guard_steps:
-                return step_towards(current, np.where(self.frozen, current, best),
-                                    self.n_steps)
         if best is None or action == 0:
             return action
         k, steps = actions.decode(action, len(current))

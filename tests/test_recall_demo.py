@@ -99,14 +99,3 @@ def test_the_stationary_game_plays_as_before_with_demonstrations_on():
     assert a.trace["window"] == b.trace["window"]       # no signature PIs: no context
     assert a.trace["loss"] == b.trace["loss"]           # ... no demonstration either
 
-
-def test_with_null_back_a_greedy_null_outside_the_trust_region_steps_back():
-    from drl_engine.guide import Guide
-    grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
-                        SimpleNamespace(min=1, max=100, step=1)])
-    for on in (False, True):
-        guide = Guide(grid, DQNConfig(greedy_null_back=on), np.random.default_rng(0))
-        guide.best = np.array([4, 50])
-        assert guide.guard(0, np.array([4, 51])) == 0          # inside: NULL holds
-        assert guide.guard(0, np.array([4, 40])) == (UP if on else 0)
-        assert guide.guard(DOWN, np.array([4, 40])) == UP      # the guard as before
