@@ -88,14 +88,3 @@ def test_a_network_taught_by_demonstrations_points_between_two_known_workloads()
     assert abs(turn(0.0) - 0.25) <= 0.05 and abs(turn(1.0) - 0.75) <= 0.05
     assert 0.3 <= turn(0.5) <= 0.7
 
-
-def test_the_stationary_game_plays_as_before_with_demonstrations_on():
-    from pathlib import Path
-    from capes.experiments.converge_test import load_config, run_one
-    game = Path(__file__).resolve().parents[1] / "configs" / "storagegamesim.toml"
-    on = load_config(game, ["game.time_limit_ticks=120", "engine.demo_margin=0.5"])
-    off = load_config(game, ["game.time_limit_ticks=120"])
-    a, b = run_one(on, 3, keep_trace=True), run_one(off, 3, keep_trace=True)
-    assert a.trace["window"] == b.trace["window"]       # no signature PIs: no context
-    assert a.trace["loss"] == b.trace["loss"]           # ... no demonstration either
-
