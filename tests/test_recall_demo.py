@@ -88,3 +88,15 @@ def test_a_network_taught_by_demonstrations_points_between_two_known_workloads()
     assert abs(turn(0.0) - 0.25) <= 0.05 and abs(turn(1.0) - 0.75) <= 0.05
     assert 0.3 <= turn(0.5) <= 0.7
 
+
+
+def test_where_workloads_are_told_apart_the_demonstrations_reach_the_network():
+    from pathlib import Path
+    from capes.experiments.converge_test import load_config, run_one
+    game = Path(__file__).resolve().parents[1] / "configs" / "recurring-workloads.toml"
+    runs = []
+    for extra in ([], ["engine.demo_margin=0.5"]):
+        cfg = load_config(game, extra)
+        cfg.game = cfg.game.until(150)
+        runs.append(run_one(cfg, 3, keep_trace=True).trace["loss"])
+    assert any(x is not None for x in runs[0]) and runs[0] != runs[1]
