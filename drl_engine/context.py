@@ -39,6 +39,11 @@ context what the guide knows:
   (``use_q_network = false``) the nearest context's best-known setting is walked to;
   measured on unseen mixes in ``docs/recall.md`` (round 3): a small gain, not reliable.
 
+* **The memory may teach the network** (``engine.demo_margin``, off by default): each
+  replayed tick is labelled with the move towards its context's best-known setting
+  (:meth:`WorkloadContexts.session_contexts`, :meth:`WorkloadContexts.best_of`;
+  ``drl_engine/demonstrations.py``), so the walk above points where the memory would.
+
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
