@@ -21,7 +21,8 @@ whole-session throughput against each phase's best static setting (``tp_frac_hou
 per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95 % t
 interval over the paired seeds, of ``tp_frac_hour`` and of the throughput over the first
 visits of the fourth workload on (where a new workload's setting can be inferred; on the
-mixes game, the mixes). ``--table`` prints the table of earlier ``--json`` files.
+mixes game, the mixes). ``--table`` prints the table of earlier ``--json`` files;
+``--turns`` where each arm's trained network turns the window, per workload.
 """
 from __future__ import annotations
 
@@ -107,6 +108,45 @@ def table(runs: list[dict], base_arm: str = "default") -> str:
     return "\n".join(lines)
 
 
+def turns(game: str, arm: str, seed: int, limit: int, rate_limit: float = 120.0) -> dict:
+    """Where the network trained by one run (``limit`` simulated s) turns: per workload of
+    the game, the first window whose Q(window−) exceeds Q(window+), on steady
+    observations of that workload (its signature, the game's noise-free throughput at
+    that window) at ``rate_limit`` (None: it never turns)."""
+    import numpy as np
+    from capes.common import actions
+    from capes.experiments import converge_test
+    cfg, got, make = _config(game, arm, 0.1, limit), [], converge_test.make_player
+    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
+    try:
+        converge_test.run_one(cfg, seed)
+    finally:
+        converge_test.make_player = make
+    exp, engine = got[0].experience, got[0]
+    names, params = list(exp.layout.pi_names), list(exp.layout.param_names)
+    windows = np.arange(cfg.game.window.min, cfg.game.window.max + 1, cfg.game.window.step)
+    up, down = (actions.encode(params.index("window"), s, len(params)) for s in (1, -1))
+    out = {}
+    for w in cfg.game.workloads:
+        phase = cfg.game._with_workload(w.name)
+        rows = []
+        for v in windows:
+            known = {"throughput": min(phase.curve(float(v)), rate_limit), "window": v,
+                     "rate_limit": rate_limit}
+            rows.append([known[n] if n in known else getattr(w, n) for n in names])
+        x = np.array(rows, np.float64)
+        x = np.repeat(x[:, None, None, :], exp.stack, 1)
+        x = exp.normaliser(x) if exp.normalise else x
+        vals = np.array([[rate_limit if p == "rate_limit" else v for p in params]
+                         for v in windows])
+        obs = np.concatenate([x.reshape(len(windows), -1),
+                              (vals - exp._param_lo) / exp._param_span], 1)
+        q = engine.dqn.q_values(obs.astype(np.float32))
+        turn = np.flatnonzero(q[:, down] > q[:, up])
+        out[w.name] = int(windows[turn[0]]) if len(turn) else None
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20)
@@ -121,6 +161,8 @@ def main() -> int:
                    help="the arm the others are paired against")
     p.add_argument("--table", nargs="+", default=[],
                    help="print the table of these --json files (no runs)")
+    p.add_argument("--turns", action="store_true",
+                   help="per arm and seed, where its trained network turns (no table)")
     p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
     a = p.parse_args()
     if a.quick:
@@ -129,6 +171,13 @@ def main() -> int:
         runs = {(r["game"], r["noise"], r["arm"], r["seed"]): r      # a seed run twice:
                 for f in a.table for r in json.loads(Path(f).read_text())}   # the last
         print(table(list(runs.values()), a.base))
+        return 0
+    if a.turns:
+        use_one_core()
+        for g in a.games:
+            for arm in a.arms:
+                for seed in range(a.first_seed, a.first_seed + a.seeds):
+                    print(g, arm, seed, turns(g, arm, seed, a.limit))
         return 0
     plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
             for s in range(a.seeds) for arm in a.arms]
