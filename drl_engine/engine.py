@@ -369,7 +369,8 @@ class Engine:
         scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
         arrays = [batch.obs, batch.actions, batch.rewards * scale, batch.discounts,
                   batch.next_obs]
-        if self.cfg.demo_margin and self.context is not None:   # [context hook] DQfD
+        if self.cfg.demo_margin and self.context is not None and self.guide is not None:
+            # [context hook] DQfD's demonstrations (a restored engine: after its first act)
             arrays.append(self._demo_labels(batch))
         return self.dqn.to_tensors(*arrays)
 
