@@ -9,13 +9,20 @@ setting); ``no-context`` (``engine.use_context=false``: one best-known setting f
 workloads); on request ``lead`` (``engine.context_lead=true``: the Q-network makes the
 first move when the signature changes), ``infer`` (``engine.context_infer=true``: a new
 workload's first setting from the Q-network's walk on fresh observations) and ``nearest``
-(the same without the network: the nearest known context's best-known setting). Games:
-``recurring`` and ``stationary`` by default; ``mixes`` on request
-(``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the recurring game's
-workloads arrive unseen). Per arm: the median time to band of returns and of first visits
-(a phase that never reaches its band counts as its length), and the whole-session
-throughput against each phase's best static setting (``tp_frac_hour``); per ablation: default minus ablation of ``tp_frac_hour``, mean and 95 % t interval over
-the paired seeds.
+(the same without the network: the nearest known context's best-known setting);
+``demo`` (``engine.demo_margin``: the network also learns the move towards each
+context's best-known setting, DQfD's margin loss) and its variants (``…3``: the
+inference waits for three known workloads, ``engine.context_infer_known=3``; ``…-g0``:
+``greedy_guard_steps=0``). Games: ``recurring`` and ``stationary`` by default; ``mixes``
+on request (``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the
+recurring game's workloads arrive unseen). Per arm: the median time to band of returns
+and of first visits (a phase that never reaches its band counts as its length), and the
+whole-session throughput against each phase's best static setting (``tp_frac_hour``);
+per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95 % t
+interval over the paired seeds, of ``tp_frac_hour`` and of the throughput over the first
+visits of the fourth workload on (where a new workload's setting can be inferred; on the
+mixes game, the mixes). ``--table`` prints the table of earlier ``--json`` files;
+``--turns`` where each arm's trained network turns the window, per workload.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from pathlib import Path
 from capes.common.one_core import use_one_core
 from capes.common.stats import paired_mean_ci
 from capes.experiments.converge_test import load_config, run_one
-from capes.experiments.recall_scoring import recall_summary
+from capes.experiments.recall_scoring import new_first_share, recall_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 GAMES = {"recurring": ROOT / "configs" / "recurring-workloads.toml",
@@ -40,7 +47,16 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "lead": ["engine.context_lead=true"],       # the Q-network's lead (docs/recall.md)
         "infer": ["engine.context_infer=true"],
         "nearest": ["engine.context_infer=true", "engine.use_q_network=false"],
-        "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"]}
+        "infer-stack": ["engine.context_infer=true", "engine.context_infer_fresh=false"],
+        "demo": ["engine.context_infer=true", "engine.demo_margin=0.5"],
+        "demo-g0": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                    "engine.greedy_guard_steps=0"],
+        "demo3-g0": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                     "engine.greedy_guard_steps=0", "engine.context_infer_known=3"],
+        "demo3": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                  "engine.context_infer_known=3"],
+        "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
+                     "engine.context_infer_known=3"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
@@ -59,28 +75,76 @@ def _job(job):
     return {"game": game, "arm": arm, **r}
 
 
-def table(runs: list[dict]) -> str:
+def _paired(rs, base, score) -> str:
+    pairs = [(score(r), score(base[r["seed"]])) for r in rs if r["seed"] in base]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    ci = paired_mean_ci([a for a, _ in pairs], [b for _, b in pairs]) if pairs else None
+    return f"{ci[0]:+.4f} [{ci[1]:+.4f}, {ci[2]:+.4f}] n={len(pairs)}" if ci else "-"
+
+
+def table(runs: list[dict], base_arm: str = "default") -> str:
+    """Per game, noise and arm: medians, and ``base_arm`` minus the arm, paired by seed,
+    over the hour and over the first visits of the fourth workload on (``new firsts``:
+    on the mixes game, the unseen mixes)."""
     lines = [f"{'game':>10} {'noise':>5} {'arm':>10} {'n':>3} {'return s':>8} "
-             f"{'first s':>8} {'tp/best':>7} {'default − arm [95 % t]':>26}"]
+             f"{'first s':>8} {'tp/best':>7} {base_arm + ' − arm [95 % t]':>34} "
+             f"{'same, new firsts':>34}"]
     keys = sorted({(r["game"], r["noise"]) for r in runs})
     for game, noise in keys:
         cell = [r for r in runs if r["game"] == game and r["noise"] == noise]
-        base = {r["seed"]: r["tp_frac_hour"] for r in cell if r["arm"] == "default"}
+        base = {r["seed"]: r for r in cell if r["arm"] == base_arm}
         for arm in ARMS:
             rs = [r for r in cell if r["arm"] == arm]
             if not rs:
                 continue
             s = recall_summary(rs)
-            diff = "-"
-            if arm != "default":
-                pairs = [(r["tp_frac_hour"], base[r["seed"]]) for r in rs if r["seed"] in base]
-                ci = paired_mean_ci([a for a, _ in pairs], [b for _, b in pairs])
-                if ci:
-                    diff = f"{ci[0]:+.4f} [{ci[1]:+.4f}, {ci[2]:+.4f}] n={len(pairs)}"
+            hour = new = "-"
+            if arm != base_arm:
+                hour = _paired(rs, base, lambda r: r["tp_frac_hour"])
+                new = _paired(rs, base, new_first_share)
             lines.append(f"{game:>10} {noise * 100:>4g}% {arm:>10} {len(rs):>3} "
                          f"{s['median_return_ticks']:>8.1f} {s['median_first_ticks']:>8.1f} "
-                         f"{s['median_tp_frac']:>7.4f} {diff:>26}")
+                         f"{s['median_tp_frac']:>7.4f} {hour:>34} {new:>34}")
     return "\n".join(lines)
+
+
+def turns(game: str, arm: str, seed: int, limit: int, rate_limit: float = 120.0) -> dict:
+    """Where the network trained by one run (``limit`` simulated s) turns: per workload of
+    the game, the first window whose Q(window−) exceeds Q(window+), on steady
+    observations of that workload (its signature, the game's noise-free throughput at
+    that window) at ``rate_limit`` (None: it never turns)."""
+    import numpy as np
+    from capes.common import actions
+    from capes.experiments import converge_test
+    cfg, got, make = _config(game, arm, 0.1, limit), [], converge_test.make_player
+    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
+    try:
+        converge_test.run_one(cfg, seed)
+    finally:
+        converge_test.make_player = make
+    exp, engine = got[0].experience, got[0]
+    names, params = list(exp.layout.pi_names), list(exp.layout.param_names)
+    windows = np.arange(cfg.game.window.min, cfg.game.window.max + 1, cfg.game.window.step)
+    up, down = (actions.encode(params.index("window"), s, len(params)) for s in (1, -1))
+    out = {}
+    for w in cfg.game.workloads:
+        phase = cfg.game._with_workload(w.name)
+        rows = []
+        for v in windows:
+            known = {"throughput": min(phase.curve(float(v)), rate_limit), "window": v,
+                     "rate_limit": rate_limit}
+            rows.append([known[n] if n in known else getattr(w, n) for n in names])
+        x = np.array(rows, np.float64)
+        x = np.repeat(x[:, None, None, :], exp.stack, 1)
+        x = exp.normaliser(x) if exp.normalise else x
+        vals = np.array([[rate_limit if p == "rate_limit" else v for p in params]
+                         for v in windows])
+        obs = np.concatenate([x.reshape(len(windows), -1),
+                              (vals - exp._param_lo) / exp._param_span], 1)
+        q = engine.dqn.q_values(obs.astype(np.float32))
+        turn = np.flatnonzero(q[:, down] > q[:, up])
+        out[w.name] = int(windows[turn[0]]) if len(turn) else None
+    return out
 
 
 def main() -> int:
@@ -93,10 +157,28 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", default="", help="write every run here")
+    p.add_argument("--base", default="default", choices=list(ARMS),
+                   help="the arm the others are paired against")
+    p.add_argument("--table", nargs="+", default=[],
+                   help="print the table of these --json files (no runs)")
+    p.add_argument("--turns", action="store_true",
+                   help="per arm and seed, where its trained network turns (no table)")
     p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
     a = p.parse_args()
     if a.quick:
         a.seeds, a.games, a.arms, a.limit, a.noise = 1, ["recurring"], ["default"], 700, [0.1]
+    if a.table:
+        runs = {(r["game"], r["noise"], r["arm"], r["seed"]): r      # a seed run twice:
+                for f in a.table for r in json.loads(Path(f).read_text())}   # the last
+        print(table(list(runs.values()), a.base))
+        return 0
+    if a.turns:
+        use_one_core()
+        for g in a.games:
+            for arm in a.arms:
+                for seed in range(a.first_seed, a.first_seed + a.seeds):
+                    print(g, arm, seed, turns(g, arm, seed, a.limit))
+        return 0
     plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
             for s in range(a.seeds) for arm in a.arms]
     runs = []
@@ -108,7 +190,7 @@ def main() -> int:
                   f"{r['wall_s']:.0f} s wall", file=sys.stderr, flush=True)
             if a.json:
                 Path(a.json).write_text(json.dumps(runs, indent=1, default=float))
-    print(table(runs))
+    print(table(runs, a.base))
     return 0
 
 

@@ -94,6 +94,9 @@ class DQNConfig:
                                        # Q-network infers from its signature
     context_infer_fresh: bool = True   # ... on fresh observations (the newest tick over
                                        # the stack); false: its stack, after `stack` ticks
+    context_infer_known: int = 2       # ... once this many other contexts have a best setting
+    demo_margin: float = 0.0           # DQfD's large-margin loss towards each context's
+                                       # best-known setting (drl_engine/demonstrations.py)
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
@@ -129,7 +132,7 @@ class DQNConfig:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 0 < self.model_length <= 10:
             raise ValueError(f"model_length: must lie in (0, 10] (got {self.model_length})")
-        for name in ("context_window", "context_confirm"):       # [context hook]
+        for name in ("context_window", "context_confirm", "context_infer_known"):
             if not 1 <= getattr(self, name) <= 10_000:
                 raise ValueError(f"{name}: must lie in [1, 10000] (got {getattr(self, name)})")
         if not 1 <= self.context_recall_steps <= MAX_STEPS:
@@ -138,7 +141,8 @@ class DQNConfig:
         for name in ("context_threshold", "context_floor"):
             if not 0 < getattr(self, name) <= 1e6:
                 raise ValueError(f"{name}: must lie in (0, 1e6] (got {getattr(self, name)})")
-        for name in ("hidden_width", "workload_ticks", "grad_clip", "context_hold_ticks"):
+        for name in ("hidden_width", "workload_ticks", "grad_clip", "context_hold_ticks",
+                     "demo_margin"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         for name, most in self.MOST.items():      # beyond these a value is a typo
@@ -156,7 +160,7 @@ class DQNConfig:
             "alarm_probes": 10**6, "context_hold_ticks": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
-            "grad_clip": 1e12}
+            "grad_clip": 1e12, "demo_margin": 1e6}
 
 
 # What each preset changes from the dataclass defaults (which are the paper's values).

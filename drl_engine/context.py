@@ -39,6 +39,11 @@ context what the guide knows:
   (``use_q_network = false``) the nearest context's best-known setting is walked to;
   measured on unseen mixes in ``docs/recall.md`` (round 3): a small gain, not reliable.
 
+* **The memory may teach the network** (``engine.demo_margin``, off by default): each
+  replayed tick is labelled with the move towards its context's best-known setting
+  (:meth:`WorkloadContexts.session_contexts`, :meth:`WorkloadContexts.best_of`;
+  ``drl_engine/demonstrations.py``), so the walk above points where the memory would.
+
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
@@ -194,9 +199,9 @@ class WorkloadContexts:
     """The engine's contexts and their memory; one per engine (one session's guide)."""
 
     INFER_MOVES = 8       # moves of the network's walk at a new context, at most
-    INFER_KNOWN = 2       # ... and the other contexts it needs to have seen (with a
-                          # best-known setting): from one workload there is no
-                          # signature-to-setting mapping to learn
+                          # (``context_infer_known``: the other contexts it needs to have
+                          # seen with a best-known setting; from one workload there is no
+                          # signature-to-setting mapping to learn)
 
     def __init__(self, cfg, columns: list[int]):
         self.cfg = cfg
@@ -211,6 +216,7 @@ class WorkloadContexts:
         self._net: dict | None = None  # the network's walk at a new context (see infer_action)
         self._left: int | None = None               # the context whose memory the guide holds
         self._seen = 0                              # session indices folded in so far
+        self._session_from = 0                      # switches of the current session
 
     @classmethod
     def build(cls, cfg, layout, reward_pis) -> "WorkloadContexts | None":
@@ -238,6 +244,19 @@ class WorkloadContexts:
         """Another session of the replay DB: its ticks are folded in from its start."""
         self._seen = 0
         self.clusters.recent = []
+        self._session_from = len(self.switches)
+
+    def session_contexts(self) -> tuple[np.ndarray, np.ndarray]:
+        """(session index of each switch, context entered) in the current session:
+        which workload ran at each of its ticks (``drl_engine/demonstrations``)."""
+        sw = self.switches[self._session_from:]
+        return (np.array([s.index for s in sw], np.int64),
+                np.array([s.context for s in sw], np.int64))
+
+    def best_of(self, k: int, guide: Guide) -> np.ndarray | None:
+        """Context ``k``'s best-known setting (grid indices): the guide's for the
+        current one, the stored one for the others."""
+        return guide.best if k == self.current else self.memory[k].best
 
     # -- per tick -----------------------------------------------------------------------
     def follow(self, engine, pis: np.ndarray, n: int, guide: Guide) -> None:
@@ -320,7 +339,8 @@ class WorkloadContexts:
         now = engine.action_ticks
         if self.infer:
             self.infer = False
-            if sum(m.best is not None for m in self.memory[:-1]) < self.INFER_KNOWN:
+            known = sum(m.best is not None for m in self.memory[:-1])
+            if known < self.cfg.context_infer_known:
                 return None
             if not self.cfg.use_q_network:
                 target = self.nearest_best()
@@ -419,6 +439,7 @@ class WorkloadContexts:
             self.memory.append(mem)
         self._left = state.get("left")
         self.switches = [Switch(*s) for s in state.get("switches", [])]
+        self._session_from = len(self.switches)    # a session's indices are its own
 
 
 def walk(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray, most: int) -> int:

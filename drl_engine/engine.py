@@ -48,6 +48,7 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.costs import tuned_online
 from drl_engine.dqn import DQN, device_name, epsilon
 from drl_engine.experience import Experience
+from drl_engine import demonstrations
 from drl_engine.context import WorkloadContexts
 from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
@@ -374,8 +375,23 @@ class Engine:
         if batch is None:
             return None
         scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
-        return self.dqn.to_tensors(batch.obs, batch.actions, batch.rewards * scale,
-                                   batch.discounts, batch.next_obs)
+        arrays = [batch.obs, batch.actions, batch.rewards * scale, batch.discounts,
+                  batch.next_obs]
+        if self.cfg.demo_margin and self.context is not None and self.guide is not None:
+            # [context hook] DQfD's demonstrations (a restored engine: after its first act)
+            arrays.append(self._demo_labels(batch))
+        return self.dqn.to_tensors(*arrays)
+
+    def _demo_labels(self, batch) -> np.ndarray:
+        """Each transition's demonstrated action (drl_engine/demonstrations.py)."""
+        index = np.zeros(len(batch.ticks), np.int64)
+        values = np.zeros((len(batch.ticks), len(self.guide.n_steps)))
+        for sid in np.unique(batch.sessions):
+            rows = batch.sessions == sid
+            index[rows] = batch.ticks[rows] - self.experience.reader.sessions[sid].first_tick
+            values[rows] = self.experience.derived[sid].values[index[rows]]
+        return demonstrations.labels(self.context, self.guide, values, batch.sessions,
+                                     index, self.guide_session)
 
     # -- checkpoints --------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from drl_engine.config import DQNConfig
+from drl_engine.demonstrations import margin_loss
 
 
 class QNetwork(nn.Module):
@@ -209,11 +210,17 @@ class DQNLearner(TargetNetworkLearner):
             return rewards + discounts * next_v
 
     def train_step(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
-                   discounts: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
-        """One minibatch of Eq. 2.1 plus the soft target update; returns the loss."""
+                   discounts: torch.Tensor, next_obs: torch.Tensor,
+                   demo: torch.Tensor | None = None) -> torch.Tensor:
+        """One minibatch of Eq. 2.1 plus the soft target update; returns the loss.
+        ``demo``: demonstrated actions (−1: none), DQfD's margin loss added
+        (``cfg.demo_margin``, drl_engine/demonstrations.py)."""
         y = self.td_target(rewards, discounts, next_obs)
-        q = self.q.forward(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
-        return self.descend(self.loss_fn(q, y))
+        q_all = self.q.forward(obs)
+        loss = self.loss_fn(q_all.gather(1, actions.unsqueeze(1)).squeeze(1), y)
+        if demo is not None:
+            loss = loss + margin_loss(q_all, demo, self.cfg.demo_margin)
+        return self.descend(loss)
 
     def to_tensors(self, *arrays):
         return tuple(torch.as_tensor(a, device=self.device) for a in arrays)

@@ -4,6 +4,7 @@ context's best-known setting."""
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from capes.common import actions
 from capes.common.step_grid import StepGrid
@@ -103,11 +104,14 @@ def test_without_the_network_a_new_context_starts_at_the_nearest_contexts_best()
     assert list(ctx.nearest_best()) == [9, 24]                 # then the second
 
 
-def test_the_stationary_game_plays_as_before_with_inference_on():
+@pytest.mark.parametrize("switch", ["engine.context_infer=true",
+                                    "engine.demo_margin=0.5"])      # round 4's too
+def test_the_stationary_game_plays_as_before_with_inference_on(switch):
     from pathlib import Path
     from capes.experiments.converge_test import load_config, run_one
     game = Path(__file__).resolve().parents[1] / "configs" / "storagegamesim.toml"
-    on = load_config(game, ["game.time_limit_ticks=60", "engine.context_infer=true"])
-    off = load_config(game, ["game.time_limit_ticks=60"])
+    on = load_config(game, ["game.time_limit_ticks=120", switch])
+    off = load_config(game, ["game.time_limit_ticks=120"])
     a, b = run_one(on, 3, keep_trace=True), run_one(off, 3, keep_trace=True)
     assert a.trace["window"] == b.trace["window"]       # no signature PIs: no context
+    assert a.trace["loss"] == b.trace["loss"]           # ... no label to learn either

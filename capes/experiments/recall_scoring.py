@@ -35,6 +35,18 @@ def score_occurrences(game_cfg, true_tp, first_tick: int = 1) -> list[dict]:
     return out
 
 
+def new_first_share(run: dict, known: int = 3) -> float | None:
+    """Tick-weighted throughput / best static setting over the first visits of every
+    workload after the first ``known``: where a new workload's setting can be inferred
+    from others (``engine.context_infer``; on the mixes game, the mixes' first visits).
+    None when the run has no such visit."""
+    ph = [p for p in run.get("phases") or [] if p["visit"] == 1][known:]
+    ticks = sum(p["ticks"] for p in ph)
+    if not ticks:
+        return None
+    return sum(p["mean_relative"] * p["ticks"] for p in ph) / ticks
+
+
 def recall_summary(runs: list[dict], censor: bool = True) -> dict:
     """Over the runs (dicts with ``phases`` as above and ``tp_frac_hour``): the median
     time to band of returns and of first visits, the share of each reached, and the
