@@ -181,7 +181,12 @@ class Experience:
             grown = np.empty((2 * L,) + buf.shape[1:], np.float32)
             grown[:start] = buf[:start]
             buf = d.values_buf = grown
-        buf[start:L] = data.values_in_effect(start, before=buf[start - 1])
+        if L - start <= 4:      # every tick's refresh: a loop costs less than the vector
+            for i in range(start, L):   # path's dozen numpy calls (same values, copied)
+                after = data.after[i - 1]
+                buf[i] = buf[i - 1] if np.isnan(after).all() else after
+        else:
+            buf[start:L] = data.values_in_effect(start, before=buf[start - 1])
         return buf[:L]
 
     # -- observations -------------------------------------------------------------------
