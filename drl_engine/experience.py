@@ -49,6 +49,13 @@ class Batch:
     ticks: np.ndarray      # (B,) ticks t
 
 
+def _zero_nonfinite(a: np.ndarray) -> np.ndarray:
+    """``np.nan_to_num(a, nan=0.0)`` in place (``a`` is the caller's own array); a
+    finite array, the usual case, is returned as it is after one check, instead of
+    nan_to_num's six passes and Python overhead (every tick's observation comes here)."""
+    return a if np.isfinite(a).all() else np.nan_to_num(a, copy=False, nan=0.0)
+
+
 class _Derived:
     """Per-session series derived from the cache, extended as the cache grows."""
 
@@ -174,7 +181,12 @@ class Experience:
             grown = np.empty((2 * L,) + buf.shape[1:], np.float32)
             grown[:start] = buf[:start]
             buf = d.values_buf = grown
-        buf[start:L] = data.values_in_effect(start, before=buf[start - 1])
+        if L - start <= 4:      # every tick's refresh: a loop costs less than the vector
+            for i in range(start, L):   # path's dozen numpy calls (same values, copied)
+                after = data.after[i - 1]
+                buf[i] = buf[i - 1] if np.isnan(after).all() else after
+        else:
+            buf[start:L] = data.values_in_effect(start, before=buf[start - 1])
         return buf[:L]
 
     # -- observations -------------------------------------------------------------------
@@ -186,10 +198,9 @@ class Experience:
         x = data.pis[idx]                                   # (B, S, N, P), a copy
         if self.normalise:
             x = self.normaliser(x)
-        # in place: x and v are this call's own arrays (one copy fewer of each)
-        x = np.nan_to_num(x.reshape(len(ticks), -1), copy=False, nan=0.0)
+        x = _zero_nonfinite(x.reshape(len(ticks), -1))
         vals = self.derived[sid].values[ticks]
-        v = np.nan_to_num((vals - self._param_lo) / self._param_span, copy=False, nan=0.0)
+        v = _zero_nonfinite((vals - self._param_lo) / self._param_span)
         return np.concatenate([x, v], axis=1).astype(np.float32, copy=False)
 
     def latest(self, sid: int) -> tuple[int, np.ndarray] | None:

@@ -241,16 +241,19 @@ def test_a_shifted_return_starts_later_and_every_engine_computes_it_alike(tmp_pa
 
 def test_refresh_reads_only_new_rows_never_a_whole_index(tmp_path, make_session):
     """Every query a refresh runs is a rowid range search (or a lookup), never a scan of
-    a table or index: its cost must not grow with the rows already stored."""
+    a table or index: its cost must not grow with the rows already stored. (More new
+    rows than ``RESERVE_ROWS``, so that the sizing query runs and is checked too.)"""
     path = tmp_path / "r.db"
     w, _ = make_session(path, ticks=2000)
     r = ReplayReader(path)
-    w.add_pis(2000, 0, [1, 2])
+    new = ReplayReader.RESERVE_ROWS + 1
+    for t in range(2000, 2000 + new):
+        w.add_pis(t, 0, [1, 2])
     w.add_action(2000, 1, [10, 4])
     w.commit()
     statements: list[str] = []
     r.conn.set_trace_callback(statements.append)
-    assert r.refresh() == 2
+    assert r.refresh() == new + 1
     r.conn.set_trace_callback(None)
     grouped = [s for s in statements if "GROUP BY session" in s]
     assert grouped, statements

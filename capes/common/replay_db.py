@@ -572,7 +572,10 @@ class SessionData:
         acted = np.where(~np.isnan(after[lo:]).all(axis=1), np.arange(lo, len(after)), -1)
         last_before = np.maximum.accumulate(np.concatenate([[-1], acted[:-1]]))[start - lo:]
         base = before if lo > 0 else self.defaults
-        out = np.broadcast_to(base, (len(last_before), len(self.defaults))).copy()
+        # np.empty and a broadcast assignment: broadcast_to(...).copy() costs more in
+        # Python than the copy itself, and this runs on every tick's refresh
+        out = np.empty((len(last_before), len(self.defaults)), base.dtype)
+        out[:] = base
         have = last_before >= 0
         out[have] = after[last_before[have]]
         return out
@@ -604,6 +607,8 @@ class ReplayReader:
     # rows fetched per round trip: bounds the memory a big first load needs beside
     # the cache itself (Python row objects cost about twice the float32 they carry)
     FETCH_ROWS = 20_000
+    # new rows of one session past which a refresh sizes its arrays in one allocation
+    RESERVE_ROWS = 1024
 
     def __init__(self, path: str | Path, layout: Layout | None = None,
                  max_gap: int | None = None, grow_nodes: bool = False):
@@ -637,7 +642,7 @@ class ReplayReader:
         for sid, lo, hi, count in rows:
             data = self.sessions.get(sid)
             # only when the rows fill the span: a stray far tick must not size the arrays
-            if data is not None and count > 1024 and hi - lo < 2 * count and \
+            if data is not None and count > self.RESERVE_ROWS and hi - lo < 2 * count and \
                     data.plausible(lo) and data.plausible(hi):
                 data.reserve(lo, hi)
 
@@ -689,10 +694,15 @@ class ReplayReader:
                 known.info = info
                 known._remap(self.layout)
         n = 0
-        self._reserve("pis", self._last_pis_rowid)
         cur = conn.execute("SELECT rowid, session, tick, node, vec FROM pis WHERE rowid > ? "
                            "ORDER BY rowid", (self._last_pis_rowid,))
-        while rows := cur.fetchmany(self.FETCH_ROWS):
+        rows = cur.fetchmany(self.FETCH_ROWS)
+        # a session reserves only past RESERVE_ROWS new rows: a refresh that brings fewer
+        # (every tick's) skips the sizing query, which is a hint only (a row that lands
+        # between the two reads is loaded by the same amortised growth as without it)
+        if len(rows) > self.RESERVE_ROWS:
+            self._reserve("pis", self._last_pis_rowid)
+        while rows:
             for rowid, sid, tick, node, blob in rows:
                 data = self.sessions[sid]
                 i = data._ensure(tick)
@@ -708,6 +718,7 @@ class ReplayReader:
                     dst[data.pi_dst[keep]] = vec[data.pi_src[keep]]
             self._last_pis_rowid = rows[-1][0]
             n += len(rows)
+            rows = cur.fetchmany(self.FETCH_ROWS)
         cur = conn.execute("SELECT rowid, session, tick, action, vals FROM actions "
                            "WHERE rowid > ? ORDER BY rowid", (self._last_action_rowid,))
         while rows := cur.fetchmany(self.FETCH_ROWS):
