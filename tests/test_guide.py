@@ -286,6 +286,33 @@ def test_a_probe_below_the_floor_walks_back_at_once():
     assert moves == [0, 0, 0, 0, None]
 
 
+def test_a_setting_known_below_the_floor_is_not_probed_or_stepped_onto_again():
+    def guide(avoid):
+        g = ladder_guide(first_probe="local", guard_steps=1, probe_local_steps=1.0,
+                         probe_floor=0.75, probe_avoid_bad=avoid)
+        credit_level(g, 5, 26.0)          # the anchor, 128 KiB
+        credit_level(g, 4, 13.0, ticks=2)  # one rung down: half of it (a probe walked back)
+        g.best_setting(0)
+        return g
+    for seed in range(20):
+        g = guide(True)
+        g.rng = np.random.default_rng(seed)
+        g.start_probe(0.0, np.array([5]))
+        assert int(g.probe.target[0]) in (5, 6)          # never 4 again
+    down, up = actions.encode(0, -1, 1), actions.encode(0, 1, 1)
+    g = guide(True)
+    assert g.guard(down, np.array([5])) == 0 and g.guard(up, np.array([5])) == up
+    # off (the presets): the same data still sends probes and greedy moves to 4
+    h = guide(False)
+    assert h.guard(down, np.array([5])) == down
+    targets = set()
+    for seed in range(20):
+        h.rng = np.random.default_rng(seed)
+        h.start_probe(0.0, np.array([5]))
+        targets.add(int(h.probe.target[0]))
+    assert 4 in targets
+
+
 def test_after_a_change_the_first_probes_may_go_further():
     g = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
                      alarm_probes=2)

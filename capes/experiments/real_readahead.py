@@ -366,10 +366,14 @@ class SessionRunner:
                 if stop is not None and stop.is_set() or time.monotonic() > deadline:
                     break
                 try:
-                    lines = out.read_text().splitlines()
+                    text = out.read_text()
                 except OSError:
-                    lines = []
-                complete = lines if done else lines[:-1]
+                    text = ""
+                lines = text.splitlines()
+                # a line is complete once its newline is written: publish it at once (the
+                # application reports each second when it ends; holding the last line
+                # back until the next one came delayed every figure by a second)
+                complete = lines if done or text.endswith("\n") else lines[:-1]
                 for line in complete[seen:]:
                     s = parse_terse_status(line)
                     if s is None:
