@@ -107,6 +107,7 @@ class Guide:
         self.await_action = False      # credit nothing before the session's first action
         self.last_p: float | None = None   # the newest objective value (probe_floor)
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
+        self.sweep: list[list[int]] = []   # the coarse sweep's targets left (sweep_points)
         self.had_best = False          # a best was known once: best None is a new workload
         self.level_before: float | None = None   # the anchor's level before an alarm
         self._grid_keys: dict[bytes, tuple] = {}   # credit's memo: values -> grid index
@@ -318,6 +319,7 @@ class Guide:
         if self.dense:
             self.grid_stats[:] = 0.0
         self.best, self.probe, self._best_at = anchor, None, -1
+        self.sweep = []
         self.resets += 1
 
     def _cells(self):
@@ -405,6 +407,14 @@ class Guide:
             if before is not None and not before / ratio < level < before * ratio:
                 self.wide_left = self.cfg.alarm_probes    # the alarm moved the level: a
                                                           # new workload, not noise
+        if self.cfg.sweep_points and self.wide_left > 0 and best is not None:
+            self.sweep, self.wide_left = self._sweep_plan(best), 0    # instead of wide draws
+        if self.sweep:
+            target = np.array(self.sweep.pop(0), np.int64)
+            if current is not None:
+                target = np.where(self.frozen, current, target)
+            self.probe = Probe(target, self.cfg.probe_dwell)
+            return
         if best is None or self.rng.random() < global_share:
             target = None
             if self.cfg.probe_model and current is not None:
@@ -433,6 +443,27 @@ class Guide:
         if current is not None:
             target = np.where(self.frozen, current, target)
         self.probe = Probe(target, self.cfg.probe_dwell, replan)
+
+    def _sweep_plan(self, best: np.ndarray) -> list[list[int]]:
+        """The coarse sweep around ``best``: per knob (one at a time, the others held),
+        ``sweep_points`` settings spread evenly over its range, the one at ``best`` left
+        out, those on the side of the nearer end first, then the other side, nearest
+        first: one pass each way. A new workload's optimum may sit anywhere on the range
+        (measured: a new mmap workload found at 2048 KiB walked down one rung per probe
+        for 2 minutes, where a sweep reaches 4 KiB in its first probes)."""
+        plan: list[list[int]] = []
+        for k, n in enumerate(self.n_steps):
+            if self.frozen[k] or n == 0:
+                continue
+            pts = np.unique(np.rint(np.linspace(0, n, max(2, self.cfg.sweep_points))))
+            b = int(best[k])
+            below = [int(v) for v in pts[::-1] if v < b]
+            above = [int(v) for v in pts if v > b]
+            for v in (above + below if n - b < b else below + above):
+                t = [int(x) for x in best]
+                t[k] = v
+                plan.append(t)
+        return plan
 
     def probe_action(self, current: np.ndarray) -> int | None:
         """The next action of the running probe (NULL while it dwells at its target);

@@ -313,6 +313,37 @@ def test_a_setting_known_below_the_floor_is_not_probed_or_stepped_onto_again():
     assert 4 in targets
 
 
+def test_a_new_workload_is_swept_coarsely_before_the_local_search():
+    g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
+                     alarm_probes=3, sweep_points=4)
+    credit_level(g, 9, 50.0)                  # the workload before, best at 2048 KiB
+    g.best_setting(0)
+    g.forget()                                # a new workload: best unknown
+    g.start_probe(0.0, np.array([9]))         # the anchor is measured first
+    assert list(g.probe.target) == [9] and not g.sweep
+    credit_level(g, 9, 0.1)
+    g.best_setting(0)
+    targets = []
+    for _ in range(4):
+        g.start_probe(0.0, np.array([9]))
+        targets.append(int(g.probe.target[0]))
+    # 4 points over 0..10 (0, 3, 7, 10): the nearer end first, then down, nearest first
+    assert targets == [10, 7, 3, 0] and not g.sweep and g.wide_left == 0
+    g.forget()
+    assert not g.sweep                        # an alarm or a new workload drops the rest
+    # off (sweep_points = 0): the wide random draws, as before
+    h = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
+                     alarm_probes=3)
+    credit_level(h, 9, 50.0)
+    h.best_setting(0)
+    h.forget()
+    h.start_probe(0.0, np.array([9]))
+    credit_level(h, 9, 0.1)
+    h.best_setting(0)
+    h.start_probe(0.0, np.array([9]))
+    assert not h.sweep and h.wide_left == 2
+
+
 def test_after_a_change_the_first_probes_may_go_further():
     g = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
                      alarm_probes=2)

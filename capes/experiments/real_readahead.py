@@ -829,9 +829,25 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                         f"{sc['ci95'][1]:+.3f}], worst 10 s {sc['worst_10s_vs_original']:.2f}x "
                         f"original, restored {run.restored}")
     finally:
+        _keep_stacks(work)
         shutil.rmtree(work, ignore_errors=True)
         result["wall_s"] = time.time() - t0
     return result
+
+
+def _keep_stacks(work: Path) -> None:
+    """``CAPES_REAL_KEEP=DIR``: copy each tuner's replay DB and process logs there
+    before the work directory goes (what the engine saw, tick by tick, for a replay of
+    its detector on the live stream)."""
+    keep = os.environ.get("CAPES_REAL_KEEP")
+    if not keep:
+        return
+    for sub in work.glob("stack-*"):
+        dest = Path(keep) / sub.name
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in [*sub.glob("*.db*"), sub / "engine.json", *sub.glob("logs/*.log")]:
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
 
 
 def report_table(result: dict) -> str:
