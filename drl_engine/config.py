@@ -73,10 +73,10 @@ class DQNConfig:
     alarm_guard_steps: int = 0         # after a change alarm, the first ``alarm_probes`` local
     alarm_probes: int = 0              # probes may go this far (0: guard_steps): a far optimum
                                        # on a ladder is reached in a few probes, not one rung each
-    sweep_points: int = 0              # on a new workload (a new context, or an alarm that
-                                       # moved the level): probe this many settings spread
-                                       # evenly over each knob's range first, the nearer
-                                       # side first (0: the alarm_probes' random wide draws)
+    sweep_points: int = 0              # on a new workload (a new context, or one the engine
+                                       # is told of; not an alarm): probe this many settings
+                                       # spread evenly over each knob's range first, the
+                                       # nearer side first (0: alarm_probes' wide draws)
     greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads

@@ -303,7 +303,7 @@ class Engine:
             switches = len(self.context.switches)
             self.context.follow(self, self.experience.reader.sessions[session].pis, d.n, guide)
             if len(self.context.switches) != switches:
-                guide.sweep = []              # a sweep belongs to the workload it began in
+                guide.drop_sweep()            # a sweep belongs to the workload it began in
         first_action = None
         if guide.await_action:
             acted = self.experience.reader.sessions[session].actions[:d.n] >= 0

@@ -108,6 +108,7 @@ class Guide:
         self.last_p: float | None = None   # the newest objective value (probe_floor)
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
         self.sweep: list[list[int]] = []   # the coarse sweep's targets left (sweep_points)
+        self.sweep_due = False         # a new workload: sweep once its anchor is measured
         self.had_best = False          # a best was known once: best None is a new workload
         self.level_before: float | None = None   # the anchor's level before an alarm
         self._grid_keys: dict[bytes, tuple] = {}   # credit's memo: values -> grid index
@@ -319,8 +320,12 @@ class Guide:
         if self.dense:
             self.grid_stats[:] = 0.0
         self.best, self.probe, self._best_at = anchor, None, -1
-        self.sweep = []
+        self.drop_sweep()
         self.resets += 1
+
+    def drop_sweep(self) -> None:
+        """Forget a coarse sweep begun or due: it belongs to the workload it began in."""
+        self.sweep, self.sweep_due = [], False
 
     def _cells(self):
         """The visited cells: grid indices (V, P) and their sums, sums of squares and
@@ -397,6 +402,7 @@ class Guide:
             level = None if best is None else self._level(best)
             if best is None and self.had_best:     # a new workload: re-explore wide
                 self.wide_left = self.cfg.alarm_probes
+                self.sweep_due = self.cfg.sweep_points > 0
             if level is None:                      # measure the anchor before moving
                 anchor = current if best is None else best
                 self.anchor = np.array(anchor, np.int64)
@@ -407,8 +413,8 @@ class Guide:
             if before is not None and not before / ratio < level < before * ratio:
                 self.wide_left = self.cfg.alarm_probes    # the alarm moved the level: a
                                                           # new workload, not noise
-        if self.cfg.sweep_points and self.wide_left > 0 and best is not None:
-            self.sweep, self.wide_left = self._sweep_plan(best), 0    # instead of wide draws
+        if self.sweep_due and best is not None:  # instead of the wide draws
+            self.sweep, self.wide_left, self.sweep_due = self._sweep_plan(best), 0, False
         if self.sweep:
             target = np.array(self.sweep.pop(0), np.int64)
             if current is not None:
@@ -447,7 +453,8 @@ class Guide:
     def _sweep_plan(self, best: np.ndarray) -> list[list[int]]:
         """The coarse sweep around ``best``: per knob (one at a time, the others held),
         ``sweep_points`` settings spread evenly over its range, the one at ``best`` left
-        out, those on the side of the nearer end first, then the other side, nearest
+        out (only for a new workload: after an alarm on a known one the wide draws stay,
+        since a sweep's far end can cost far more than the floor allows there), those on the side of the nearer end first, then the other side, nearest
         first: one pass each way. A new workload's optimum may sit anywhere on the range
         (measured: a new mmap workload found at 2048 KiB walked down one rung per probe
         for 2 minutes, where a sweep reaches 4 KiB in its first probes)."""

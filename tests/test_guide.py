@@ -331,6 +331,15 @@ def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     assert targets == [10, 7, 3, 0] and not g.sweep and g.wide_left == 0
     g.forget()
     assert not g.sweep                        # an alarm or a new workload drops the rest
+    # an alarm whose level moved 2x on a known workload: the wide draws, no sweep
+    credit_level(g, 9, 50.0)
+    g.best_setting(0)
+    g.level_before = 50.0
+    g.forget(anchor=np.array([9]))
+    g.start_probe(0.0, np.array([9]))
+    credit_level(g, 9, 5.0)
+    g.start_probe(0.0, np.array([9]))
+    assert not g.sweep and g.wide_left == 2
     # off (sweep_points = 0): the wide random draws, as before
     h = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
                      alarm_probes=3)
