@@ -79,6 +79,10 @@ class DQNConfig:
                                        # nearer side first (0: alarm_probes' wide draws)
     greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
+    detect_fresh_only: bool = False    # ... hearing a tick only when its objective differs
+                                       # from the tick before (a collector re-reading a
+                                       # figure the application has not renewed is no new
+                                       # evidence; counted twice, its noise alarmed)
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
     # apart by their PI signature, keep each one's best-known setting, recall it on return.
     use_q_network: bool = True         # False: greedy holds the best-known setting (ablation)

@@ -190,6 +190,8 @@ class Guide:
             # that acts at once (a binding rate limit) would otherwise leave ``lag``
             # residuals keyed to the wrong setting after every move, and alarm
             held = (values[t - lag:t + 1] == values[t - lag]).all()
+            if held and self.cfg.detect_fresh_only and t > 0 and p[t] == p[t - 1]:
+                held = False                 # a stale re-read: heard once already
             if self.detector is not None and held and self.detector.update(p[t], key):
                 alarm = True
                 self.alarms.append(t)

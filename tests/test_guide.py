@@ -353,6 +353,17 @@ def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     assert not h.sweep and h.wide_left == 2
 
 
+@pytest.mark.parametrize("fresh_only", [False, True])
+def test_the_detector_hears_a_re_read_figure_once_with_detect_fresh_only(fresh_only):
+    g = ladder_guide(detect_fresh_only=fresh_only, settle_ticks=1)
+    heard = []
+    g.detector.update = lambda p, key: heard.append(p) or False
+    p = np.array([5.0, 5.0, 6.0, 6.0, 6.0, 4.0, 5.0, 5.0])   # a figure renewed every other tick
+    values = np.full((len(p), 1), 5.0)
+    g.credit(p, values, len(p), first_action=None)
+    assert heard == ([6.0, 4.0, 5.0] if fresh_only else list(p[1:]))
+
+
 def test_after_a_change_the_first_probes_may_go_further():
     g = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
                      alarm_probes=2)
