@@ -304,6 +304,8 @@ class Engine:
             self.context.follow(self, self.experience.reader.sessions[session].pis, d.n, guide)
             if len(self.context.switches) != switches:
                 guide.drop_sweep()            # a sweep belongs to the workload it began in
+                if self.context.switches[-1].new and len(self.context.memory) > 1:
+                    guide.new_workload()      # (not the first context: explored all along)
         first_action = None
         if guide.await_action:
             acted = self.experience.reader.sessions[session].actions[:d.n] >= 0

@@ -325,6 +325,15 @@ class Guide:
         self.drop_sweep()
         self.resets += 1
 
+    def new_workload(self) -> None:
+        """A new workload context was entered (its statistics start empty): its first
+        local probes go wide (``alarm_probes``), or sweep (``sweep_points``). Said by the
+        engine at the switch, since a tick credited before the next probe already names
+        a best, and :meth:`start_probe` would take the context for a known one."""
+        if self.had_best:
+            self.wide_left = self.cfg.alarm_probes
+            self.sweep_due = self.cfg.sweep_points > 0
+
     def drop_sweep(self) -> None:
         """Forget a coarse sweep begun or due: it belongs to the workload it began in."""
         self.sweep, self.sweep_due = [], False

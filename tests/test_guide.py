@@ -331,6 +331,15 @@ def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     assert targets == [10, 7, 3, 0] and not g.sweep and g.wide_left == 0
     g.forget()
     assert not g.sweep                        # an alarm or a new workload drops the rest
+    # a new context (the engine says so at the switch): one tick already names a best,
+    # and still the sweep comes first
+    g.grid_stats[:] = 0.0
+    credit_level(g, 9, 0.1, ticks=1)
+    g.best_setting(0)
+    g.new_workload()
+    g.start_probe(0.0, np.array([9]))
+    assert list(g.probe.target) == [10] and [t[0] for t in g.sweep] == [7, 3, 0]
+    g.drop_sweep()
     # an alarm whose level moved 2x on a known workload: the wide draws, no sweep
     credit_level(g, 9, 50.0)
     g.best_setting(0)
