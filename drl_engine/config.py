@@ -71,11 +71,21 @@ class DQNConfig:
                                        # anywhere at once
     probe_floor: float = 0.0           # a probe whose newest objective falls below this share
                                        # of the best-known level walks back at once (0: off)
+    probe_avoid_bad: bool = False      # local probes and greedy moves skip a setting whose
+                                       # level is known below probe_floor x the best's
     alarm_guard_steps: int = 0         # after a change alarm, the first ``alarm_probes`` local
     alarm_probes: int = 0              # probes may go this far (0: guard_steps): a far optimum
                                        # on a ladder is reached in a few probes, not one rung each
+    sweep_points: int = 0              # on a new workload (a new context, or one the engine
+                                       # is told of; not an alarm): probe this many settings
+                                       # spread evenly over each knob's range first, the
+                                       # nearer side first (0: alarm_probes' wide draws)
     greedy_guard_steps: int = 1        # ... and the greedy (Q-network) actions this close
     detect_changes: bool = True        # CUSUM on per-setting residuals raises ε locally
+    detect_fresh_only: bool = False    # ... hearing a tick only when its objective differs
+                                       # from the tick before (a collector re-reading a
+                                       # figure the application has not renewed is no new
+                                       # evidence; counted twice, its noise alarmed)
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
     # apart by their PI signature, keep each one's best-known setting, recall it on return.
     use_q_network: bool = True         # False: greedy holds the best-known setting (ablation)
@@ -111,7 +121,7 @@ class DQNConfig:
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
         for name in ("settle_ticks", "probe_dwell", "guard_steps", "greedy_guard_steps",
-                     "best_min_samples", "alarm_guard_steps", "alarm_probes",
+                     "best_min_samples", "alarm_guard_steps", "alarm_probes", "sweep_points",
                      "return_shift"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")

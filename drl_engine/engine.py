@@ -301,7 +301,12 @@ class Engine:
         self.guide_session = session
         d = self.experience.derived[session]
         if self.context is not None:          # [context hook] switch the guide's memory
+            switches = len(self.context.switches)
             self.context.follow(self, self.experience.reader.sessions[session].pis, d.n, guide)
+            if len(self.context.switches) != switches:
+                guide.drop_sweep()            # a sweep belongs to the workload it began in
+                if self.context.switches[-1].new and len(self.context.memory) > 1:
+                    guide.new_workload()      # (not the first context: explored all along)
         first_action = None
         if guide.await_action:
             acted = self.experience.reader.sessions[session].actions[:d.n] >= 0
@@ -327,7 +332,8 @@ class Engine:
                 return self.context.lead(int(q.argmax()), len(cur)), False, float(q.max())
             holding = self.context.holding(self.action_ticks)
         action = guide.probe_action(cur)
-        if action is None and not holding and (obs is None or self.rng.random() < eps):
+        if action is None and not holding and (obs is None or guide.sweep
+                                               or self.rng.random() < eps):
             guide.start_probe(self.global_share, cur)
             action = guide.probe_action(cur) or 0
         if action is not None:

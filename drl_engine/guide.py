@@ -107,6 +107,8 @@ class Guide:
         self.await_action = False      # credit nothing before the session's first action
         self.last_p: float | None = None   # the newest objective value (probe_floor)
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
+        self.sweep: list[list[int]] = []   # the coarse sweep's targets left (sweep_points)
+        self.sweep_due = False         # a new workload: sweep once its anchor is measured
         self.had_best = False          # a best was known once: best None is a new workload
         self.level_before: float | None = None   # the anchor's level before an alarm
         self._grid_keys: dict[bytes, tuple] = {}   # credit's memo: values -> grid index
@@ -188,6 +190,8 @@ class Guide:
             # that acts at once (a binding rate limit) would otherwise leave ``lag``
             # residuals keyed to the wrong setting after every move, and alarm
             held = (values[t - lag:t + 1] == values[t - lag]).all()
+            if held and self.cfg.detect_fresh_only and t > 0 and p[t] == p[t - 1]:
+                held = False                 # a stale re-read: heard once already
             if self.detector is not None and held and self.detector.update(p[t], key):
                 alarm = True
                 self.alarms.append(t)
@@ -318,7 +322,21 @@ class Guide:
         if self.dense:
             self.grid_stats[:] = 0.0
         self.best, self.probe, self._best_at = anchor, None, -1
+        self.drop_sweep()
         self.resets += 1
+
+    def new_workload(self) -> None:
+        """A new workload context was entered (its statistics start empty): its first
+        local probes go wide (``alarm_probes``), or sweep (``sweep_points``). Said by the
+        engine at the switch, since a tick credited before the next probe already names
+        a best, and :meth:`start_probe` would take the context for a known one."""
+        if self.had_best:
+            self.wide_left = self.cfg.alarm_probes
+            self.sweep_due = self.cfg.sweep_points > 0
+
+    def drop_sweep(self) -> None:
+        """Forget a coarse sweep begun or due: it belongs to the workload it began in."""
+        self.sweep, self.sweep_due = [], False
 
     def _cells(self):
         """The visited cells: grid indices (V, P) and their sums, sums of squares and
@@ -395,6 +413,7 @@ class Guide:
             level = None if best is None else self._level(best)
             if best is None and self.had_best:     # a new workload: re-explore wide
                 self.wide_left = self.cfg.alarm_probes
+                self.sweep_due = self.cfg.sweep_points > 0
             if level is None:                      # measure the anchor before moving
                 anchor = current if best is None else best
                 self.anchor = np.array(anchor, np.int64)
@@ -405,6 +424,14 @@ class Guide:
             if before is not None and not before / ratio < level < before * ratio:
                 self.wide_left = self.cfg.alarm_probes    # the alarm moved the level: a
                                                           # new workload, not noise
+        if self.sweep_due and best is not None:  # instead of the wide draws
+            self.sweep, self.wide_left, self.sweep_due = self._sweep_plan(best), 0, False
+        if self.sweep:
+            target = np.array(self.sweep.pop(0), np.int64)
+            if current is not None:
+                target = np.where(self.frozen, current, target)
+            self.probe = Probe(target, self.cfg.probe_dwell)
+            return
         if best is None or self.rng.random() < global_share:
             target = None
             if self.cfg.probe_model and current is not None:
@@ -422,6 +449,9 @@ class Guide:
                                                      size=(self.LOCAL_CANDIDATES, len(best)))),
                              -g, g)
             near = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
+            if self.cfg.probe_avoid_bad:      # a setting seen below the floor: not again
+                ok = [not self._known_bad(k) for k in near]
+                near = near[ok] if any(ok) else best[None].astype(np.int64)
             target = None
             if self.cfg.probe_model and current is not None:
                 target = self.model_target(current, box=near)
@@ -430,6 +460,28 @@ class Guide:
         if current is not None:
             target = np.where(self.frozen, current, target)
         self.probe = Probe(target, self.cfg.probe_dwell, replan)
+
+    def _sweep_plan(self, best: np.ndarray) -> list[list[int]]:
+        """The coarse sweep around ``best``: per knob (one at a time, the others held),
+        ``sweep_points`` settings spread evenly over its range, the one at ``best`` left
+        out (only for a new workload: after an alarm on a known one the wide draws stay,
+        since a sweep's far end can cost far more than the floor allows there), those on the side of the nearer end first, then the other side, nearest
+        first: one pass each way. A new workload's optimum may sit anywhere on the range
+        (measured: a new mmap workload found at 2048 KiB walked down one rung per probe
+        for 2 minutes, where a sweep reaches 4 KiB in its first probes)."""
+        plan: list[list[int]] = []
+        for k, n in enumerate(self.n_steps):
+            if self.frozen[k] or n == 0:
+                continue
+            pts = np.unique(np.rint(np.linspace(0, n, max(2, self.cfg.sweep_points))))
+            b = int(best[k])
+            below = [int(v) for v in pts[::-1] if v < b]
+            above = [int(v) for v in pts if v > b]
+            for v in (above + below if n - b < b else below + above):
+                t = [int(x) for x in best]
+                t[k] = v
+                plan.append(t)
+        return plan
 
     def probe_action(self, current: np.ndarray) -> int | None:
         """The next action of the running probe (NULL while it dwells at its target);
@@ -477,6 +529,17 @@ class Guide:
         level = self._level(best)
         return level is not None and level > 0 and self.last_p < floor * level
 
+    def _known_bad(self, key: np.ndarray) -> bool:
+        """Whether ``key``'s own mean is below ``probe_floor`` × the best-known setting's
+        (``probe_avoid_bad``): a probe there already cost more than the floor allows, and
+        another one costs as much again (measured live: the same rung probed 2-3 times in
+        20 s put the worst 10 s at 0.80x the original)."""
+        best, floor = self.best, self.cfg.probe_floor
+        if best is None or floor <= 0 or np.array_equal(key, best):
+            return False
+        level, ref = self._level(key), self._level(best)
+        return level is not None and ref is not None and ref > 0 and level < floor * ref
+
     def guard(self, action: int, current: np.ndarray) -> int:
         """``action`` if it keeps every parameter within ``greedy_guard_steps`` of the
         best-known setting (or moves towards it), else a step back towards it. With no
@@ -487,6 +550,11 @@ class Guide:
         if best is None or action == 0:
             return action
         k, steps = actions.decode(action, len(current))
+        if self.cfg.probe_avoid_bad:          # never step onto a setting known below the floor
+            to = np.asarray(current, np.int64).copy()
+            to[k] = min(max(to[k] + steps, 0), int(self.n_steps[k]))
+            if self._known_bad(to):
+                return 0
         out, back = trust_region.outside(np.asarray(current)[None], np.array([k]),
                                          np.array([steps]), best[None], self.n_steps,
                                          self.cfg.greedy_guard_steps)

@@ -286,6 +286,93 @@ def test_a_probe_below_the_floor_walks_back_at_once():
     assert moves == [0, 0, 0, 0, None]
 
 
+def test_a_setting_known_below_the_floor_is_not_probed_or_stepped_onto_again():
+    def guide(avoid):
+        g = ladder_guide(first_probe="local", guard_steps=1, probe_local_steps=1.0,
+                         probe_floor=0.75, probe_avoid_bad=avoid)
+        credit_level(g, 5, 26.0)          # the anchor, 128 KiB
+        credit_level(g, 4, 13.0, ticks=2)  # one rung down: half of it (a probe walked back)
+        g.best_setting(0)
+        return g
+    for seed in range(20):
+        g = guide(True)
+        g.rng = np.random.default_rng(seed)
+        g.start_probe(0.0, np.array([5]))
+        assert int(g.probe.target[0]) in (5, 6)          # never 4 again
+    down, up = actions.encode(0, -1, 1), actions.encode(0, 1, 1)
+    g = guide(True)
+    assert g.guard(down, np.array([5])) == 0 and g.guard(up, np.array([5])) == up
+    # off (the presets): the same data still sends probes and greedy moves to 4
+    h = guide(False)
+    assert h.guard(down, np.array([5])) == down
+    targets = set()
+    for seed in range(20):
+        h.rng = np.random.default_rng(seed)
+        h.start_probe(0.0, np.array([5]))
+        targets.add(int(h.probe.target[0]))
+    assert 4 in targets
+
+
+def test_a_new_workload_is_swept_coarsely_before_the_local_search():
+    g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
+                     alarm_probes=3, sweep_points=4)
+    credit_level(g, 9, 50.0)                  # the workload before, best at 2048 KiB
+    g.best_setting(0)
+    g.forget()                                # a new workload: best unknown
+    g.start_probe(0.0, np.array([9]))         # the anchor is measured first
+    assert list(g.probe.target) == [9] and not g.sweep
+    credit_level(g, 9, 0.1)
+    g.best_setting(0)
+    targets = []
+    for _ in range(4):
+        g.start_probe(0.0, np.array([9]))
+        targets.append(int(g.probe.target[0]))
+    # 4 points over 0..10 (0, 3, 7, 10): the nearer end first, then down, nearest first
+    assert targets == [10, 7, 3, 0] and not g.sweep and g.wide_left == 0
+    g.forget()
+    assert not g.sweep                        # an alarm or a new workload drops the rest
+    # a new context (the engine says so at the switch): one tick already names a best,
+    # and still the sweep comes first
+    g.grid_stats[:] = 0.0
+    credit_level(g, 9, 0.1, ticks=1)
+    g.best_setting(0)
+    g.new_workload()
+    g.start_probe(0.0, np.array([9]))
+    assert list(g.probe.target) == [10] and [t[0] for t in g.sweep] == [7, 3, 0]
+    g.drop_sweep()
+    # an alarm whose level moved 2x on a known workload: the wide draws, no sweep
+    credit_level(g, 9, 50.0)
+    g.best_setting(0)
+    g.level_before = 50.0
+    g.forget(anchor=np.array([9]))
+    g.start_probe(0.0, np.array([9]))
+    credit_level(g, 9, 5.0)
+    g.start_probe(0.0, np.array([9]))
+    assert not g.sweep and g.wide_left == 2
+    # off (sweep_points = 0): the wide random draws, as before
+    h = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
+                     alarm_probes=3)
+    credit_level(h, 9, 50.0)
+    h.best_setting(0)
+    h.forget()
+    h.start_probe(0.0, np.array([9]))
+    credit_level(h, 9, 0.1)
+    h.best_setting(0)
+    h.start_probe(0.0, np.array([9]))
+    assert not h.sweep and h.wide_left == 2
+
+
+@pytest.mark.parametrize("fresh_only", [False, True])
+def test_the_detector_hears_a_re_read_figure_once_with_detect_fresh_only(fresh_only):
+    g = ladder_guide(detect_fresh_only=fresh_only, settle_ticks=1)
+    heard = []
+    g.detector.update = lambda p, key: heard.append(p) or False
+    p = np.array([5.0, 5.0, 6.0, 6.0, 6.0, 4.0, 5.0, 5.0])   # a figure renewed every other tick
+    values = np.full((len(p), 1), 5.0)
+    g.credit(p, values, len(p), first_action=None)
+    assert heard == ([6.0, 4.0, 5.0] if fresh_only else list(p[1:]))
+
+
 def test_after_a_change_the_first_probes_may_go_further():
     g = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
                      alarm_probes=2)

@@ -168,6 +168,39 @@ def test_worst_window():
     assert math.isnan(rr.worst_window([1, 2]))
 
 
+def test_a_1_s_monitor_re_reads_a_figure_not_renewed_and_fresh_only_hears_it_once():
+    # fio seconds published at 1.1 and 2.1 s into each 2.7 s segment (a reopen between)
+    series = []
+    for seg in range(40):
+        for k, at in enumerate((1.1, 2.1)):
+            series.append([seg * 2.7 + at, 100.0 + (seg * 2 + k) % 7, 128, 0, 16.0])
+    ticks = rr.as_ticks(series, 0.5)
+    assert len(ticks["p"]) == int(series[-1][0] - series[0][0] - 0.5) + 1
+    repeats = int(np.sum(np.diff(ticks["p"]) == 0))
+    assert repeats >= len(ticks["p"]) // 4          # the reopen gaps: figures read twice
+    heard = []
+
+    class Spy:
+        def __init__(self, config=None):
+            pass
+
+        def update(self, p, key):
+            heard.append(p)
+            return False
+    import drl_engine.change_detection as cd
+    real = cd.SettingResidualDetector
+    cd.SettingResidualDetector = Spy
+    try:
+        rr.replay_detector(ticks)
+        everything = len(heard)
+        heard.clear()
+        rr.replay_detector(ticks, fresh_only=True)
+    finally:
+        cd.SettingResidualDetector = real
+    late = sum(ticks["p"][i] == ticks["p"][i - 1] for i in range(3, len(ticks["p"])))
+    assert len(heard) == everything - late         # (the first 3 s are never heard)
+
+
 # ------------------------------------------------------------------ real (root, slow)
 
 def _need(backing: str) -> None:

@@ -366,10 +366,14 @@ class SessionRunner:
                 if stop is not None and stop.is_set() or time.monotonic() > deadline:
                     break
                 try:
-                    lines = out.read_text().splitlines()
+                    text = out.read_text()
                 except OSError:
-                    lines = []
-                complete = lines if done else lines[:-1]
+                    text = ""
+                lines = text.splitlines()
+                # a line is complete once its newline is written: publish it at once (the
+                # application reports each second when it ends; holding the last line
+                # back until the next one came delayed every figure by a second)
+                complete = lines if done or text.endswith("\n") else lines[:-1]
                 for line in complete[seen:]:
                     s = parse_terse_status(line)
                     if s is None:
@@ -825,9 +829,25 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                         f"{sc['ci95'][1]:+.3f}], worst 10 s {sc['worst_10s_vs_original']:.2f}x "
                         f"original, restored {run.restored}")
     finally:
+        _keep_stacks(work)
         shutil.rmtree(work, ignore_errors=True)
         result["wall_s"] = time.time() - t0
     return result
+
+
+def _keep_stacks(work: Path) -> None:
+    """``CAPES_REAL_KEEP=DIR``: copy each tuner's replay DB and process logs there
+    before the work directory goes (what the engine saw, tick by tick, for a replay of
+    its detector on the live stream)."""
+    keep = os.environ.get("CAPES_REAL_KEEP")
+    if not keep:
+        return
+    for sub in work.glob("stack-*"):
+        dest = Path(keep) / sub.name
+        dest.mkdir(parents=True, exist_ok=True)
+        for f in [*sub.glob("*.db*"), sub / "engine.json", *sub.glob("logs/*.log")]:
+            if f.is_file():
+                shutil.copy2(f, dest / f.name)
 
 
 def report_table(result: dict) -> str:
@@ -949,18 +969,21 @@ def detector_traces(result: dict, source: str) -> list[dict]:
     return out
 
 
-def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3) -> dict:
+def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3,
+                    fresh_only: bool = False) -> dict:
     """Replay one trace through the engine's change detector
     (:class:`drl_engine.change_detection.SettingResidualDetector`, keyed by the
     read_ahead_kb in effect), as the engine's guide feeds it: only seconds whose setting
     held over the ``held`` seconds before. Returns the alarms, the switches found within
     ``window`` seconds, and the false alarms (any alarm not within ``window`` s after a
-    switch) over the trace's hours outside those windows."""
+    switch) over the trace's hours outside those windows. ``fresh_only``: a second equal
+    to the one before is not heard (``engine.detect_fresh_only``)."""
     from drl_engine.change_detection import SettingResidualDetector
     det = SettingResidualDetector(config)
     p, key = trace["p"], trace["key"]
     alarms = [i for i in range(len(p))
               if i >= held and all(key[j] == key[i] for j in range(i - held, i))
+              and not (fresh_only and p[i] == p[i - 1])
               and det.update(float(p[i]), key[i])]
     ph = trace["phase"]
     switches = [i for i in range(1, len(ph)) if ph[i] != ph[i - 1]]
@@ -969,6 +992,45 @@ def replay_detector(trace: dict, config=None, window: int = 60, held: int = 3) -
     quiet_s = len(ph) - sum(min(window, len(ph) - s) for s in switches)
     return {"alarms": alarms, "switches": switches, "found": found,
             "false": len(alarms) - len(near), "quiet_hours": quiet_s / 3600}
+
+
+def as_ticks(series: list, offset: float, tick_s: float = 1.0) -> dict:
+    """A session's recorded seconds (a bench JSON's ``series``: publication time, bytes/s,
+    read_ahead_kb, phase, ...) as a monitoring agent reading the published figure every
+    ``tick_s`` from ``offset`` s after the first one sees them: the figure last
+    published before each tick, so a figure not yet renewed is read again and one
+    renewed twice within a tick is missed. A trace for :func:`replay_detector`."""
+    rows = [r for r in series if math.isfinite(r[1])]
+    t = np.array([r[0] for r in rows])
+    idx = np.searchsorted(t, np.arange(t[0] + offset, t[-1], tick_s), side="right") - 1
+    return {"p": [rows[i][1] for i in idx], "key": [int(rows[i][2]) for i in idx],
+            "phase": [int(rows[i][3]) for i in idx]}
+
+
+def live_alarms(result: dict, offsets: int = 10) -> dict:
+    """Per tuner session of a bench result: the detector's alarms replayed on its
+    recorded seconds (each once, as ``traces`` does) and on the same seconds read as a
+    1 s monitor reads them (mean over ``offsets`` phases of its clock), without and with
+    ``fresh_only``; each with the switches found (within 60 s) and the false alarms."""
+    out = {}
+    for name, sc in (result.get("tuners") or {}).items():
+        rows = [r for r in sc.get("series") or [] if math.isfinite(r[1])]
+        if len(rows) < 20:
+            continue
+        seconds = {"p": [r[1] for r in rows], "key": [int(r[2]) for r in rows],
+                   "phase": [int(r[3]) for r in rows]}
+        one = replay_detector(seconds)
+        entry = {"seconds": {"found": sum(one["found"]), "false": one["false"],
+                             "switches": len(one["switches"])}}
+        for label, fresh in (("ticks", False), ("ticks_fresh_only", True)):
+            runs = [replay_detector(as_ticks(rows, k / offsets), fresh_only=fresh)
+                    for k in range(offsets)]
+            entry[label] = {"found": float(np.mean([sum(r["found"]) for r in runs])),
+                            "false": float(np.mean([r["false"] for r in runs])),
+                            "repeats": float(np.mean([np.mean(np.diff(as_ticks(
+                                rows, k / offsets)["p"]) == 0) for k in range(offsets)]))}
+        out[name] = entry
+    return out
 
 
 def replay_contexts(trace: dict, window: int = 60) -> dict | None:
@@ -1001,13 +1063,21 @@ __all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
            "SessionRunner", "static_grid", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",
            "BenchOptions", "run_bench", "report_table", "run_and_report", "detector_traces",
-           "replay_detector", "replay_contexts"]
+           "replay_detector", "replay_contexts", "as_ticks", "live_alarms"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m capes.experiments.real_readahead traces OUT.json BENCH.json...``:
-    the detector traces of bench results, for tests/fixtures."""
+    the detector traces of bench results, for tests/fixtures; ``live BENCH.json...``:
+    :func:`live_alarms` of each (why live alarms differ from the replay)."""
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) >= 2 and argv[0] == "live":
+        for path in argv[1:]:
+            for name, entry in live_alarms(json.loads(Path(path).read_text())).items():
+                print(f"{Path(path).stem} {name}: " + "; ".join(
+                    f"{k} " + ", ".join(f"{f} {v:.2f}" if isinstance(v, float) else f"{f} {v}"
+                                        for f, v in e.items()) for k, e in entry.items()))
+        return 0
     if len(argv) < 3 or argv[0] != "traces":
         print("usage: python -m capes.experiments.real_readahead traces OUT.json "
               "BENCH.json...", file=sys.stderr)
