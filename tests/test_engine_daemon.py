@@ -56,6 +56,10 @@ def test_engine_daemon_acts_bumps_epsilon_on_workload_change_and_checkpoints(tmp
             [sys.executable, "-m", "capes", "drl-engine", "--config", str(cfg),
              "--set", f"daemon.grpc={daemon.info['grpc']}", "--set", "engine.stack=2",
              "--set", "engine.exploration_ticks=1", "--set", "keys.client=engine",
+             # the change detector off: a spontaneous alarm on this sawtooth feed (seen on
+             # a loaded CI host) lifts ε for workload_ticks and hides what is tested here,
+             # the schedule and the operator's bump; the detector has its own tests
+             "--set", "engine.detect_changes=false",
              "--device", "cpu", "--checkpoint-dir", str(tmp_path / "ckpt"),
              "--status-file", str(status_file)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

