@@ -104,6 +104,7 @@ class Engine:
         self.bumped_at: int | None = None
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
+        self._train_calls = 0                  # calls of train() on the tick schedule
         self.restore_error: str | None = None   # why a checkpoint could not be used
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
         if deployment is not None:           # the per-node mode, built by update()
@@ -357,7 +358,7 @@ class Engine:
             return None
         every = self.cfg.train_every if steps is None and not self.per_node else 1
         if every > 1:                              # the tick schedule: every k-th, k× batch
-            self._train_calls = getattr(self, "_train_calls", 0) + 1
+            self._train_calls += 1
             if self._train_calls % every:
                 return None
         steps = self.cfg.train_steps_per_tick if steps is None else steps
