@@ -411,9 +411,8 @@ class Guide:
         replan = False
         if self.cfg.first_probe == "local" and current is not None:
             level = None if best is None else self._level(best)
-            if best is None and self.had_best:     # a new workload: re-explore wide
-                self.wide_left = self.cfg.alarm_probes
-                self.sweep_due = self.cfg.sweep_points > 0
+            if best is None:                       # a new workload: re-explore wide
+                self.new_workload()
             if level is None:                      # measure the anchor before moving
                 anchor = current if best is None else best
                 self.anchor = np.array(anchor, np.int64)
