@@ -23,6 +23,13 @@ class NodeModelConfig:
     pool: Literal["mean_std", "mean_max"] = "mean_std"
     dueling: bool = True
     mean_field: bool = True           # the head also reads the others' action distribution
+    # the head's first layer applied to the cluster summary c once per tick and broadcast
+    # to its nodes (c is the same for every node of a tick: 128 of the head's 197 inputs);
+    # False: c copied to every node's input row first (the same sums up to float rounding)
+    summary_once: bool = True
+    # tanh by numpy on the CPU (7x faster than torch's on the benchmark machine; within
+    # one float32 ulp of it); False: torch.tanh
+    numpy_tanh: bool = True
     loss_nodes: int = 16              # nodes per sampled tick in a minibatch (0: all)
     gamma: float = 0.0                # 0: the engine's [engine] gamma
     # replay ring and input statistics

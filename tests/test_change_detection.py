@@ -170,6 +170,33 @@ def test_per_node_streams_with_their_own_settings():
     assert not [h for h in hits_pooled if h < 800]
 
 
+@pytest.mark.parametrize("relative", [True, False])
+def test_per_node_tables_in_numpy_give_the_plain_loops_residuals(relative):
+    """Many streams keep their settings' levels in arrays (update_many in numpy); the
+    residuals, alarms and levels are those of the per-stream Python tables, to the bit,
+    across missing samples, settings seen for the first time and an alarm's reset."""
+    rng = np.random.default_rng(8)
+    n = 48
+    cfg = ChangeDetectorConfig(delay=3, min_streams=8, relative=relative)
+    fast, plain = SettingResidualDetector(cfg, streams=n), SettingResidualDetector(cfg, streams=n)
+    plain._dense = None
+    knobs, alarms = rng.integers(10, 14, (n, 2)), []
+    for t in range(1500):
+        knobs = np.clip(knobs + rng.integers(-1, 2, (n, 2)) * (rng.random((n, 1)) < 0.2), 1, 40)
+        x = (1 + 0.1 * knobs[:, 0] + 0.5 * (t >= 700)) * (1 + 0.05 * rng.standard_normal(n))
+        x[rng.random(n) < 0.05] = np.nan
+        keys = list(map(tuple, knobs.tolist()))
+        alarm = fast.update_many(x, keys)
+        assert alarm == plain.update_many(x, keys)
+        alarms += [t] * alarm
+        np.testing.assert_array_equal(fast.residual, plain.residual)
+    assert alarms and alarms[0] >= 700
+    assert fast.counters() == plain.counters()
+    for s in range(n):
+        assert fast.settings_seen(s) == plain.settings_seen(s)
+        assert [fast.expected(k, s) for k in keys] == [plain.expected(k, s) for k in keys]
+
+
 def test_config_is_validated_with_the_key():
     with pytest.raises(ConfigError, match="detector.threshold"):
         build(ChangeDetectorConfig, {"threshold": 0}, "x.toml", "detector")

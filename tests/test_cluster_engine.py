@@ -74,6 +74,27 @@ def test_the_network_is_permutation_equivariant_and_ignores_masked_nodes():
     assert torch.allclose(net(x[:, :4])[:, :4], net(x, mask)[:, :4], atol=1e-5)
 
 
+@pytest.mark.parametrize("mean_field", [True, False])
+def test_the_fast_arithmetic_computes_the_same_network(mean_field):
+    """``summary_once`` (the head's c columns once per tick) and ``numpy_tanh`` change
+    float rounding only: the same weights give the same Q-values and gradients as the
+    concatenated rows and torch's tanh, to float32 precision; a checkpoint of one loads
+    into the other."""
+    torch.manual_seed(0)
+    cfg = NodeModelConfig(mean_field=mean_field)
+    fast = NodeQNetwork(12, 5, cfg)
+    slow = NodeQNetwork(12, 5, dataclasses.replace(cfg, summary_once=False, numpy_tanh=False))
+    slow.load_state_dict(fast.state_dict())
+    x, abar = torch.randn(3, 40, 12), torch.rand(3, 40, 5) if mean_field else None
+    mask = torch.rand(3, 40) > 0.2
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x, mask, abar), slow(x, mask, abar))
+    for net in (fast, slow):
+        net(x, mask, abar).square().sum().backward()
+    for a, b in zip(fast.parameters(), slow.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_mean_std_pool_of_a_subset_estimates_the_whole():
     torch.manual_seed(1)
     e = torch.randn(1, 4000, 3) * 2 + 1

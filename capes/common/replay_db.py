@@ -43,6 +43,7 @@ from capes.common.params import ParameterSpec
 log = logging.getLogger("capes.replay_db")
 
 SCHEMA_VERSION = 1
+INSERT_ROWS = 200        # rows per INSERT statement (800 parameters: under SQLite's old 999)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -299,6 +300,7 @@ class ReplayWriter:
         self.compress = compress
         self.max_pending = max_pending
         self.dropped = 0
+        self._insert_sql: dict[tuple[str, int], str] = {}
         try:
             self.conn = connect(self.path)
             with self.conn:
@@ -437,11 +439,18 @@ class ReplayWriter:
         return done
 
     def _insert(self, table: str, rows: list[tuple]) -> int:
-        """Insert ``rows``, ignoring keys already stored; return how many were stored."""
-        if not rows:
-            return 0
-        return self.conn.executemany(f"INSERT OR IGNORE INTO {table} VALUES (?,?,?,?)",
-                                     rows).rowcount
+        """Insert ``rows`` in order, ignoring keys already stored; return how many were
+        stored. Up to ``INSERT_ROWS`` rows a statement: one multi-row INSERT cost ~0.6 of
+        ``executemany``'s time per row (1,000 rows a tick of the cluster test)."""
+        stored, k = 0, INSERT_ROWS
+        for i in range(0, len(rows), k):
+            chunk = rows[i:i + k]
+            sql = self._insert_sql.get((table, len(chunk)))
+            if sql is None:
+                sql = self._insert_sql[table, len(chunk)] = \
+                    f"INSERT OR IGNORE INTO {table} VALUES " + ",".join(["(?,?,?,?)"] * len(chunk))
+            stored += self.conn.execute(sql, list(itertools.chain.from_iterable(chunk))).rowcount
+        return stored
 
     def close(self, commit: bool = True) -> None:
         """Commit what is buffered (unless ``commit`` is false) and close."""
