@@ -16,6 +16,7 @@ from capes.common.config import ConfigError
 # engine.q_scope: where the Q-network's greedy action may act (round 5 of docs/recall.md)
 Q_SCOPES = ("everywhere", "new_contexts")
 
+
 @dataclass
 class DQNConfig:
     preset: Literal["default", "paper"] = "default"
@@ -94,7 +95,8 @@ class DQNConfig:
     q_scope: str = "everywhere"        # "new_contexts": the Q-network acts only in a new
                                        # workload's inference walk (context_infer); greedy
                                        # elsewhere holds the best-known setting, as with
-                                       # use_q_network = false (docs/recall.md, round 5)
+                                       # use_q_network = false (docs/recall.md, round 5;
+                                       # the guided engine's: the paper preset ignores it)
     use_context: bool = False          # per-workload memory (the default preset turns it on)
     context_pis: list[str] = field(default_factory=list)   # [] : every PI that is neither
                                        # the objective's nor a parameter's
