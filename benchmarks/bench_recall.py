@@ -13,7 +13,9 @@ workload's first setting from the Q-network's walk on fresh observations) and ``
 ``demo`` (``engine.demo_margin``: the network also learns the move towards each
 context's best-known setting, DQfD's margin loss) and its variants (``…3``: the
 inference waits for three known workloads, ``engine.context_infer_known=3``; ``…-g0``:
-``greedy_guard_steps=0``). Games: ``recurring`` and ``stationary`` by default; ``mixes``
+``greedy_guard_steps=0``; ``scoped3``: ``demo3`` with ``engine.q_scope=new_contexts``, the
+network acting only in a new workload's walk, so that ``nearest3`` plays its moves
+everywhere else). Games: ``recurring`` and ``stationary`` by default; ``mixes``
 on request (``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the
 recurring game's workloads arrive unseen). Per arm: the median time to band of returns
 and of first visits (a phase that never reaches its band counts as its length), and the
@@ -56,7 +58,9 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "demo3": ["engine.context_infer=true", "engine.demo_margin=0.5",
                   "engine.context_infer_known=3"],
         "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
-                     "engine.context_infer_known=3"]}
+                     "engine.context_infer_known=3"],
+        "scoped3": ["engine.context_infer=true", "engine.demo_margin=0.5",
+                    "engine.context_infer_known=3", "engine.q_scope=new_contexts"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

@@ -13,6 +13,9 @@ from typing import Any, Literal
 from capes.common.actions import MAX_STEPS
 from capes.common.config import ConfigError
 
+# engine.q_scope: where the Q-network's greedy action may act (round 5 of docs/recall.md)
+Q_SCOPES = ("everywhere", "new_contexts")
+
 
 @dataclass
 class DQNConfig:
@@ -89,6 +92,11 @@ class DQNConfig:
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
     # apart by their PI signature, keep each one's best-known setting, recall it on return.
     use_q_network: bool = True         # False: greedy holds the best-known setting (ablation)
+    q_scope: str = "everywhere"        # "new_contexts": the Q-network acts only in a new
+                                       # workload's inference walk (context_infer); greedy
+                                       # elsewhere holds the best-known setting, as with
+                                       # use_q_network = false (docs/recall.md, round 5;
+                                       # the guided engine's: the paper preset ignores it)
     use_context: bool = False          # per-workload memory (the default preset turns it on)
     context_pis: list[str] = field(default_factory=list)   # [] : every PI that is neither
                                        # the objective's nor a parameter's
@@ -128,6 +136,9 @@ class DQNConfig:
         if not 1 <= self.action_steps <= MAX_STEPS:
             raise ValueError(f"action_steps: must lie in [1, {MAX_STEPS}] "
                              f"(got {self.action_steps})")
+        if self.q_scope not in Q_SCOPES:
+            raise ValueError(f"q_scope: must be one of {', '.join(Q_SCOPES)} "
+                             f"(got {self.q_scope!r})")
         if self.first_probe not in ("local", "global"):
             raise ValueError(f"first_probe: must be local or global (got {self.first_probe!r})")
         if not 0 <= self.probe_floor < 1:

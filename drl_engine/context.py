@@ -44,6 +44,11 @@ context what the guide knows:
   (:meth:`WorkloadContexts.session_contexts`, :meth:`WorkloadContexts.best_of`;
   ``drl_engine/demonstrations.py``), so the walk above points where the memory would.
 
+* **The network may act only in that walk** (``engine.q_scope = "new_contexts"``, off by
+  default; ``Engine._q_greedy``): greedy elsewhere holds the best-known setting, so the
+  engine plays ``use_q_network = false``'s moves until a new workload's walk, and the
+  paired difference carries what the walk adds (``docs/recall.md``, round 5).
+
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.

@@ -276,6 +276,13 @@ class Engine:
         self.action_ticks += 1
         return Decision(tick, action, values, eps, explored, q_max)
 
+    @property
+    def _q_greedy(self) -> bool:
+        """Whether the Q-network chooses the guided greedy action (and a lead): not with
+        ``use_q_network = false``, nor with ``q_scope = "new_contexts"``, where it acts
+        only in a new workload's inference walk (``WorkloadContexts.infer_action``)."""
+        return self.cfg.use_q_network and self.cfg.q_scope == "everywhere"
+
     def _newest_tick(self, session: int) -> tuple[int, None] | None:
         """(newest tick, no observation) while the session's first stack fills up."""
         data = self.experience.reader.sessions.get(session)
@@ -325,7 +332,7 @@ class Engine:
             action = self.context.recall_action(cur, guide, self.action_ticks)
             if action is not None:
                 return action, False, None
-            if (self.cfg.context_lead and self.context.leaving and self.cfg.use_q_network
+            if (self.cfg.context_lead and self.context.leaving and self._q_greedy
                     and obs is not None):
                 # the signature just changed, the context is not confirmed yet: the
                 # Q-network, which sees the new signature, leads the first move
@@ -339,8 +346,8 @@ class Engine:
             action = guide.probe_action(cur) or 0
         if action is not None:
             return action, True, None
-        if not self.cfg.use_q_network:        # [ablation hook] greedy holds the best-known
-            best = guide.best                 # setting
+        if not self._q_greedy:                # [ablation hook] greedy holds the best-known
+            best = guide.best                 # setting (q_scope: the network only walks)
             return (step_towards(cur, best, guide.n_steps) if best is not None else 0), False, None
         q = self.dqn.q_values(obs[None])[0]
         return guide.guard(int(q.argmax()), cur), False, float(q.max())

@@ -115,3 +115,55 @@ def test_the_stationary_game_plays_as_before_with_inference_on(switch):
     a, b = run_one(on, 3, keep_trace=True), run_one(off, 3, keep_trace=True)
     assert a.trace["window"] == b.trace["window"]       # no signature PIs: no context
     assert a.trace["loss"] == b.trace["loss"]           # ... no label to learn either
+
+
+def _trace(game: str, limit: int, extra: list[str], seed: int = 3) -> dict:
+    """The trace of one seeded run of a shipped game, on one thread (as a converge-test
+    job: threaded BLAS spins on a busy machine), the suite's thread counts restored."""
+    from pathlib import Path
+    import torch
+    from threadpoolctl import threadpool_limits
+    from capes.experiments.converge_test import load_config, run_one
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / game, extra)
+    cfg.game = cfg.game.until(limit)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            return run_one(cfg, seed, keep_trace=True).trace
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_with_q_scope_new_contexts_and_no_walk_the_engine_plays_as_without_the_network():
+    # the recurring game with its default settings: no inference walk, so the network
+    # never acts, and every move is use_q_network = false's (where the Q-network's
+    # guarded greedy moves do change the trace)
+    game, limit = "recurring-workloads.toml", 400
+    scoped = _trace(game, limit, ["engine.q_scope=new_contexts"])
+    no_q = _trace(game, limit, ["engine.use_q_network=false"])
+    default = _trace(game, limit, [])
+    assert scoped["window"] == no_q["window"] and scoped["rate_limit"] == no_q["rate_limit"]
+    assert default["window"] != no_q["window"]
+
+
+def test_with_q_scope_new_contexts_the_network_acts_first_at_an_unseen_workloads_walk():
+    # the mixes game: the first mix arrives at tick 1600, the fourth workload, where the
+    # walk acts (context_infer_known = 3); until then the network arm plays its
+    # ablation's moves exactly, then its walk differs from the nearest context's setting
+    game, walk = "recurring-workloads-mixes.toml", ["engine.context_infer=true",
+                                                   "engine.context_infer_known=3"]
+    scoped = _trace(game, 1650, [*walk, "engine.q_scope=new_contexts",
+                                 "engine.demo_margin=0.5"], seed=0)
+    nearest = _trace(game, 1650, [*walk, "engine.use_q_network=false"], seed=0)
+    differ = [i for i, (a, b) in enumerate(zip(scoped["window"], nearest["window"]))
+              if a != b]
+    assert differ and 1600 <= differ[0] <= 1620
+
+
+def test_q_scope_is_validated():
+    from pathlib import Path
+    from capes.experiments.converge_test import load_config
+    game = Path(__file__).resolve().parents[1] / "configs" / "storagegamesim.toml"
+    with pytest.raises(Exception, match="q_scope"):
+        load_config(game, ["engine.q_scope=new_workloads"])
