@@ -190,7 +190,11 @@ PRESETS: dict[str, dict] = {
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
                 "probe_model": True, "learn_lags": True, "action_steps": 2,
-                "use_context": True, "train_every": 3},
+                "use_context": True, "train_every": 3,
+                # issue 25 round 5 (docs/recall.md): the network, taught by each
+                # workload's best-known setting, acts only on an unseen workload's walk
+                "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,
+                "q_scope": "new_contexts"},
 }
 
 

@@ -95,7 +95,7 @@ def test_where_workloads_are_told_apart_the_demonstrations_reach_the_network():
     from capes.experiments.converge_test import load_config, run_one
     game = Path(__file__).resolve().parents[1] / "configs" / "recurring-workloads.toml"
     runs = []
-    for extra in ([], ["engine.demo_margin=0.5"]):
+    for extra in (["engine.demo_margin=0"], ["engine.demo_margin=0.5"]):
         cfg = load_config(game, extra)
         cfg.game = cfg.game.until(150)
         runs.append(run_one(cfg, 3, keep_trace=True).trace["loss"])

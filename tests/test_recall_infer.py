@@ -104,14 +104,15 @@ def test_without_the_network_a_new_context_starts_at_the_nearest_contexts_best()
     assert list(ctx.nearest_best()) == [9, 24]                 # then the second
 
 
-@pytest.mark.parametrize("switch", ["engine.context_infer=true",
-                                    "engine.demo_margin=0.5"])      # round 4's too
+@pytest.mark.parametrize("switch", ["engine.context_infer=false",
+                                    "engine.demo_margin=0"])      # round 4's too
 def test_the_stationary_game_plays_as_before_with_inference_on(switch):
+    # the default preset has both on; switching either off changes nothing here
     from pathlib import Path
     from capes.experiments.converge_test import load_config, run_one
     game = Path(__file__).resolve().parents[1] / "configs" / "storagegamesim.toml"
-    on = load_config(game, ["game.time_limit_ticks=120", switch])
-    off = load_config(game, ["game.time_limit_ticks=120"])
+    on = load_config(game, ["game.time_limit_ticks=120"])
+    off = load_config(game, ["game.time_limit_ticks=120", switch])
     a, b = run_one(on, 3, keep_trace=True), run_one(off, 3, keep_trace=True)
     assert a.trace["window"] == b.trace["window"]       # no signature PIs: no context
     assert a.trace["loss"] == b.trace["loss"]           # ... no label to learn either
@@ -136,15 +137,16 @@ def _trace(game: str, limit: int, extra: list[str], seed: int = 3) -> dict:
 
 
 def test_with_q_scope_new_contexts_and_no_walk_the_engine_plays_as_without_the_network():
-    # the recurring game with its default settings: no inference walk, so the network
-    # never acts, and every move is use_q_network = false's (where the Q-network's
-    # guarded greedy moves do change the trace)
+    # the recurring game with the default preset (q_scope = new_contexts): no walk
+    # acts (three workloads; context_infer_known = 3), so the network never acts and
+    # every move is use_q_network = false's (where the unscoped network's guarded
+    # greedy moves do change the trace)
     game, limit = "recurring-workloads.toml", 400
-    scoped = _trace(game, limit, ["engine.q_scope=new_contexts"])
+    scoped = _trace(game, limit, [])
     no_q = _trace(game, limit, ["engine.use_q_network=false"])
-    default = _trace(game, limit, [])
+    everywhere = _trace(game, limit, ["engine.q_scope=everywhere"])
     assert scoped["window"] == no_q["window"] and scoped["rate_limit"] == no_q["rate_limit"]
-    assert default["window"] != no_q["window"]
+    assert everywhere["window"] != no_q["window"]
 
 
 def test_with_q_scope_new_contexts_the_network_acts_first_at_an_unseen_workloads_walk():
