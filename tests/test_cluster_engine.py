@@ -301,6 +301,25 @@ def test_same_seed_same_result_and_reader_feed_equals_rows_feed():
     assert (a["feed"], b["feed"]) == ("reader", "rows")
 
 
+def test_writes_on_their_own_thread_store_the_same_db_and_raise_their_errors(tmp_path):
+    import sqlite3
+    from capes.experiments.cluster_test import WriteBehind
+    cfg = cfg_short(["cluster.time_limit_ticks=60", "cluster.phases=[]"])
+    dbs = []
+    for behind in (True, False):
+        path = tmp_path / f"{behind}.db"
+        out = run_one(cfg, seed=1, feed="rows", write_behind=behind, db_path=str(path))
+        with sqlite3.connect(path) as conn:
+            dbs.append((conn.execute("SELECT rowid, * FROM pis ORDER BY rowid").fetchall(),
+                        conn.execute("SELECT node_names FROM sessions").fetchall(),
+                        out["mean_relative"]))
+    assert len(dbs[0][0]) == 60 * 8 and dbs[0] == dbs[1]
+    w = WriteBehind()
+    w.submit(int, "not a number")
+    with pytest.raises(ValueError):
+        w.close()
+
+
 def test_harness_scores_every_phase_and_reports_the_model():
     cfg = cfg_short()
     r = run_one(cfg, seed=0)
