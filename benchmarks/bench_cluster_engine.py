@@ -20,7 +20,8 @@ Parts (one core: ``torch.set_num_threads(1)``):
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
   ``--writes behind sync`` runs each node count with the replay writes on their own
-  thread (the default, ``WriteBehind``) and on the main thread, alternating.
+  thread (the default, ``WriteBehind``) and on the main thread, alternating; ``--set
+  KEY=VALUE`` overrides the config as ``capes converge-test --set`` does.
 * ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
   64 nodes (``--init-model``) beside a fresh engine on the same seeds.
 """
@@ -171,7 +172,7 @@ def bench_step(n: int, device: str, reps: int) -> None:
               f"{_ms(acts):.2f} ms", flush=True)
 
 
-def bench_hour(nodes_list, seed: int, feed: str, writes=("behind",)) -> list[dict]:
+def bench_hour(nodes_list, seed: int, feed: str, writes=("behind",), sets=()) -> list[dict]:
     print(f"\nWall and CPU seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
           f"torch thread, seed {seed}, feed {feed}; writes: behind = on their own thread "
           f"(with feed rows), sync = on the main thread")
@@ -180,7 +181,7 @@ def bench_hour(nodes_list, seed: int, feed: str, writes=("behind",)) -> list[dic
           f"{'alarms':>7}")
     out = []
     for n, how in ((n, how) for n in nodes_list for how in writes):
-        cfg = load_config(None, [f"cluster.nodes={n}"])
+        cfg = load_config(None, [f"cluster.nodes={n}", *sets])
         cpu = time.process_time()          # the steadier figure on a shared machine
         r = run_one(cfg, seed, feed=feed, write_behind=how == "behind")
         cpu = time.process_time() - cpu
@@ -225,6 +226,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
     p.add_argument("--writes", nargs="+", choices=("behind", "sync"), default=["behind"])
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="hour: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true",
@@ -240,7 +243,7 @@ def main() -> int:
     if args.part in ("all", "quick", "step"):
         bench_step(args.step_nodes, args.device, args.reps)
     if args.part in ("all", "hour"):
-        bench_hour(args.nodes, args.seed, args.feed, args.writes)
+        bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):
         bench_transfer(args.transfer_seeds)
     return 0

@@ -148,6 +148,26 @@ def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
     assert eng.train(2) is not None and eng.train_steps == 2
 
 
+def test_train_every_trains_every_kth_tick_on_k_times_as_many_ticks():
+    """cluster_engine.train_every = k: a step on every k-th call only, its minibatch k ×
+    batch_size ticks (the same nodes per tick), so a run samples as much per tick."""
+    eng = engine(8, dataclasses.replace(FAST_MODEL, train_every=2, stats_ticks=20,
+                                        learn_start=5), batch_size=4)
+    rng = np.random.default_rng(0)
+    for t in range(40):
+        x = rng.uniform(1, 100, (8, len(PI_NAMES))).astype(np.float32)
+        x[:, 4], x[:, 5] = 8 + (t % 2), 2000
+        eng.ingest(t, x)
+    sizes = []
+    sample = eng.data.sample
+    eng.data.sample = lambda n, r: sizes.append(n) or sample(n, r)
+    losses = [eng.train() for _ in range(5)]
+    assert [loss is not None for loss in losses] == [False, True, False, True, False]
+    assert eng.train_steps == 2 and sizes == [8, 8]
+    sizes.clear()                   # an explicit count (offline training): exactly that
+    assert eng.train(1) is not None and sizes == [4]
+
+
 @pytest.mark.parametrize("shift", [-1, 0])
 def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it(shift):
     # issue 11, seed 2: every node moves together, alternating window +/- each tick, and
