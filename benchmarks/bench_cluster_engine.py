@@ -18,7 +18,10 @@ Parts (one core: ``torch.set_num_threads(1)``):
   ``Engine.train(1)`` including sampling from the ring, and ``act`` (every node's
   action for one tick); on ``--device`` (cpu, cuda).
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
-  configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored.
+  configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
+  ``--writes behind sync`` runs each node count with the replay writes on their own
+  thread (the default, ``WriteBehind``) and on the main thread, alternating; ``--set
+  KEY=VALUE`` overrides the config as ``capes converge-test --set`` does.
 * ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
   64 nodes (``--init-model``) beside a fresh engine on the same seeds.
 """
@@ -169,21 +172,23 @@ def bench_step(n: int, device: str, reps: int) -> None:
               f"{_ms(acts):.2f} ms", flush=True)
 
 
-def bench_hour(nodes_list, seed: int, feed: str) -> list[dict]:
+def bench_hour(nodes_list, seed: int, feed: str, writes=("behind",), sets=()) -> list[dict]:
     print(f"\nWall and CPU seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
-          f"core, seed {seed}, feed {feed}")
-    print(f"{'nodes':>6} {'wall s':>7} {'CPU s':>7} {'write s':>7} {'weights':>8} "
+          f"torch thread, seed {seed}, feed {feed}; writes: behind = on their own thread "
+          f"(with feed rows), sync = on the main thread")
+    print(f"{'nodes':>6} {'writes':>6} {'wall s':>7} {'CPU s':>7} {'write s':>7} {'weights':>8} "
           f"{'med tp':>7} {'mean tp':>7} {'in-band':>7} {'recover s per phase':>22} "
           f"{'alarms':>7}")
     out = []
-    for n in nodes_list:
-        cfg = load_config(None, [f"cluster.nodes={n}"])
+    for n, how in ((n, how) for n in nodes_list for how in writes):
+        cfg = load_config(None, [f"cluster.nodes={n}", *sets])
         cpu = time.process_time()          # the steadier figure on a shared machine
-        r = run_one(cfg, seed, feed=feed)
+        r = run_one(cfg, seed, feed=feed, write_behind=how == "behind")
         cpu = time.process_time() - cpu
         rec = ",".join("-" if p["recover_ticks"] is None else str(p["recover_ticks"])
                        for p in r["per_phase"])
-        print(f"{n:>6} {r['wall_s']:>7.1f} {cpu:>7.1f} {r['write_s']:>7.1f} {r['weights']:>8} "
+        print(f"{n:>6} {how:>6} {r['wall_s']:>7.1f} {cpu:>7.1f} {r['write_s']:>7.1f} "
+              f"{r['weights']:>8} "
               f"{r['median_relative']:>7.3f} {r['mean_relative']:>7.3f} "
               f"{r['in_band_share']:>7.2f} {rec:>22} {r['alarms']:>7}", flush=True)
         out.append(r)
@@ -220,6 +225,9 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
+    p.add_argument("--writes", nargs="+", choices=("behind", "sync"), default=["behind"])
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="hour: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true",
@@ -235,7 +243,7 @@ def main() -> int:
     if args.part in ("all", "quick", "step"):
         bench_step(args.step_nodes, args.device, args.reps)
     if args.part in ("all", "hour"):
-        bench_hour(args.nodes, args.seed, args.feed)
+        bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):
         bench_transfer(args.transfer_seeds)
     return 0

@@ -31,6 +31,9 @@ class NodeModelConfig:
     # one float32 ulp of it); False: torch.tanh
     numpy_tanh: bool = True
     loss_nodes: int = 16              # nodes per sampled tick in a minibatch (0: all)
+    # train on every k-th tick only, each minibatch k times as many ticks (the one-row
+    # mode's engine.train_every): one larger pass costs less than k small ones
+    train_every: int = 1
     gamma: float = 0.0                # 0: the engine's [engine] gamma
     # replay ring and input statistics
     replay_mb: int = 256              # memory of the ring of PIs, in MiB
@@ -93,12 +96,13 @@ class NodeModelConfig:
         "act_margin": 1e6, "best_window": 10**6, "probe_steps": 1e6, "probe_dwell": 10**6,
         "detect_nodes": 1 << 24, "detect_threshold": 1e6, "detect_scale_floor": 1e6,
         "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9,
-        "rollback_ticks": 10**9, "best_margin": 1e6, "return_shift": 10**6}
+        "rollback_ticks": 10**9, "best_margin": 1e6, "return_shift": 10**6,
+        "train_every": 10_000}
 
     def validate(self) -> None:
         for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
                      "stats_ticks", "probe_dwell", "bump_ticks", "best_window",
-                     "rollback_ticks", "recent_ticks"):
+                     "rollback_ticks", "recent_ticks", "train_every"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if self.cold_start not in ("shared", "per_node"):

@@ -363,14 +363,16 @@ class Engine:
         loss. An explicit ``steps`` (offline training) runs exactly that many."""
         if self.dqn is None:
             return None
-        every = self.cfg.train_every if steps is None and not self.per_node else 1
+        every = 1 if steps is not None else \
+            self.mcfg.train_every if self.per_node else self.cfg.train_every
         if every > 1:                              # the tick schedule: every k-th, k× batch
             self._train_calls += 1
             if self._train_calls % every:
                 return None
         steps = self.cfg.train_steps_per_tick if steps is None else steps
         losses = []
-        batch = self._rows_batch if self.per_node else lambda: self._flat_batch(every)
+        batch = (lambda: self._rows_batch(every)) if self.per_node else \
+            (lambda: self._flat_batch(every))
         for _ in range(steps):
             tensors = batch()
             if tensors is None:
@@ -739,10 +741,11 @@ class Engine:
         the ring says of their values (:meth:`RowController.recommendations`)."""
         return self.control.recommendations(self.data.replay) if self.per_node else []
 
-    def _rows_batch(self):
-        """A minibatch of ticks × nodes (``RowData.sample``), as the model's tensors."""
+    def _rows_batch(self, times: int = 1):
+        """A minibatch of (``times`` × batch_size) ticks × nodes (``RowData.sample``), as
+        the model's tensors."""
         import torch                       # the per-node mode's model is torch's too
-        b = self.data.sample(self.cfg.batch_size, self.rng)
+        b = self.data.sample(self.cfg.batch_size * times, self.rng)
         if b is None:
             return None
         dev = self.device

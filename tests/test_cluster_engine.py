@@ -148,6 +148,26 @@ def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
     assert eng.train(2) is not None and eng.train_steps == 2
 
 
+def test_train_every_trains_every_kth_tick_on_k_times_as_many_ticks():
+    """cluster_engine.train_every = k: a step on every k-th call only, its minibatch k ×
+    batch_size ticks (the same nodes per tick), so a run samples as much per tick."""
+    eng = engine(8, dataclasses.replace(FAST_MODEL, train_every=2, stats_ticks=20,
+                                        learn_start=5), batch_size=4)
+    rng = np.random.default_rng(0)
+    for t in range(40):
+        x = rng.uniform(1, 100, (8, len(PI_NAMES))).astype(np.float32)
+        x[:, 4], x[:, 5] = 8 + (t % 2), 2000
+        eng.ingest(t, x)
+    sizes = []
+    sample = eng.data.sample
+    eng.data.sample = lambda n, r: sizes.append(n) or sample(n, r)
+    losses = [eng.train() for _ in range(5)]
+    assert [loss is not None for loss in losses] == [False, True, False, True, False]
+    assert eng.train_steps == 2 and sizes == [8, 8]
+    sizes.clear()                   # an explicit count (offline training): exactly that
+    assert eng.train(1) is not None and sizes == [4]
+
+
 @pytest.mark.parametrize("shift", [-1, 0])
 def test_a_move_is_credited_with_its_own_delayed_effect_not_the_moves_before_it(shift):
     # issue 11, seed 2: every node moves together, alternating window +/- each tick, and
@@ -299,6 +319,25 @@ def test_same_seed_same_result_and_reader_feed_equals_rows_feed():
     assert a["trace"]["true_objective"] == b["trace"]["true_objective"]
     assert a["trace"]["loss"] == b["trace"]["loss"]
     assert (a["feed"], b["feed"]) == ("reader", "rows")
+
+
+def test_writes_on_their_own_thread_store_the_same_db_and_raise_their_errors(tmp_path):
+    import sqlite3
+    from capes.experiments.cluster_test import WriteBehind
+    cfg = cfg_short(["cluster.time_limit_ticks=60", "cluster.phases=[]"])
+    dbs = []
+    for behind in (True, False):
+        path = tmp_path / f"{behind}.db"
+        out = run_one(cfg, seed=1, feed="rows", write_behind=behind, db_path=str(path))
+        with sqlite3.connect(path) as conn:
+            dbs.append((conn.execute("SELECT rowid, * FROM pis ORDER BY rowid").fetchall(),
+                        conn.execute("SELECT node_names FROM sessions").fetchall(),
+                        out["mean_relative"]))
+    assert len(dbs[0][0]) == 60 * 8 and dbs[0] == dbs[1]
+    w = WriteBehind()
+    w.submit(int, "not a number")
+    with pytest.raises(ValueError):
+        w.close()
 
 
 def test_harness_scores_every_phase_and_reports_the_model():

@@ -42,8 +42,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -88,6 +90,45 @@ def load_config(path: str | Path | None = None, overrides=(), preset: str | None
 
 # -- one run ------------------------------------------------------------------------------
 
+class WriteBehind:
+    """The replay writer's calls run in order on a thread of their own. With ``feed="rows"``
+    the engine is handed each tick's rows and reads nothing back from the DB during the
+    run, so nothing waits for a commit; SQLite (and the engine's torch and numpy work on
+    the main thread) release the GIL, so on a second core the writes overlap the engine.
+    The calls and their order are those of a synchronous run, so the DB is the same.
+    At most ``depth`` ticks wait; :meth:`close` waits for them all and raises the first
+    error a call raised (after one, the rest are skipped)."""
+
+    def __init__(self, depth: int = 4):
+        self.busy_s = 0.0                   # seconds the thread spent in the calls
+        self.error: BaseException | None = None
+        self._jobs: queue.Queue = queue.Queue(depth)
+        self._thread = threading.Thread(target=self._run, name="replay-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn, *args) -> None:
+        if self.error is not None:
+            raise self.error
+        self._jobs.put((fn, args))
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if self.error is None:
+                t0 = time.perf_counter()
+                try:
+                    job[0](*job[1])
+                except BaseException as exc:      # re-raised on the main thread
+                    self.error = exc
+                self.busy_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class ClusterSource:
     """The simulator as the tick loop's source: each tick every node's PIs are written
     (one row per node) and committed, and, with ``feed``, handed to the engine; an action
@@ -96,11 +137,14 @@ class ClusterSource:
     A node absent from the cluster (:attr:`ClusterSim.present`) writes no rows; one that
     joins is appended to the session's nodes, as the interface daemon appends a node it
     first hears from: the session's (and the engine's) node order is the order of
-    joining, ``order`` the simulator's index of each."""
+    joining, ``order`` the simulator's index of each. ``behind``: the PI rows are
+    written and committed on that thread (only where nothing reads the DB mid-run)."""
 
     def __init__(self, sim: ClusterSim, writer: ReplayWriter, session: int,
-                 feed: Engine | None = None, tell_phases: bool = False):
+                 feed: Engine | None = None, tell_phases: bool = False,
+                 behind: WriteBehind | None = None):
         self.sim, self.writer, self.session, self.feed = sim, writer, session, feed
+        self.behind = behind
         self.tell = tell_phases
         index = {name: i for i, name in enumerate(sim.node_names)}
         self.order = np.array([index[n] for n in writer.session.node_names], np.int64)
@@ -127,20 +171,30 @@ class ClusterSource:
         if len(joined):
             self.order = np.concatenate([self.order, joined])
             self.member[joined] = True
-            self.writer.update_layout(list(sim.config.pi_names()), [sim.node_names[i] for i in self.order])
+            self._write(self.writer.update_layout, list(sim.config.pi_names()),
+                        [sim.node_names[i] for i in self.order])
         x = self.matrix()[self.order]
         here = sim.present[self.order]
         x[~here] = np.nan
-        t0 = time.perf_counter()
         rows = np.flatnonzero(here)
-        self.writer.add_pis_rows(sim.ticks, rows, x[rows])
-        self.writer.commit()
-        self.write_s += time.perf_counter() - t0
+        self._write(self._write_rows, sim.ticks, rows, x[rows])
         if self.feed is not None:
             self.feed.ingest(sim.ticks, x)
         current = np.column_stack([getattr(sim, n) for n in self.knob_names])[self.order]
         return TickState(session=self.session, workload_epoch=sim.phase if self.tell else 0,
                          current=current[0].tolist() if self.tell else current)
+
+    def _write_rows(self, tick: int, nodes: np.ndarray, rows: np.ndarray) -> None:
+        t0 = time.perf_counter()
+        self.writer.add_pis_rows(tick, nodes, rows)
+        self.writer.commit()
+        self.write_s += time.perf_counter() - t0
+
+    def _write(self, fn, *args) -> None:
+        if self.behind is not None:
+            self.behind.submit(fn, *args)
+        else:
+            fn(*args)
 
     def apply(self, decision: Decision) -> None:
         if decision.rows:
@@ -161,9 +215,10 @@ TRACE_KEYS = ("true_objective", "relative", "epsilon", "loss", "window_mean",
 def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str = "auto",
             init_model: str | None = None, save_model: str | None = None,
             keep_trace: bool = False, device: str = "cpu", db_path: str | None = None,
-            tuner_options: dict | None = None) -> dict:
+            tuner_options: dict | None = None, write_behind: bool = True) -> dict:
     """Play one hour (the config's ``time_limit_ticks``); the same seed gives the same
-    result. Returns a JSON-ready dict."""
+    result. Returns a JSON-ready dict. ``write_behind``: with ``feed="rows"``, commit the
+    PI rows on a thread of their own (:class:`WriteBehind`; the same DB)."""
     ccfg = cfg.cluster
     sim_seed, engine_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
     optima = phase_optima(ccfg, ccfg.best_static)
@@ -190,9 +245,10 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
             from capes.experiments.baselines import make_tuner
             player = make_tuner(tuner, specs, reader, cfg.reward, engine_seed,
                                 **(tuner_options or {}))
-        source = ClusterSource(sim, writer, session.id,
-                               feed=player if is_engine and feed == "rows" else None,
-                               tell_phases=not is_engine)
+        rows_fed = is_engine and feed == "rows"
+        behind = WriteBehind() if rows_fed and write_behind else None
+        source = ClusterSource(sim, writer, session.id, feed=player if rows_fed else None,
+                               tell_phases=not is_engine, behind=behind)
         trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
         best = [o.objective for o in optima]
         starts = phase_starts(ccfg.phases)
@@ -213,7 +269,11 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                                      if d is not None and d.rows else None)
 
         start = time.perf_counter()
-        run_ticks(player, source, observers=[record] if trace is not None else [])
+        try:
+            run_ticks(player, source, observers=[record] if trace is not None else [])
+        finally:
+            if behind is not None:
+                behind.close()
         wall = time.perf_counter() - start
         if save_model and is_engine:
             player.save(save_model)
