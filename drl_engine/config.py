@@ -99,6 +99,9 @@ class DQNConfig:
     context_window: int = 3            # ticks in the signature's running median
     context_threshold: float = 5.0     # a context fits while every PI is this many spreads near
     context_floor: float = 0.1         # least spread of a signature PI (log scale: ~10 %)
+    context_floor_strict: bool = False # ... a hard least (False: a prior of 5 samples, which
+                                       # a tight context outgrows: then a ±30 % wobble of
+                                       # its signature made a second context)
     context_confirm: int = 1           # ticks a misfit must last before a switch
     context_recall_steps: int = 8      # steps per tick of the walk to a recalled setting
     context_hold_ticks: int = 30       # ... then this many ticks without probes
