@@ -89,6 +89,10 @@ class DQNConfig:
                                        # from the tick before (a collector re-reading a
                                        # figure the application has not renewed is no new
                                        # evidence; counted twice, its noise alarmed)
+    tick_poll_s: float = 0.0           # live: look for a newly committed tick this often and
+                                       # act on it at once, at most tick_seconds apart (0:
+                                       # tick every tick_seconds, whenever data lands: a bad
+                                       # probe's walk back waits up to a tick longer)
     # [context hook] Workload contexts (drl_engine/context.py, issue 25): tell workloads
     # apart by their PI signature, keep each one's best-known setting, recall it on return.
     use_q_network: bool = True         # False: greedy holds the best-known setting (ablation)
@@ -103,6 +107,9 @@ class DQNConfig:
     context_window: int = 3            # ticks in the signature's running median
     context_threshold: float = 5.0     # a context fits while every PI is this many spreads near
     context_floor: float = 0.1         # least spread of a signature PI (log scale: ~10 %)
+    context_floor_strict: bool = False # ... a hard least (False: a prior of 5 samples, which
+                                       # a tight context outgrows: then a ±30 % wobble of
+                                       # its signature made a second context)
     context_confirm: int = 1           # ticks a misfit must last before a switch
     context_recall_steps: int = 8      # steps per tick of the walk to a recalled setting
     context_hold_ticks: int = 30       # ... then this many ticks without probes
@@ -128,6 +135,8 @@ class DQNConfig:
             v = getattr(self, name)
             if not 0 <= v <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {v})")
+        if not self.tick_poll_s >= 0:
+            raise ValueError(f"tick_poll_s: must be >= 0 (got {self.tick_poll_s})")
         for name in ("settle_ticks", "probe_dwell", "guard_steps", "greedy_guard_steps",
                      "best_min_samples", "alarm_guard_steps", "alarm_probes", "sweep_points",
                      "return_shift"):
@@ -181,7 +190,7 @@ class DQNConfig:
             "alarm_probes": 10**6, "context_hold_ticks": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
-            "grad_clip": 1e12, "demo_margin": 1e6}
+            "grad_clip": 1e12, "demo_margin": 1e6, "tick_poll_s": 3600.0}
 
 
 # What each preset changes from the dataclass defaults (which are the paper's values).

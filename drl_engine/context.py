@@ -13,8 +13,10 @@ context what the guide knows:
   ticks (one outlier never moves it), on a log scale (``log(x + c)``, c = 5 % of the
   first window's value: multiplicative noise has the same spread at every level). A
   context is a running mean and spread per PI; the signature belongs to a context while
-  every PI lies within ``context_threshold`` of its spreads (a spread never below
-  ``context_floor``, so a context's first noisy samples do not split it). When the
+  every PI lies within ``context_threshold`` of its spreads (a spread held up by 5
+  pseudo-samples at ``context_floor``, so a context's first noisy samples do not split
+  it; with ``engine.context_floor_strict`` never below it, so that a context of many
+  tight samples does not split on a moderate wobble either). When the
   current context no longer fits for ``context_confirm`` ticks, the engine switches: to
   the nearest context that fits, or (after at least ``NEW_CONFIRM`` ticks) to a new one.
 * **Memory per context** (:class:`WorkloadContexts`). On a switch the guide's per-setting
@@ -93,8 +95,11 @@ class SignatureClusters:
     MOST_SAMPLES = 500     # a context's statistics become running averages after this
 
     def __init__(self, window: int = 3, threshold: float = 5.0, floor: float = 0.1,
-                 confirm: int = 1):
+                 confirm: int = 1, strict_floor: bool = False):
         self.window, self.threshold, self.floor, self.confirm = window, threshold, floor, confirm
+        self.strict_floor = strict_floor   # the spread never below ``floor`` (False: the
+                                           # floor is PRIOR_SAMPLES pseudo-samples, which a
+                                           # tight context's many samples outweigh)
         self.recent: list[np.ndarray] = []
         self.offset: np.ndarray | None = None     # c of log(x + c), per PI
         self.mean: list[np.ndarray] = []          # per context, on the log scale
@@ -126,6 +131,8 @@ class SignatureClusters:
         """The largest per-PI distance of ``u`` from context ``k``, in its spreads."""
         n0 = self.PRIOR_SAMPLES
         var = (self.m2[k] + n0 * self.floor ** 2) / (self.n[k] + n0)
+        if self.strict_floor:
+            var = np.maximum(var, self.floor ** 2)
         return float(np.max(np.abs(u - self.mean[k]) / np.sqrt(var)))
 
     def _add(self, k: int, u: np.ndarray) -> None:
@@ -212,7 +219,8 @@ class WorkloadContexts:
         self.cfg = cfg
         self.columns = columns
         self.clusters = SignatureClusters(cfg.context_window, cfg.context_threshold,
-                                          cfg.context_floor, cfg.context_confirm)
+                                          cfg.context_floor, cfg.context_confirm,
+                                          cfg.context_floor_strict)
         self.memory: list[_Memory] = []
         self.switches: list[Switch] = []
         self.target: np.ndarray | None = None       # the recalled setting being walked to

@@ -39,7 +39,7 @@ from capes.common.stop_signal import StopSignal
 from drl_engine.config import DQNConfig
 from drl_engine.decision import Decision
 from drl_engine.engine import Engine, action_name
-from drl_engine.loop import TickRecord, TickState, WallClock, run_ticks
+from drl_engine.loop import PollingClock, TickRecord, TickState, WallClock, run_ticks
 from drl_engine.config import RewardConfig
 from drl_engine.per_node import rows_of
 
@@ -427,6 +427,15 @@ class _TimedClock:
         self.view.tick_begins()
 
 
+def _clock(engine: Engine, dqn: DQNConfig, deploy: DeploymentConfig, stop) -> WallClock:
+    """Every ``tick_seconds``, or (``engine.tick_poll_s``) as soon as a tick is committed:
+    the engine's update pulls it, and a row pulled is a tick the loop has not seen."""
+    if not dqn.tick_poll_s:
+        return WallClock(deploy.tick_seconds, stop)
+    return PollingClock(deploy.tick_seconds, stop, dqn.tick_poll_s,
+                        lambda: engine.update() > 0)
+
+
 def checkpoint_dir(opts: EngineDaemonOptions, db: Path) -> Path:
     """``--checkpoint-dir``, or ``capes-checkpoints/`` beside the replay DB."""
     return Path(opts.checkpoint_dir) if opts.checkpoint_dir else db.parent / "capes-checkpoints"
@@ -476,7 +485,7 @@ def run(deploy: DeploymentConfig, dqn: DQNConfig, reward: RewardConfig,
                  f", TensorBoard {opts.tensorboard}" if tb else "")
         observers.insert(0, _keep_incompatible_checkpoint(engine, ckpt))
         try:
-            run_ticks(engine, source, _TimedClock(WallClock(deploy.tick_seconds, stop), view),
+            run_ticks(engine, source, _TimedClock(_clock(engine, dqn, deploy, stop), view),
                       observers, max_ticks=opts.max_ticks)
         except ValueError as exc:         # e.g. a layout wider than engine.max_inputs
             log.error("stopping: %s", exc)

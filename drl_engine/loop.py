@@ -80,6 +80,28 @@ class WallClock:
             self.next = time.monotonic()
 
 
+class PollingClock(WallClock):
+    """Real time aligned with the data: the next tick starts as soon as ``fresh()``
+    (polled every ``poll_s``) says a new tick was committed, and at the latest ``tick_s``
+    after the last one. A fixed tick at an arbitrary phase to the monitor's waits up to a
+    whole tick after the data lands; a bad probe's walk back waits with it."""
+
+    def __init__(self, tick_s: float, stop, poll_s: float, fresh: Callable[[], bool]):
+        super().__init__(tick_s, stop)
+        self.poll_s, self.fresh = poll_s, fresh
+
+    def wait(self) -> None:
+        deadline = self.next + self.tick_s
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            self.stop.wait(min(self.poll_s, deadline - now))
+            if self.fresh():
+                break
+        self.next = time.monotonic()
+
+
 def run_ticks(engine: Engine, source: Source, clock=None,
               observers: Iterable[Callable[[TickRecord], None]] = (),
               max_ticks: int = 0) -> int:

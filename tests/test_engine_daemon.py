@@ -176,3 +176,35 @@ def test_per_node_knobs_are_tuned_row_by_row_through_the_daemon(tmp_path):
         stop_with_checkpoint(engine, tmp_path / "ckpt")
     finally:
         tear_down(engine, ctx, daemon)
+
+
+def test_polling_clock_ticks_when_a_tick_lands_and_at_the_latest_after_a_tick():
+    """engine.tick_poll_s: the engine acts on a committed tick at once, not up to a
+    whole tick later; without new data it still ticks every tick_seconds, and a stop
+    ends the wait."""
+    import threading
+
+    from drl_engine.loop import PollingClock
+
+    calls = {"n": 0}
+
+    def lands_on_third_poll() -> bool:
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    stop = threading.Event()
+    clock = PollingClock(30.0, stop, 0.01, lands_on_third_poll)
+    t0 = time.monotonic()
+    clock.wait()
+    assert calls["n"] == 3 and time.monotonic() - t0 < 15.0     # not the 30 s tick
+
+    clock = PollingClock(0.2, stop, 0.01, lambda: False)
+    t0 = time.monotonic()
+    clock.wait()
+    assert time.monotonic() - t0 >= 0.2
+
+    stop.set()
+    clock = PollingClock(30.0, stop, 0.01, lambda: False)
+    t0 = time.monotonic()
+    clock.wait()
+    assert time.monotonic() - t0 < 15.0

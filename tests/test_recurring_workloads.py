@@ -223,3 +223,27 @@ def test_a_restarted_engine_keeps_its_workload_contexts(tmp_path):
     # seqread's signature again: the restarted engine recognises it (context 0, a
     # return; a fresh engine would make it a new context 0) and recalls its setting
     assert b.context.clusters.update(np.array([0.9, 1024.0, 0.95, 4.0])) == (0, False)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_strict_floor_keeps_a_tight_workload_whole_through_a_moderate_wobble(strict):
+    """engine.context_floor_strict (measured live, docs/results-real.md session 5): a
+    sequential reader's request size sat at 15.6 KiB for a minute, then read ~11.4 KiB
+    on two ticks of three at a large readahead; with the floor as a 5-sample prior the
+    tight context's spread had shrunk to ~3 %, and the wobble made a second context
+    (with its own sweep). A strict floor keeps one context, and a real switch (4 KiB
+    page faults) still makes a new one at once."""
+    from drl_engine.context import SignatureClusters
+    rng = np.random.default_rng(2)
+    tight = 15.6 * np.exp(rng.normal(0.0, 0.01, 60))
+    wobble = np.tile([11.4, 11.4, 16.0], 10)
+    other = 4.0 * np.exp(rng.normal(0.0, 0.01, 20))
+    rows = np.concatenate([tight, wobble, other])[:, None]
+    clusters = SignatureClusters(strict_floor=strict)
+    changes = [(i, c) for i, c in ((i, clusters.update(x)) for i, x in enumerate(rows))
+               if c is not None]
+    if strict:
+        assert [c for _, c in changes] == [(0, True), (1, True)]
+        assert 90 < changes[1][0] <= 93          # the page faults: within 3 ticks
+    else:
+        assert (1, True) in [c for _, c in changes] and changes[1][0] < 90

@@ -1047,7 +1047,7 @@ def replay_contexts(trace: dict, window: int = 60) -> dict | None:
         return None
     e = load_settings(APP_CONFIG).engine
     clusters = SignatureClusters(e.context_window, e.context_threshold, e.context_floor,
-                                 e.context_confirm)
+                                 e.context_confirm, e.context_floor_strict)
     moves = [i for i, v in enumerate(sig)
              if clusters.update(np.array([math.nan if v is None else float(v)])) is not None]
     moves = moves[1:]                         # the first one makes the first context
