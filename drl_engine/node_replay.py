@@ -27,6 +27,21 @@ def _one_hot(n: int) -> np.ndarray:
     return out
 
 
+def pick_subsets(rng: np.random.Generator, rows: int, n: int, m: int) -> np.ndarray:
+    """(rows, m): per row a uniform random m-subset of range(n) (m < n), sorted. Each
+    row draws m integers; a value drawn again is replaced by a fresh draw until the row
+    has m distinct values. Every step treats all n values alike, so every m-subset is
+    equally likely; at 16 of 1,000 a row has a repeat ~11 % of the time."""
+    s = np.sort(rng.integers(0, n, (rows, m)), axis=1)
+    while True:
+        again = s[:, 1:] == s[:, :-1]
+        if not again.any():
+            return s
+        r, c = np.nonzero(again)
+        s[r, c + 1] = rng.integers(0, n, len(r))
+        s.sort(axis=1)
+
+
 @dataclass
 class NodeBatch:
     obs: np.ndarray          # (B, M, D)
@@ -368,6 +383,8 @@ class RowData:
         M = N if not self.mcfg.loss_nodes or N <= self.mcfg.loss_nodes else self.mcfg.loss_nodes
         if M == N:
             nodes = np.broadcast_to(np.arange(N), (B, N))
+        elif self.mcfg.node_pick == "redraw":
+            nodes = pick_subsets(rng, B, N, M)
         else:
             nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
         s0, s1 = rep.slot(t), rep.slot(t + n)
@@ -386,4 +403,4 @@ class RowData:
                          next_abar=rep.mean_field(t + n, nodes) if mf else None)
 
 
-__all__ = ["NodeReplay", "NodeBatch", "RowData"]
+__all__ = ["NodeReplay", "NodeBatch", "RowData", "pick_subsets"]

@@ -14,7 +14,7 @@ import torch
 from capes.experiments.cluster_test import (aggregate, format_table, is_cluster_config,
                                             load_config, run_one, run_tuners)
 from drl_engine.engine import Engine
-from drl_engine.node_replay import NodeReplay
+from drl_engine.node_replay import NodeReplay, RowData, pick_subsets
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.node_model import NodeModelConfig, NodeQNetwork, pool_nodes
 from storagegamesim.cluster import PI_NAMES, ClusterConfig
@@ -146,6 +146,40 @@ def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
     assert b.obs.shape == (8, 16, eng.in_dim) and b.abar.shape == (8, 16, 5)
     assert b.valid.all() and np.isfinite(b.returns).all()
     assert eng.train(2) is not None and eng.train_steps == 2
+
+
+def test_redraw_picks_uniform_subsets_of_distinct_nodes():
+    """``node_pick = "redraw"``: each row is m distinct nodes, every m-subset as likely
+    (all 20 subsets of 3 of 6 nodes ~ 300 times in 6,000 rows: a draw biased towards
+    small or repeated indices would miss that band)."""
+    rng = np.random.default_rng(1)
+    s = pick_subsets(rng, 6000, 6, 3)
+    assert s.shape == (6000, 3) and (np.diff(s, axis=1) > 0).all()
+    _, counts = np.unique(s, axis=0, return_counts=True)
+    assert len(counts) == 20 and counts.min() > 220 and counts.max() < 380
+    big = pick_subsets(rng, 32, 1000, 16)
+    assert big.min() >= 0 and big.max() < 1000 and (np.diff(big, axis=1) > 0).all()
+
+
+def test_both_node_picks_sample_minibatches_at_1000_nodes():
+    for pick in ("partition", "redraw"):
+        eng = engine(1000, NodeModelConfig(stats_ticks=20, learn_start=5, loss_nodes=16,
+                                           replay_mb=8, node_pick=pick))
+        rng = np.random.default_rng(0)
+        for t in range(40):
+            x = rng.uniform(1, 100, (1000, len(PI_NAMES))).astype(np.float32)
+            x[:, 4], x[:, 5] = 8 + (t % 2), 2000
+            eng.ingest(t, x)
+        b = eng.data.sample(8, eng.rng)
+        assert b.obs.shape == (8, 16, eng.in_dim) and b.valid.all()
+        assert eng.train(1) is not None
+
+
+def test_features_zero_missing_values_as_nan_to_num_does():
+    x = np.array([[0.5, np.nan, np.inf, -np.inf, 2.0]], np.float32)
+    mean, std = np.float32(0.5), np.float32(0.25)
+    want = np.nan_to_num((x - mean) / std, nan=0.0)
+    assert np.array_equal(RowData._z(x.copy(), mean, std), want)
 
 
 def test_train_every_trains_every_kth_tick_on_k_times_as_many_ticks():
