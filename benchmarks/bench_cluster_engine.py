@@ -20,7 +20,8 @@ Parts (one core: ``torch.set_num_threads(1)``):
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
   ``--writes behind sync`` runs each node count with the replay writes on their own
-  thread (the default, ``WriteBehind``) and on the main thread, alternating; ``--set
+  thread (the default, ``WriteBehind``) and on the main thread, alternating
+  (``process``: in a process of their own, ``WriteProcess``); ``--set
   KEY=VALUE`` overrides the config as ``capes converge-test --set`` does.
 * ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
   64 nodes (``--init-model``) beside a fresh engine on the same seeds.
@@ -172,22 +173,28 @@ def bench_step(n: int, device: str, reps: int) -> None:
               f"{_ms(acts):.2f} ms", flush=True)
 
 
+WRITES = {"behind": True, "process": "process", "sync": False}   # run_one's write_behind
+
+
 def bench_hour(nodes_list, seed: int, feed: str, writes=("behind",), sets=()) -> list[dict]:
     print(f"\nWall and CPU seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
           f"torch thread, seed {seed}, feed {feed}; writes: behind = on their own thread "
-          f"(with feed rows), sync = on the main thread")
-    print(f"{'nodes':>6} {'writes':>6} {'wall s':>7} {'CPU s':>7} {'write s':>7} {'weights':>8} "
+          f"(with feed rows), process = in a process of their own, sync = on the main "
+          f"thread; CPU s: this process, w CPU s: the writer process's")
+    print(f"{'nodes':>6} {'writes':>7} {'wall s':>7} {'CPU s':>7} {'w CPU s':>7} {'write s':>7} "
+          f"{'weights':>8} "
           f"{'med tp':>7} {'mean tp':>7} {'in-band':>7} {'recover s per phase':>22} "
           f"{'alarms':>7}")
     out = []
     for n, how in ((n, how) for n in nodes_list for how in writes):
         cfg = load_config(None, [f"cluster.nodes={n}", *sets])
         cpu = time.process_time()          # the steadier figure on a shared machine
-        r = run_one(cfg, seed, feed=feed, write_behind=how == "behind")
+        r = run_one(cfg, seed, feed=feed, write_behind=WRITES[how])
         cpu = time.process_time() - cpu
         rec = ",".join("-" if p["recover_ticks"] is None else str(p["recover_ticks"])
                        for p in r["per_phase"])
-        print(f"{n:>6} {how:>6} {r['wall_s']:>7.1f} {cpu:>7.1f} {r['write_s']:>7.1f} "
+        wcpu = f"{r['writer_cpu_s']:.1f}" if "writer_cpu_s" in r else "-"
+        print(f"{n:>6} {how:>7} {r['wall_s']:>7.1f} {cpu:>7.1f} {wcpu:>7} {r['write_s']:>7.1f} "
               f"{r['weights']:>8} "
               f"{r['median_relative']:>7.3f} {r['mean_relative']:>7.3f} "
               f"{r['in_band_share']:>7.2f} {rec:>22} {r['alarms']:>7}", flush=True)
@@ -225,7 +232,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
-    p.add_argument("--writes", nargs="+", choices=("behind", "sync"), default=["behind"])
+    p.add_argument("--writes", nargs="+", choices=tuple(WRITES), default=["behind"])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="hour: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)

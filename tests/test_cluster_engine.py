@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -355,23 +356,53 @@ def test_same_seed_same_result_and_reader_feed_equals_rows_feed():
     assert (a["feed"], b["feed"]) == ("reader", "rows")
 
 
-def test_writes_on_their_own_thread_store_the_same_db_and_raise_their_errors(tmp_path):
+def test_writes_on_their_own_thread_or_process_store_the_same_db_and_raise_their_errors(
+        tmp_path):
     import sqlite3
-    from capes.experiments.cluster_test import WriteBehind
+    from capes.experiments.cluster_test import WriteBehind, WriteProcess
+    from capes.common.replay_db import ReplayDBError
     cfg = cfg_short(["cluster.time_limit_ticks=60", "cluster.phases=[]"])
     dbs = []
-    for behind in (True, False):
+    for behind in (True, "process", False):
         path = tmp_path / f"{behind}.db"
         out = run_one(cfg, seed=1, feed="rows", write_behind=behind, db_path=str(path))
         with sqlite3.connect(path) as conn:
             dbs.append((conn.execute("SELECT rowid, * FROM pis ORDER BY rowid").fetchall(),
                         conn.execute("SELECT node_names FROM sessions").fetchall(),
                         out["mean_relative"]))
-    assert len(dbs[0][0]) == 60 * 8 and dbs[0] == dbs[1]
+        assert ("writer_cpu_s" in out) == (behind == "process")
+    assert len(dbs[0][0]) == 60 * 8 and dbs[0] == dbs[1] == dbs[2]
     w = WriteBehind()
     w.submit(int, "not a number")
     with pytest.raises(ValueError):
         w.close()
+    # the process's writer refuses a node outside the session's layout: the error
+    # reaches the caller (at a later submit or at close)
+    p = WriteProcess(tmp_path / "True.db", _session_of(tmp_path / "True.db"))
+    bad = np.zeros((1, len(PI_NAMES)), np.float32)
+    with pytest.raises(ReplayDBError, match="not in session layout"):
+        try:
+            for tick in range(1000, 1020):
+                p.submit(_rows_call, tick, np.array([10_000]), bad)
+                time.sleep(0.01)
+        finally:
+            p.close()
+
+
+def _rows_call(*args):                 # sent by name, as ClusterSource._write_rows is
+    raise AssertionError("runs in the writer process, by name")
+
+
+_rows_call.__name__ = "_write_rows"
+
+
+def _session_of(path):
+    from capes.common.replay_db import ReplayReader
+    reader = ReplayReader(path)
+    reader.refresh()
+    info = next(iter(reader.sessions.values())).info
+    reader.close()
+    return info
 
 
 def test_harness_scores_every_phase_and_reports_the_model():
