@@ -135,9 +135,10 @@ def test_ring_rewards_and_mean_field():
     assert np.isnan(rep.pobj[3]) and rep.actions[1].tolist() == [-1, -1, -1]
 
 
-def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000():
+@pytest.mark.parametrize("pick", ["partition", "redraw"])
+def test_a_sample_needs_full_transitions_and_pools_few_nodes_at_1000(pick):
     eng = engine(1000, NodeModelConfig(stats_ticks=20, learn_start=5, loss_nodes=16,
-                                       replay_mb=8))
+                                       replay_mb=8, node_pick=pick))
     rng = np.random.default_rng(0)
     for t in range(40):
         x = rng.uniform(1, 100, (1000, len(PI_NAMES))).astype(np.float32)
@@ -160,20 +161,6 @@ def test_redraw_picks_uniform_subsets_of_distinct_nodes():
     assert len(counts) == 20 and counts.min() > 220 and counts.max() < 380
     big = pick_subsets(rng, 32, 1000, 16)
     assert big.min() >= 0 and big.max() < 1000 and (np.diff(big, axis=1) > 0).all()
-
-
-def test_both_node_picks_sample_minibatches_at_1000_nodes():
-    for pick in ("partition", "redraw"):
-        eng = engine(1000, NodeModelConfig(stats_ticks=20, learn_start=5, loss_nodes=16,
-                                           replay_mb=8, node_pick=pick))
-        rng = np.random.default_rng(0)
-        for t in range(40):
-            x = rng.uniform(1, 100, (1000, len(PI_NAMES))).astype(np.float32)
-            x[:, 4], x[:, 5] = 8 + (t % 2), 2000
-            eng.ingest(t, x)
-        b = eng.data.sample(8, eng.rng)
-        assert b.obs.shape == (8, 16, eng.in_dim) and b.valid.all()
-        assert eng.train(1) is not None
 
 
 def test_features_zero_missing_values_as_nan_to_num_does():
