@@ -159,16 +159,20 @@ def _back_to_back_ms(fn, device, reps: int) -> float:
     return 1000.0 * (time.perf_counter() - a) / reps
 
 
-def bench_step(n: int, device: str, reps: int) -> None:
+def bench_step(n: int, device: str, reps: int, compile_step: bool = False) -> None:
     """Where a training step's time goes: sampling (numpy), the step alone on tensors
     already on the device (as written, eager), ``learn`` from the sampled arrays (the
     transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
     loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run."""
     print(f"\nTraining step and act at {n} nodes on {device} "
-          f"(torch threads {torch.get_num_threads()}); median of {reps}")
+          f"(torch threads {torch.get_num_threads()}); median of {reps}"
+          f"{'; the loss (forward, backward) through torch.compile' if compile_step else ''}")
     for loss_nodes in (None, 0):
         engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g)
                    for g in (True, False)}
+        if compile_step:             # a probe: torch.compile's fused kernels, then captured
+            for e in engines.values():
+                e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
         eng = engines[True]
         m = eng.mcfg.loss_nodes or n
         arrays = eng._rows_batch()
@@ -257,6 +261,9 @@ def main() -> int:
                    help="hour: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--compile", action="store_true",
+                   help="step: the loss (forward and backward) through torch.compile (a probe, "
+                        "not the engine)")
     p.add_argument("--quick", action="store_true",
                    help="CI: the replay and step parts, small (no simulated hours)")
     args = p.parse_args()
@@ -268,7 +275,7 @@ def main() -> int:
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
     if args.part in ("all", "quick", "step"):
-        bench_step(args.step_nodes, args.device, args.reps)
+        bench_step(args.step_nodes, args.device, args.reps, args.compile)
     if args.part in ("all", "hour"):
         bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):
