@@ -13,10 +13,12 @@ Parts (one core: ``torch.set_num_threads(1)``):
   (``Engine.ingest``, per-node mode: log1p, objective, reward, actions read back from the knob
   PIs, the change detector), over ``--replay-ticks`` ticks (the reader's cost grows with
   the DB: the last 10 % of ticks are reported too).
-* ``step``: at ``--step-nodes`` (1,000) nodes: the weight count, one training step
-  (``NodeDQN.train_step``, B ticks × M nodes: the default ``loss_nodes`` and all nodes),
-  ``Engine.train(1)`` including sampling from the ring, and ``act`` (every node's
-  action for one tick); on ``--device`` (cpu, cuda).
+* ``step``: at ``--step-nodes`` (1,000) nodes: the weight count, sampling a minibatch
+  (B ticks × M nodes: the default ``loss_nodes`` and all nodes), one training step on
+  tensors already on the device (``NodeDQN.train_step``), ``learn`` from the sampled
+  arrays (transfer + step; on CUDA a graph replay), ``Engine.train(1)`` including
+  sampling with ``engine.cuda_graph`` on and off, and ``act`` (every node's action for
+  one tick); on ``--device`` (cpu, cuda).
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
   ``--writes behind sync`` runs each node count with the replay writes on their own
@@ -114,8 +116,8 @@ def bench_replay(nodes_list, ticks: int) -> None:
 
 
 def _filled_engine(n: int, device: str, loss_nodes: int | None = None,
-                   ticks: int = 300) -> Engine:
-    cfg = load_config(None, [])
+                   ticks: int = 300, cuda_graph: bool = True) -> Engine:
+    cfg = load_config(None, [f"engine.cuda_graph={str(cuda_graph).lower()}"])
     model = dataclasses.replace(cfg.model, replay_mb=64, stats_ticks=50, learn_start=16)
     if loss_nodes is not None:
         model = dataclasses.replace(model, loss_nodes=loss_nodes)
@@ -136,41 +138,70 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def bench_step(n: int, device: str, reps: int) -> None:
+def _median_ms(fn, device, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        a = time.perf_counter()
+        fn()
+        _sync(device)
+        ts.append(time.perf_counter() - a)
+    return _ms(ts)
+
+
+def _back_to_back_ms(fn, device, reps: int) -> float:
+    """Mean per call of ``reps`` calls in a row and one wait for the device at the end:
+    the cost per step of a loop that trains every tick (the device works while the CPU
+    goes on), where :func:`_median_ms` waits for every call."""
+    _sync(device)
+    a = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(device)
+    return 1000.0 * (time.perf_counter() - a) / reps
+
+
+def bench_step(n: int, device: str, reps: int, compile_step: bool = False) -> None:
+    """Where a training step's time goes: sampling (numpy), the step alone on tensors
+    already on the device (as written, eager), ``learn`` from the sampled arrays (the
+    transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
+    loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run."""
     print(f"\nTraining step and act at {n} nodes on {device} "
-          f"(torch threads {torch.get_num_threads()}); median of {reps}")
+          f"(torch threads {torch.get_num_threads()}); median of {reps}"
+          f"{'; the loss (forward, backward) through torch.compile' if compile_step else ''}")
     for loss_nodes in (None, 0):
-        eng = _filled_engine(n, device, loss_nodes)
+        engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g)
+                   for g in (True, False)}
+        if compile_step:             # a probe: torch.compile's fused kernels, then captured
+            for e in engines.values():
+                e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
+        eng = engines[True]
         m = eng.mcfg.loss_nodes or n
-        b = eng.data.sample(eng.cfg.batch_size, eng.rng)
-        dev = eng.device
-        t = [torch.as_tensor(np.ascontiguousarray(a), device=dev) for a in
-             (b.obs, b.mask, b.actions, b.returns, b.discounts, b.next_obs, b.next_mask,
-              b.valid, b.abar, b.next_abar)]
-        for _ in range(5):
-            eng.dqn.train_step(*t)
-        _sync(dev)
-        steps = []
-        for _ in range(reps):
-            a = time.perf_counter()
-            eng.dqn.train_step(*t)
-            _sync(dev)
-            steps.append(time.perf_counter() - a)
-        trains = []
-        for _ in range(reps):
-            a = time.perf_counter()
-            eng.train(1)
-            _sync(dev)
-            trains.append(time.perf_counter() - a)
-        acts = []
-        for _ in range(reps):
-            a = time.perf_counter()
-            eng.act()
-            acts.append(time.perf_counter() - a)
+        arrays = eng._rows_batch()
+        t = eng.dqn.to_tensors(*arrays)
+        for _ in range(5):                           # warm-up; on CUDA: the capture
+            eng.dqn.train_step(*t), eng.dqn.learn(*arrays)
+            for e in engines.values():
+                e.train(1)
+        _sync(eng.device)
+        sample = _median_ms(lambda: eng._rows_batch(), "cpu", reps)
+        step = _median_ms(lambda: eng.dqn.train_step(*t), eng.device, reps)
+        learn = _median_ms(lambda: eng.dqn.learn(*arrays), eng.device, reps)
+        train = {g: _median_ms(lambda: e.train(1), e.device, reps)
+                 for g, e in engines.items()}
+        act = _median_ms(eng.act, eng.device, reps)
+        row = {g: _back_to_back_ms(lambda: e.train(1), e.device, reps)
+               for g, e in engines.items()}
+        learn_row = _back_to_back_ms(lambda: eng.dqn.learn(*arrays), eng.device, reps)
+        graphed = f"; graph replays {eng.dqn._graphs.replays}" if eng.dqn._graphs else ""
         print(f"  weights {eng.weights}; minibatch {eng.cfg.batch_size} ticks x {m} nodes "
-              f"({eng.cfg.batch_size * m} node transitions): train_step {_ms(steps):.2f} ms, "
-              f"Engine.train(1) with sampling {_ms(trains):.2f} ms, act (all {n} nodes) "
-              f"{_ms(acts):.2f} ms", flush=True)
+              f"({eng.cfg.batch_size * m} node transitions): sampling {sample:.2f} ms, "
+              f"train_step {step:.2f} ms (eager, inputs on the device), learn {learn:.2f} "
+              f"ms (transfer + step), Engine.train(1) with sampling {train[True]:.2f} ms "
+              f"(cuda_graph off: {train[False]:.2f} ms), act (all {n} nodes) "
+              f"{act:.2f} ms{graphed}\n    back to back ({reps} calls, one wait at the "
+              f"end), per call: Engine.train(1) with sampling {row[True]:.2f} ms "
+              f"(cuda_graph off: {row[False]:.2f} ms), learn {learn_row:.2f} ms",
+              flush=True)
 
 
 WRITES = {"behind": True, "process": "process", "sync": False}   # run_one's write_behind
@@ -237,6 +268,9 @@ def main() -> int:
                    help="hour: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--compile", action="store_true",
+                   help="step: the loss (forward and backward) through torch.compile (a probe, "
+                        "not the engine)")
     p.add_argument("--quick", action="store_true",
                    help="CI: the replay and step parts, small (no simulated hours)")
     args = p.parse_args()
@@ -248,7 +282,7 @@ def main() -> int:
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
     if args.part in ("all", "quick", "step"):
-        bench_step(args.step_nodes, args.device, args.reps)
+        bench_step(args.step_nodes, args.device, args.reps, args.compile)
     if args.part in ("all", "hour"):
         bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):

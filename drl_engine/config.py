@@ -49,6 +49,8 @@ class DQNConfig:
     grad_clip: float = 0.0             # max gradient norm; 0: no clipping
     action_steps: int = 1              # probe walks move up to this many steps per tick
                                        # (the Q-network keeps one-step actions)
+    cuda_graph: bool = True            # on a CUDA device, replay the training step as a
+                                       # CUDA graph (drl_engine/qnet.py; no effect on CPU)
     max_inputs: int = 20_000           # refuse a wider observation (a PI-name flood, a
                                        # layout error) instead of allocating its network
     # The guide (drl_engine/guide.py): probes to target settings instead of uniform

@@ -75,6 +75,12 @@ def margin_loss(q_all, demo, margin: float):
     max_a [Q(s, a) + margin · (a ≠ a_E)] − Q(s, a_E); 0 when no row has one."""
     import torch
     have = demo >= 0
+    if q_all.is_cuda:              # no host sync, no data-dependent shape: graph-capturable
+        a = demo.clamp_min(0).unsqueeze(1)
+        l = torch.full_like(q_all, margin).scatter_(1, a, 0.0)
+        per = (q_all + l).max(dim=1).values - q_all.gather(1, a).squeeze(1)
+        w = have.to(per.dtype)
+        return (per * w).sum() / w.sum().clamp_min(1.0)
     if not bool(have.any()):
         return q_all.new_zeros(())
     q, a = q_all[have], demo[have]

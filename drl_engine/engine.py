@@ -382,13 +382,12 @@ class Engine:
                 return None
         steps = self.cfg.train_steps_per_tick if steps is None else steps
         losses = []
-        batch = (lambda: self._rows_batch(every)) if self.per_node else \
-            (lambda: self._flat_batch(every))
+        batch = self._rows_batch if self.per_node else self._flat_batch
         for _ in range(steps):
-            tensors = batch()
-            if tensors is None:
+            arrays = batch(every)
+            if arrays is None:
                 break
-            losses.append(self.dqn.train_step(*tensors))
+            losses.append(self.dqn.learn(*arrays))
             self.train_steps += 1
         if not losses:
             return None
@@ -396,8 +395,8 @@ class Engine:
         return self.last_loss
 
     def _flat_batch(self, times: int = 1):
-        """An Algorithm-2 minibatch of the flat mode (``times`` × batch_size), as the
-        DQN's tensors."""
+        """An Algorithm-2 minibatch of the flat mode (``times`` × batch_size): the DQN's
+        ``train_step`` arguments as numpy arrays."""
         batch = self.experience.sample(self.cfg.batch_size * times, self.rng)
         if batch is None:
             return None
@@ -407,7 +406,7 @@ class Engine:
         if self.cfg.demo_margin and self.context is not None and self.guide is not None:
             # [context hook] DQfD's demonstrations (a restored engine: after its first act)
             arrays.append(self._demo_labels(batch))
-        return self.dqn.to_tensors(*arrays)
+        return arrays
 
     def _demo_labels(self, batch) -> np.ndarray:
         """Each transition's demonstrated action (drl_engine/demonstrations.py)."""
@@ -753,18 +752,13 @@ class Engine:
         return self.control.recommendations(self.data.replay) if self.per_node else []
 
     def _rows_batch(self, times: int = 1):
-        """A minibatch of (``times`` × batch_size) ticks × nodes (``RowData.sample``), as
-        the model's tensors."""
-        import torch                       # the per-node mode's model is torch's too
+        """A minibatch of (``times`` × batch_size) ticks × nodes (``RowData.sample``): the
+        model's ``train_step`` arguments as numpy arrays."""
         b = self.data.sample(self.cfg.batch_size * times, self.rng)
         if b is None:
             return None
-        dev = self.device
-        t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=dev)  # noqa: E731
-        mf = b.abar is not None
-        return (t(b.obs), t(b.mask), t(b.actions), t(b.returns), t(b.discounts),
-                t(b.next_obs), t(b.next_mask), t(b.valid),
-                t(b.abar) if mf else None, t(b.next_abar) if mf else None)
+        return (b.obs, b.mask, b.actions, b.returns, b.discounts, b.next_obs, b.next_mask,
+                b.valid, b.abar, b.next_abar)
 
     def _rows_state(self) -> dict:
         data, control = self.data, self.control

@@ -218,6 +218,13 @@ class NodeDQN(TargetNetworkLearner):
         that count (node present at t and t+n, action known); returns (B,) or (B, M)
         n-step returns; discounts (B,) γⁿ; abar/next_abar (B, M, A) the other nodes'
         action distributions at t and t+n (mean field). Returns the loss (0-d)."""
+        return self.descend(self.loss(obs, mask, actions, returns, discounts, next_obs,
+                                      next_mask, valid, abar, next_abar))
+
+    def loss(self, obs, mask, actions, returns, discounts, next_obs, next_mask, valid,
+             abar=None, next_abar=None) -> torch.Tensor:
+        """:meth:`train_step`'s loss: the TD errors of the valid transitions, Huber or
+        squared, their mean."""
         with torch.no_grad():
             next_q_t = self.target.forward(next_obs, next_mask, next_abar)
             if self.cfg.double_dqn:
@@ -237,7 +244,7 @@ class NodeDQN(TargetNetworkLearner):
         else:
             per = err * err
         w = valid.to(per.dtype)
-        return self.descend((per * w).sum() / w.sum().clamp_min(1.0))
+        return (per * w).sum() / w.sum().clamp_min(1.0)
 
     def state_dict(self) -> dict:
         return {**self._networks_state(), "model": dataclasses.asdict(self.mcfg),

@@ -59,6 +59,22 @@ class TargetNetworkLearner:
                                  alpha=self.cfg.rmsprop_decay)
         self._q_params = list(self.q.parameters())
         self._t_params = list(self.target.parameters())
+        self._graphs = CUDAGraphStep(self) if self.device.type == "cuda" and \
+            self.cfg.cuda_graph else None
+        self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
+
+    def learn(self, *arrays) -> torch.Tensor:
+        """One minibatch from numpy arrays (``train_step``'s arguments in its order, None
+        where it takes none): on a CUDA device replayed as a CUDA graph
+        (``cfg.cuda_graph``), else converted and run as it is written. Returns the loss."""
+        if self._graphs is not None:
+            return self._graphs(arrays)
+        return self.train_step(*self.to_tensors(*arrays))
+
+    def to_tensors(self, *arrays):
+        return tuple(None if a is None else
+                     torch.as_tensor(np.ascontiguousarray(a), device=self.device)
+                     for a in arrays)
 
     def _networks_state(self) -> dict:
         """The networks' and optimiser's part of a checkpoint (both learners' layout)."""
@@ -96,13 +112,104 @@ class TargetNetworkLearner:
         """θ⁻ ← (1 − α) · θ⁻ + α · θ."""
         self._soft_update()
 
-    @staticmethod
-    def mean_loss(losses) -> float:
+    def mean_loss(self, losses) -> float | None:
         """The mean of a tick's training losses, as a float (both modes' learners); one
-        loss (a step a tick) is its own mean, exactly, without a stack and a mean."""
-        if len(losses) == 1:
-            return float(losses[0])
-        return float(torch.stack(losses).mean())
+        loss (a step a tick) is its own mean, exactly, without a stack and a mean. On a
+        CUDA device, the previous call's mean (None at the first): reading this call's
+        would wait for the GPU to finish the step; read a call late, the step runs while
+        the CPU goes on with the tick."""
+        loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
+        if self.device.type != "cuda":
+            return float(loss)
+        # copied out now, in stream order before the next step; read at the next call
+        # (``float`` of a device tensor would queue behind that step and wait for it)
+        done = torch.cuda.Event()
+        host = loss.to("cpu", non_blocking=True)
+        done.record()
+        previous, self._pending_loss = self._pending_loss, (host, done)
+        if previous is None:
+            return None
+        previous[1].synchronize()
+        return float(previous[0])
+
+
+class CUDAGraphStep:
+    """A learner's ``train_step`` replayed as CUDA graphs, one per input shape.
+
+    Why: the networks are small, so on a GPU a step is ~100 kernels of a few microseconds
+    each and the time goes to launching them from Python; captured once, one graph launch
+    replays them all. A replay runs the captured kernels on the same buffers (inputs,
+    weights, gradients, optimiser state), so it computes what the eager step computes.
+    The inputs, numpy arrays, are packed into one pinned host buffer and reach the device
+    in one copy. The first ``warmup`` calls of a shape run eagerly on a side stream
+    (PyTorch's recipe: lazy initialisation must not happen inside a capture); every call,
+    warm-up, capture or replay, is exactly one update. Beyond ``max_shapes`` shapes a
+    call runs eagerly."""
+
+    def __init__(self, learner: "TargetNetworkLearner", warmup: int = 2, max_shapes: int = 4):
+        self.learner, self.warmup, self.max_shapes = learner, warmup, max_shapes
+        self.shapes: dict[tuple, _GraphedShape] = {}
+        self.replays = 0
+
+    def __call__(self, arrays) -> torch.Tensor:
+        key = tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays)
+        g = self.shapes.get(key)
+        if g is None:
+            if len(self.shapes) >= self.max_shapes:
+                return self.learner.train_step(*self.learner.to_tensors(*arrays))
+            g = self.shapes[key] = _GraphedShape(arrays, self.learner.device)
+        g.load(arrays)
+        if g.calls < self.warmup:              # eager, on a side stream
+            g.calls += 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = self.learner.train_step(*g.inputs)
+            torch.cuda.current_stream().wait_stream(side)
+            return loss
+        if g.graph is None:                    # capture records, it does not run
+            opt = self.learner.optimizer
+            steps = opt.steps
+            g.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
+                g.loss = self.learner.train_step(*g.inputs)
+            opt.steps = steps
+        g.graph.replay()
+        self.learner.optimizer.steps += 1
+        self.replays += 1
+        return g.loss.clone()                  # the next replay overwrites g.loss
+
+
+class _GraphedShape:
+    """One input shape's static buffers (a pinned host buffer and its device twin, one
+    view per input, 64-byte aligned) and its graph."""
+
+    def __init__(self, arrays, device: torch.device):
+        offsets, total = [], 0
+        for a in arrays:
+            offsets.append(total)
+            total += 0 if a is None else -(-a.nbytes // 64) * 64
+        self.host = torch.empty(max(total, 64), dtype=torch.uint8, pin_memory=True)
+        self.dev = torch.empty_like(self.host, device=device)
+        raw = self.host.numpy()
+        self.host_views, self.inputs = [], []
+        for a, off in zip(arrays, offsets):
+            if a is None:
+                self.host_views.append(None), self.inputs.append(None)
+                continue
+            dtype = torch.from_numpy(np.empty(0, a.dtype)).dtype
+            self.host_views.append(raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape))
+            self.inputs.append(self.dev[off:off + a.nbytes].view(dtype).view(a.shape))
+        self.copied = torch.cuda.Event()       # the last copy out of ``host`` is done
+        self.calls, self.graph, self.loss = 0, None, None
+
+    def load(self, arrays) -> None:
+        self.copied.synchronize()              # never overwrite a copy still in flight
+        for view, a in zip(self.host_views, arrays):
+            if view is not None:
+                np.copyto(view, a)
+        self.dev.copy_(self.host, non_blocking=True)
+        self.copied.record()
 
 
 def _clip_grad_norm(params, max_norm: float) -> None:
@@ -221,9 +328,6 @@ class DQNLearner(TargetNetworkLearner):
         if demo is not None:
             loss = loss + margin_loss(q_all, demo, self.cfg.demo_margin)
         return self.descend(loss)
-
-    def to_tensors(self, *arrays):
-        return tuple(torch.as_tensor(a, device=self.device) for a in arrays)
 
     def state_dict(self) -> dict:
         return {**self._networks_state(), "cfg": dataclasses.asdict(self.cfg),
