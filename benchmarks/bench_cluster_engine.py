@@ -21,10 +21,12 @@ Parts (one core: ``torch.set_num_threads(1)``):
   one tick); on ``--device`` (cpu, cuda).
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
-  ``--writes behind sync`` runs each node count with the replay writes on their own
-  thread (the default, ``WriteBehind``) and on the main thread, alternating
-  (``process``: in a process of their own, ``WriteProcess``); ``--set
-  KEY=VALUE`` overrides the config as ``capes converge-test --set`` does.
+  the replay writes run in a process of their own (``--writes process``, the default:
+  ``WriteProcess``, as the interface daemon is beside the engine; its CPU is the ``w
+  CPU s`` column), on a thread of their own (``behind``, ``WriteBehind``) or on the
+  main thread (``sync``); several, e.g. ``--writes process behind``, alternate on the
+  same seed (the same results each way); ``--set KEY=VALUE`` overrides the config as
+  ``capes converge-test --set`` does.
 * ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
   64 nodes (``--init-model``) beside a fresh engine on the same seeds.
 """
@@ -207,7 +209,7 @@ def bench_step(n: int, device: str, reps: int, compile_step: bool = False) -> No
 WRITES = {"behind": True, "process": "process", "sync": False}   # run_one's write_behind
 
 
-def bench_hour(nodes_list, seed: int, feed: str, writes=("behind",), sets=()) -> list[dict]:
+def bench_hour(nodes_list, seed: int, feed: str, writes=("process",), sets=()) -> list[dict]:
     print(f"\nWall and CPU seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
           f"torch thread, seed {seed}, feed {feed}; writes: behind = on their own thread "
           f"(with feed rows), process = in a process of their own, sync = on the main "
@@ -263,7 +265,7 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
-    p.add_argument("--writes", nargs="+", choices=tuple(WRITES), default=["behind"])
+    p.add_argument("--writes", nargs="+", choices=tuple(WRITES), default=["process"])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                    help="hour: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)
