@@ -118,8 +118,8 @@ def bench_replay(nodes_list, ticks: int) -> None:
 
 
 def _filled_engine(n: int, device: str, loss_nodes: int | None = None,
-                   ticks: int = 300, cuda_graph: bool = True) -> Engine:
-    cfg = load_config(None, [f"engine.cuda_graph={str(cuda_graph).lower()}"])
+                   ticks: int = 300, cuda_graph: bool = True, sets=()) -> Engine:
+    cfg = load_config(None, [f"engine.cuda_graph={str(cuda_graph).lower()}", *sets])
     model = dataclasses.replace(cfg.model, replay_mb=64, stats_ticks=50, learn_start=16)
     if loss_nodes is not None:
         model = dataclasses.replace(model, loss_nodes=loss_nodes)
@@ -162,16 +162,18 @@ def _back_to_back_ms(fn, device, reps: int) -> float:
     return 1000.0 * (time.perf_counter() - a) / reps
 
 
-def bench_step(n: int, device: str, reps: int, compile_step: bool = False) -> None:
+def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
+               sets=()) -> None:
     """Where a training step's time goes: sampling (numpy), the step alone on tensors
     already on the device (as written, eager), ``learn`` from the sampled arrays (the
     transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
     loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run."""
     print(f"\nTraining step and act at {n} nodes on {device} "
           f"(torch threads {torch.get_num_threads()}); median of {reps}"
-          f"{'; the loss (forward, backward) through torch.compile' if compile_step else ''}")
+          f"{'; the loss (forward, backward) through torch.compile' if compile_step else ''}"
+          f"{''.join('; ' + x for x in sets)}")
     for loss_nodes in (None, 0):
-        engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g)
+        engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g, sets=sets)
                    for g in (True, False)}
         if compile_step:             # a probe: torch.compile's fused kernels, then captured
             for e in engines.values():
@@ -267,7 +269,7 @@ def main() -> int:
     p.add_argument("--feed", default="auto", choices=("auto", "reader", "rows"))
     p.add_argument("--writes", nargs="+", choices=tuple(WRITES), default=["process"])
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="hour: a config override, as capes converge-test --set")
+                   help="hour, step: a config override, as capes converge-test --set")
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--compile", action="store_true",
@@ -284,7 +286,7 @@ def main() -> int:
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
     if args.part in ("all", "quick", "step"):
-        bench_step(args.step_nodes, args.device, args.reps, args.compile)
+        bench_step(args.step_nodes, args.device, args.reps, args.compile, args.sets)
     if args.part in ("all", "hour"):
         bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):
