@@ -27,11 +27,44 @@ def score_occurrences(game_cfg, true_tp, first_tick: int = 1) -> list[dict]:
                           [c.ideal_throughput for c in cfgs], band=game_cfg.win_band,
                           hold=game_cfg.win_hold_ticks + 1, first_tick=first_tick,
                           names=names)
+    return with_visits(scores)
+
+
+def with_visits(scores) -> list[dict]:
+    """Phase scores as dicts with their ``workload`` (the phase's name) and ``visit``
+    (1 for a first visit of that workload, 2, 3 … for returns)."""
     seen: dict[str, int] = {}
     out = []
     for s in scores:
         seen[s.name] = seen.get(s.name, 0) + 1
         out.append({**s.to_dict(), "workload": s.name, "visit": seen[s.name]})
+    return out
+
+
+def score_classes(sim, node_tp, best, first_tick: int = 1) -> list[dict]:
+    """The cluster variant scored per node class: for every phase of ``sim`` (a
+    :class:`~storagegamesim.cluster.ClusterSim`) and every workload class active in it,
+    the same score as a phase's (:func:`with_visits`), on the summed noise-free
+    throughput of that class's nodes (``node_tp``: (ticks, nodes) from ``first_tick``)
+    against their throughput at the phase's best static setting ``best[k]`` (a
+    :class:`~storagegamesim.cluster.StaticOptimum`). A class's visits count the phases
+    its workload ran in; ``phase`` says which phase an entry is of."""
+    tp = np.asarray(node_tp, float)
+    cfg = sim.config
+    starts = phase_starts(cfg.phases)
+    out: list = []
+    seen: dict[str, int] = {}
+    for k, opt in enumerate(best):
+        ideal = sim.evaluate(opt.window, opt.rate_limit, k)["throughput"]
+        for name, nodes in sim.class_nodes(k):
+            one = [starts[k]] + ([starts[k + 1]] if k + 1 < len(starts) else [])
+            sc = score_phases(tp[:, nodes].sum(axis=1), one,
+                              [float(ideal[nodes].sum())] * len(one),
+                              band=cfg.win_band, hold=cfg.win_hold_ticks + 1,
+                              first_tick=first_tick, names=[name] * len(one))[0]
+            seen[name] = seen.get(name, 0) + 1
+            out.append({**sc.to_dict(), "phase": k, "workload": name, "visit": seen[name],
+                        "nodes": len(nodes)})
     return out
 
 

@@ -1,0 +1,167 @@
+"""Workload contexts per row: the per-node mode's recall (issue 25, the cluster variant).
+
+The one-row mode tells workloads apart by the signature PIs of the whole target
+(``drl_engine.context``). With a row of knobs per node, each node runs its own share of
+the work (a checkpoint writer, an analysis reader, idle), so here every row has its own
+context, derived from that node's own signature PIs by the same online clustering
+(:class:`~drl_engine.context.SignatureClusters`, one per row), and every row keeps, per
+context, the setting it had in the best-known setting (``drl_engine.best_known``) of
+the last visit: the grid indices of its knobs at the objective's moving-average peak.
+
+On a tick where rows change context (the per-row running median confirms a new
+signature):
+
+* the best-known setting is stored with the contexts the rows leave (a snapshot taken
+  on the first such tick, so rows that confirm a tick or two later store the same
+  visit's best), then forgotten (levels of another mix of workloads do not compare),
+  and the change detector starts afresh (the change is known; its alarm would forget
+  what is recalled next);
+* a row that **returns** to a context with a stored setting is set to it at once (all
+  its dynamic knobs in one tick, as a rollback does) and holds it
+  ``context_hold_ticks`` without probes or greedy moves: the recalled setting is used
+  before it is questioned;
+* a row that enters a **new** context explores as after an alarm (ε raised for the
+  cluster); rows that did not change, and returning rows, hold meanwhile, so only what
+  is new is explored. When no row is new, ε is not raised.
+
+Signature PIs must be named (``engine.context_pis``): a node's own latency or queue
+depth moves with its knobs, so the one-row default (every PI that is neither the
+objective's nor a knob's) would cluster the tuner's own moves. Without them, or with
+``engine.use_context = false``, nothing here is built and the engine plays as before
+(a test compares the traces). Hooks in ``drl_engine/engine.py`` are marked
+``[row context hook]``.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from drl_engine.context import SignatureClusters, context_columns
+
+log = logging.getLogger("capes.engine")
+
+
+class RowContexts:
+    """Every row's contexts and what each keeps (see the module docstring)."""
+
+    SNAPSHOT_TICKS = 6     # rows confirming a change this many ticks after the first one
+                           # store the same best-known setting (median of 3 + NEW_CONFIRM)
+    MIN_ROWS = 2           # rows whose change makes it the cluster's (forget, detector,
+                           # hold, ε): one row's context split by noise does not
+
+    def __init__(self, cfg, columns: list[int], rows: int):
+        self.cfg, self.columns = cfg, columns
+        self.clusters: list[SignatureClusters] = []
+        self.memory: list[dict[int, np.ndarray]] = []   # per row: context → grid indices
+        self.hold_until = np.zeros(0, np.int64)         # per row: no probe/greedy before
+        self.target: dict[int, np.ndarray] = {}         # rows to set at the next action
+        self._snapshot: np.ndarray | None = None
+        self._snapshot_until = -1
+        self._event_rows = 0                            # rows changed in this event
+        self.switch_ticks: list[int] = []               # ticks with a confirmed change
+        self.returns = 0                                # row switches to a known context
+        self.news = 0                                   # row switches to a new one
+        self.grow(rows)
+
+    @classmethod
+    def build(cls, cfg, pi_names, reward_pis, params, rows: int) -> "RowContexts | None":
+        """None without named signature PIs or with ``use_context = false``."""
+        if not cfg.use_context or not cfg.context_pis:
+            return None
+        cols = context_columns(cfg, pi_names, reward_pis, [s.name for s in params])
+        return cls(cfg, cols, rows)
+
+    def grow(self, rows: int) -> None:
+        """Rows appended (nodes joined): contexts of their own, from scratch."""
+        cfg = self.cfg
+        for _ in range(rows - len(self.clusters)):
+            self.clusters.append(SignatureClusters(
+                cfg.context_window, cfg.context_threshold, cfg.context_floor,
+                cfg.context_confirm, cfg.context_floor_strict))
+            self.memory.append({})
+        self.hold_until = np.concatenate(
+            [self.hold_until, np.zeros(rows - len(self.hold_until), np.int64)])
+
+    def current(self) -> np.ndarray:
+        """Every row's context (−1: none yet)."""
+        return np.array([-1 if c.current is None else c.current for c in self.clusters])
+
+    # -- per tick ------------------------------------------------------------------------
+    def follow(self, engine, tick: int, pis: np.ndarray) -> None:
+        """Fold one tick's signatures in (``pis``: (N, P)); on a change of some rows'
+        contexts, store, forget and recall as the module docstring says."""
+        sig = np.asarray(pis, np.float64)[:, self.columns]
+        changed: list[tuple[int, int | None, int, bool]] = []
+        for r, cl in enumerate(self.clusters):
+            if not np.isfinite(sig[r]).any():
+                continue                               # absent: nothing to fold in
+            before = cl.current
+            ch = cl.update(sig[r])
+            if ch is not None and before is not None:
+                changed.append((r, before, *ch))
+        if not changed:
+            return
+        control = engine.control
+        if tick > self._snapshot_until:
+            best = control.best.best_idx
+            self._snapshot = None if best is None else best.copy()
+            self._snapshot_until = tick + self.SNAPSHOT_TICKS
+            self._event_rows = 0
+        self._event_rows += len(changed)
+        new_rows = []
+        for r, left, ctx, new in changed:
+            if self._snapshot is not None and r < len(self._snapshot):
+                self.memory[r][left] = self._snapshot[r].copy()
+            self.target.pop(r, None)
+            known = self.memory[r].get(ctx)
+            if known is None:
+                new_rows.append(r)
+                self.news += 1
+            else:
+                self.target[r] = known
+                self.returns += 1
+        self.switch_ticks.append(int(tick))
+        if control.cold is not None and control.cold.active:
+            self.target = {}
+            return                                     # the cold start owns the setting
+        if self._event_rows < min(self.MIN_ROWS, len(self.clusters)):
+            return                                     # one row: its recall alone
+        control.forget(tick)
+        control.new_detector()
+        hold = tick + self.cfg.context_hold_ticks
+        self.hold_until[:] = np.maximum(self.hold_until, hold)
+        if new_rows:                                   # only the new rows explore
+            self.hold_until[new_rows] = 0
+            engine.bumped_at = engine.action_ticks
+        log.info("tick %d: %d row(s) changed context (%d new, %d recalled)", tick,
+                 len(changed), len(new_rows), len(changed) - len(new_rows))
+
+    def recall(self, cur: np.ndarray, present: np.ndarray, grid, dynamic: np.ndarray
+               ) -> np.ndarray | None:
+        """The values with every returning row at its recalled setting (None: no row to
+        set). Knobs that are not dynamic keep their values."""
+        if not self.target:
+            return None
+        target, self.target = self.target, {}
+        rows = np.array([r for r in target if r < len(cur) and present[r]], np.int64)
+        if len(rows) == 0:
+            return None
+        idx = grid.index(cur)
+        idx[rows] = np.where(dynamic[None, :], np.stack([target[r] for r in rows]),
+                             idx[rows])
+        out = cur.copy()
+        out[rows] = grid.values(idx)[rows]
+        return out
+
+    def holding(self, tick: int) -> np.ndarray:
+        """Rows that hold their setting this tick (no probe, no greedy move)."""
+        return self.hold_until > tick
+
+    def counters(self) -> dict:
+        return {"context_switch_ticks": len(self.switch_ticks),
+                "context_returns": self.returns, "context_news": self.news,
+                "contexts_per_row": float(np.mean([c.count for c in self.clusters]))}
+
+
+__all__ = ["RowContexts"]
