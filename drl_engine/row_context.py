@@ -59,6 +59,7 @@ class RowContexts:
         self._snapshot: np.ndarray | None = None
         self._snapshot_until = -1
         self._event_rows = 0                            # rows changed in this event
+        self._last_best: np.ndarray | None = None       # the newest best-known setting
         self.switch_ticks: list[int] = []               # ticks with a confirmed change
         self.returns = 0                                # row switches to a known context
         self.news = 0                                   # row switches to a new one
@@ -91,6 +92,9 @@ class RowContexts:
     def follow(self, engine, tick: int, pis: np.ndarray) -> None:
         """Fold one tick's signatures in (``pis``: (N, P)); on a change of some rows'
         contexts, store, forget and recall as the module docstring says."""
+        control = engine.control
+        if control.best.best_idx is not None:   # kept through an alarm that forgot it a
+            self._last_best = control.best.best_idx   # tick or two before the rows confirm
         sig = np.asarray(pis, np.float64)[:, self.columns]
         changed: list[tuple[int, int | None, int, bool]] = []
         for r, cl in enumerate(self.clusters):
@@ -102,9 +106,8 @@ class RowContexts:
                 changed.append((r, before, *ch))
         if not changed:
             return
-        control = engine.control
         if tick > self._snapshot_until:
-            best = control.best.best_idx
+            best = self._last_best
             self._snapshot = None if best is None else best.copy()
             self._snapshot_until = tick + self.SNAPSHOT_TICKS
             self._event_rows = 0
@@ -129,6 +132,7 @@ class RowContexts:
             return                                     # one row: its recall alone
         control.forget(tick)
         control.new_detector()
+        self._last_best = None                         # the next visit's own from here
         hold = tick + self.cfg.context_hold_ticks
         self.hold_until[:] = np.maximum(self.hold_until, hold)
         if new_rows:                                   # only the new rows explore

@@ -63,7 +63,8 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from storagegamesim.cluster import ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
-from capes.experiments.recall_scoring import recall_summary, score_classes, with_visits
+from capes.experiments.recall_scoring import (cluster_workloads, recall_summary,
+                                              score_classes, with_visits)
 from capes.common.shipped_configs import config_path
 from capes.settings import is_cluster_config  # noqa: F401  (re-exported)
 
@@ -293,7 +294,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
            **summary, "per_phase": [s.to_dict() for s in scores],
            # workloads that come back (issue 25): each phase occurrence as a first visit
            # or a return, for the cluster and per node class
-           "occurrences": with_visits(scores), "tp_frac_hour": summary["mean_relative"],
+           "occurrences": with_visits(scores, cluster_workloads(sim)), "tp_frac_hour": summary["mean_relative"],
            "classes": score_classes(sim, np.array(source.true_nodes), optima),
            "final_window_mean": float(sim.window.mean()),
            "final_rate_limit_mean": float(sim.rate_limit.mean())}

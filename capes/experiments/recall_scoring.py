@@ -30,15 +30,24 @@ def score_occurrences(game_cfg, true_tp, first_tick: int = 1) -> list[dict]:
     return with_visits(scores)
 
 
-def with_visits(scores) -> list[dict]:
-    """Phase scores as dicts with their ``workload`` (the phase's name) and ``visit``
-    (1 for a first visit of that workload, 2, 3 … for returns)."""
+def with_visits(scores, workloads=None) -> list[dict]:
+    """Phase scores as dicts with their ``workload`` (``workloads[k]``, default the
+    phase's name) and ``visit`` (1 for a first visit of that workload, 2, 3 … for
+    returns)."""
     seen: dict[str, int] = {}
     out = []
-    for s in scores:
-        seen[s.name] = seen.get(s.name, 0) + 1
-        out.append({**s.to_dict(), "workload": s.name, "visit": seen[s.name]})
+    for k, s in enumerate(scores):
+        w = s.name if workloads is None else workloads[k]
+        seen[w] = seen.get(w, 0) + 1
+        out.append({**s.to_dict(), "workload": w, "visit": seen[w]})
     return out
+
+
+def cluster_workloads(sim) -> list[str]:
+    """Each phase's workload on the cluster variant: its active classes' names (the
+    first phase is named by its workloads too, not "phase 0")."""
+    return ["+".join(name for name, _ in sim.class_nodes(k))
+            for k in range(len(sim.phase_names))]
 
 
 def score_classes(sim, node_tp, best, first_tick: int = 1) -> list[dict]:

@@ -1,0 +1,93 @@
+"""Recall on the cluster variant (issue 25): per-node workload contexts in the per-node
+mode (drl_engine/row_context.py) and the cluster harness's scores of returns."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from capes.experiments.cluster_test import aggregate, format_table, load_config, run_one
+from drl_engine.engine import Engine
+from storagegamesim.cluster import ClusterSim, phase_optima
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "recurring-workloads-cluster.toml"
+CHECKPOINT = '{name="checkpoint", write_fraction=0.9, request_kb=1024.0, sequential=0.9}'
+ANALYSIS = '{name="analysis", write_fraction=0.1, request_kb=256.0, sequential=0.6}'
+# checkpoint, analysis on half the nodes, checkpoint again: every node returns
+SHORT = ["cluster.nodes=8", "cluster.time_limit_ticks=420",
+         f'cluster.phases=[{{at_tick=200, name="analysis", active_fraction=0.5, '
+         f'workloads=[{ANALYSIS}]}}, {{at_tick=320, name="checkpoint", '
+         f'active_fraction=1.0, workloads=[{CHECKPOINT}]}}]']
+
+
+def short_cfg(extra=()):
+    cfg = load_config(CONFIG, SHORT + list(extra))
+    cfg.model = dataclasses.replace(cfg.model, stats_ticks=40, learn_start=16, replay_mb=8,
+                                    cold_start_ticks=60)
+    return cfg
+
+
+def play(cfg, seed=0):
+    """The cluster variant, tick by tick, with the engine fed each tick's rows; yields
+    (tick, engine, its best-known setting before the tick was folded in, decision)."""
+    ccfg = cfg.cluster
+    sim = ClusterSim(ccfg, seed=seed, optima=phase_optima(ccfg, ccfg.best_static),
+                     judge=False)
+    knobs = list(ccfg.param_specs())
+    eng = Engine.over_rows(cfg.engine, cfg.reward, list(ccfg.pi_names()),
+                           list(ccfg.param_specs().values()), ccfg.nodes, model=cfg.model,
+                           seed=seed)
+    for _ in range(ccfg.time_limit_ticks - 1):
+        sim.tick()
+        pis = sim.pis()
+        best = eng.control.best.best_idx
+        best = None if best is None else best.copy()
+        eng.ingest(sim.ticks, np.column_stack([pis[n] for n in ccfg.pi_names()]))
+        d = eng.act()
+        if d is not None:
+            sim.set_params(**{n: d.values[:, k] for k, n in enumerate(knobs)})
+        eng.train()
+        yield sim.ticks, eng, best, d
+
+
+def test_a_return_sets_every_node_back_to_its_setting_of_the_last_visit():
+    last_best = left_with = recalled = None
+    for tick, eng, best, d in play(short_cfg()):
+        rc = eng.row_context
+        if left_with is None:
+            if best is not None:                   # the first visit's best-known setting
+                last_best = best
+            if rc.switch_ticks:                    # left the first checkpoint
+                assert 200 <= tick < 210 and last_best is not None
+                left_with = eng.control.grid.values(last_best)
+        if tick > 320 and recalled is None and d is not None and rc.returns >= 8:
+            recalled = d.values                    # the first decision after the return
+    assert left_with is not None and recalled is not None
+    assert rc.returns >= 8 and rc.switch_ticks[-1] < 330    # every node, within 10 ticks
+    # each node at once at the setting it had in the first visit's best-known setting
+    assert np.array_equal(recalled, left_with)
+
+
+def test_without_named_signature_pis_or_with_the_switch_off_it_plays_as_before():
+    a = run_one(short_cfg(['engine.context_pis=[]']), seed=2, keep_trace=True)
+    b = run_one(short_cfg(['engine.use_context=false']), seed=2, keep_trace=True)
+    assert a["trace"]["true_objective"] == b["trace"]["true_objective"]
+    assert "context_returns" not in a and "context_returns" not in b
+    default = load_config(None)           # the default cluster game names none
+    assert default.engine.use_context and not default.engine.context_pis
+
+
+def test_the_harness_scores_each_occurrence_as_a_first_visit_or_a_return_per_class():
+    r = run_one(short_cfg(), seed=1)
+    assert [(p["workload"], p["visit"]) for p in r["occurrences"]] == \
+        [("checkpoint", 1), ("analysis", 1), ("checkpoint", 2)]
+    classes = [(c["phase"], c["workload"], c["visit"], c["nodes"]) for c in r["classes"]]
+    assert classes == [(0, "checkpoint", 1, 8), (1, "analysis", 1, 4),
+                       (2, "checkpoint", 2, 8)]
+    assert r["context_returns"] >= 8
+    a = aggregate([r])
+    assert a["class_recall"]["checkpoint"]["return_phases"] == 1
+    assert a["recall"]["runs"] == 1
+    assert "checkpoint" in format_table({"nodes": 8, "seeds": 1, "phase_starts": [0],
+                                         "tuners": {"capes": a}})
