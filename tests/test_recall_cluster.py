@@ -91,3 +91,33 @@ def test_the_harness_scores_each_occurrence_as_a_first_visit_or_a_return_per_cla
     assert a["recall"]["runs"] == 1
     assert "checkpoint" in format_table({"nodes": 8, "seeds": 1, "phase_starts": [0],
                                          "tuners": {"capes": a}})
+
+
+def test_the_rows_at_once_cluster_as_one_clustering_per_row_would():
+    from drl_engine.context import SignatureClusters
+    from drl_engine.row_context import RowSignatures
+    cfg = short_cfg().engine
+    rows, rng = 6, np.random.default_rng(4)
+    sigs = np.array([[0.1, 1024.0, 0.9], [0.9, 256.0, 0.6], [0.0, 0.0, 0.0]])
+    which = rng.integers(0, 3, (rows, 8)).repeat(250, axis=1)    # 2,000 ticks, 8 phases
+    fast, slow = RowSignatures(cfg, 3), [SignatureClusters(
+        cfg.context_window, cfg.context_threshold, cfg.context_floor, cfg.context_confirm,
+        cfg.context_floor_strict) for _ in range(rows)]
+    fast.grow(rows)
+    got, want = [], []
+    for t in range(which.shape[1]):
+        x = sigs[which[:, t]] * np.maximum(0, 1 + 0.3 * rng.standard_normal((rows, 3)))
+        x[t % rows] = np.nan if t % 97 == 0 else x[t % rows]       # a row absent now and then
+        got += [(t, *c) for c in fast.update(x)]
+        for r, cl in enumerate(slow):
+            if np.isfinite(x[r]).any():
+                before = cl.current
+                ch = cl.update(x[r])
+                if ch is not None:
+                    want.append((t, r, before, *ch))
+    assert got == want and len(got) > 3 * rows
+    assert list(fast.counts()) == [c.count for c in slow]
+    assert max(max(c.n) for c in slow) == SignatureClusters.MOST_SAMPLES   # running averages
+    for r, cl in enumerate(slow):
+        assert np.array_equal(fast.mean[r], cl.mean[cl.current])
+        assert np.array_equal(fast.m2[r], cl.m2[cl.current])
