@@ -362,9 +362,10 @@ def aggregate(runs: list[dict]) -> dict:
                     "mean_relative": _median(p["mean_relative"] for p in ph),
                     "median_relative": _median(p["median_relative"] for p in ph)})
     out["per_phase"] = per
-    out["recall"] = recall_summary([{"phases": r["occurrences"],
-                                     "tp_frac_hour": r["tp_frac_hour"]} for r in runs])
-    out["class_recall"] = class_recall(runs)
+    if runs and all("occurrences" in r for r in runs):
+        out["recall"] = recall_summary([{"phases": r["occurrences"],
+                                         "tp_frac_hour": r["tp_frac_hour"]} for r in runs])
+        out["class_recall"] = class_recall(runs)
     if runs and "weights" in runs[0]:
         delays = [d for r in runs for d in r["detection_delays"] if d is not None]
         out.update(weights=runs[0]["weights"],
