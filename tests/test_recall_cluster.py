@@ -121,3 +121,21 @@ def test_the_rows_at_once_cluster_as_one_clustering_per_row_would():
     for r, cl in enumerate(slow):
         assert np.array_equal(fast.mean[r], cl.mean[cl.current])
         assert np.array_equal(fast.m2[r], cl.m2[cl.current])
+
+
+def test_two_arms_are_compared_seed_by_seed():
+    from capes.experiments.recall_scoring import cluster_pairs
+
+    def run(seed, hour, ret):
+        ph = lambda visit, rel, rec: {"visit": visit, "ticks": 100, "mean_relative": rel,  # noqa: E731
+                                      "recover_ticks": rec, "workload": "w"}
+        return {"seed": seed, "tp_frac_hour": hour,
+                "occurrences": [ph(1, 0.9, 50), ph(2, ret, 3)],
+                "classes": [ph(1, 0.9, 50), ph(2, ret, None)]}
+    a = [run(1, 0.97, 0.99), run(0, 0.95, 0.98), run(2, 0.5, 0.5)]   # seed 2: no pair
+    b = [run(0, 0.94, 0.96), run(1, 0.95, 0.96)]
+    rows = {r["row"]: r for r in cluster_pairs(a, b)}
+    assert rows["hour"]["seeds"] == [0, 1]
+    assert np.isclose(rows["hour"]["a_minus_b"][0], 0.015)
+    assert np.isclose(rows["returns"]["a_minus_b"][0], 0.025)
+    assert rows["returns"]["band_a"] == 3 and rows["w returns"]["band_a"] == 100  # censored

@@ -117,3 +117,78 @@ def recall_summary(runs: list[dict], censor: bool = True) -> dict:
             "first_phases": len(fst), "firsts_reached": fst_ok,
             "median_first_ticks": float(np.median(fst)) if fst else math.nan,
             "median_tp_frac": float(np.median(tp)) if tp else math.nan}
+
+
+# -- the cluster variant: two arms' runs, paired by seed ----------------------------------
+
+def _share(phases: list[dict]) -> float | None:
+    """Tick-weighted throughput / best static over ``phases`` (None: no ticks)."""
+    ticks = sum(p["ticks"] for p in phases)
+    return sum(p["mean_relative"] * p["ticks"] for p in phases) / ticks if ticks else None
+
+
+def _to_band(phases: list[dict]) -> list[int]:
+    return [p["recover_ticks"] if p["recover_ticks"] is not None else p["ticks"]
+            for p in phases if p["ticks"]]
+
+
+def cluster_pairs(runs_a: list[dict], runs_b: list[dict]) -> list[dict]:
+    """Arm A against arm B on the cluster variant (runs of
+    ``capes.experiments.cluster_test.run_one``), paired by seed: per row, each arm's
+    median over seeds and A − B, mean [95 % t]. Rows: the hour, the cluster's returns
+    and first visits (throughput / best static), and each node class's returns
+    (throughput / its nodes' throughput at the best static setting; the pooled median
+    time to band of its returns, a return that never got there counted as its length)."""
+    from capes.common.stats import paired_mean_ci
+    a = {r["seed"]: r for r in runs_a}
+    b = {r["seed"]: r for r in runs_b}
+    seeds = sorted(set(a) & set(b))
+
+    def row(name, f, to_band=None):
+        va, vb = [f(a[s]) for s in seeds], [f(b[s]) for s in seeds]
+        ci = paired_mean_ci(vb, va)
+        out = {"row": name, "seeds": seeds, "a": float(np.median(va)), "b": float(np.median(vb)),
+               "a_minus_b": None if ci is None else list(ci)}
+        if to_band is not None:
+            out.update(band_a=float(np.median([t for s in seeds for t in to_band(a[s])])),
+                       band_b=float(np.median([t for s in seeds for t in to_band(b[s])])))
+        return out
+
+    occ = lambda r, ret: [p for p in r["occurrences"] if (p["visit"] > 1) == ret]  # noqa: E731
+    rows = [row("hour", lambda r: r["tp_frac_hour"]),
+            row("returns", lambda r: _share(occ(r, True)), lambda r: _to_band(occ(r, True))),
+            row("first visits", lambda r: _share(occ(r, False)),
+                lambda r: _to_band(occ(r, False)))]
+    for name in sorted({c["workload"] for s in seeds for c in a[s]["classes"]}):
+        ret = lambda r: [c for c in r["classes"] if c["workload"] == name and c["visit"] > 1]  # noqa: E731
+        if all(ret(a[s]) for s in seeds):
+            rows.append(row(f"{name} returns", lambda r: _share(ret(r)), lambda r: _to_band(ret(r))))
+    return rows
+
+
+def main(argv=None) -> int:
+    """``python -m capes.experiments.recall_scoring A.json … -- B.json …``: the cluster
+    variant's arm A (``capes converge-test --json`` reports) against arm B by seed."""
+    import json
+    import sys
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in args:
+        print("usage: python -m capes.experiments.recall_scoring A.json ... -- B.json ...",
+              file=sys.stderr)
+        return 2
+    cut = args.index("--")
+    load = lambda paths: [r for p in paths for r in json.load(open(p))["runs"]]  # noqa: E731
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    print(f"{'':18} {'A':>7} {'B':>7}  A − B [95 % t]          to band s (A / B)")
+    for r in cluster_pairs(load(args[:cut]), load(args[cut + 1:])):
+        d = r["a_minus_b"]
+        diff = "-" if d is None else f"{d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}]"
+        band = f"{fmt(r.get('band_a'), '.0f')} / {fmt(r.get('band_b'), '.0f')}" \
+            if "band_a" in r else ""
+        print(f"{r['row']:18} {r['a']:7.4f} {r['b']:7.4f}  {diff:24} {band}")
+    print(f"seeds {r['seeds']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
