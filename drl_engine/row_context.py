@@ -22,7 +22,9 @@ signature):
   before it is questioned;
 * a row that enters a **new** context explores as after an alarm (ε raised for the
   cluster); rows that did not change, and returning rows, hold meanwhile, so only what
-  is new is explored. When no row is new, ε is not raised.
+  is new is explored. When no row is new, ε is not raised (``cluster_engine.
+  return_epsilon = true`` raises it, so that the recalled setting is searched around
+  after the hold: no gain measured, ``docs/recall.md``, cluster variant).
 
 Signature PIs must be named (``engine.context_pis``): a node's own latency or queue
 depth moves with its knobs, so the one-row default (every PI that is neither the
@@ -233,6 +235,7 @@ class RowContexts:
         self.hold_until[:] = np.maximum(self.hold_until, hold)
         if new_rows:                                   # only the new rows explore
             self.hold_until[new_rows] = 0
+        if new_rows or engine.mcfg.return_epsilon:
             engine.bumped_at = engine.action_ticks
         log.info("tick %d: %d row(s) changed context (%d new, %d recalled)", tick,
                  len(changed), len(new_rows), len(changed) - len(new_rows))
