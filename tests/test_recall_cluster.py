@@ -22,7 +22,7 @@ SHORT = ["cluster.nodes=8", "cluster.time_limit_ticks=420",
 
 
 def short_cfg(extra=()):
-    cfg = load_config(CONFIG, SHORT + list(extra))
+    cfg = load_config(CONFIG, SHORT + ["engine.use_context=true"] + list(extra))
     cfg.model = dataclasses.replace(cfg.model, stats_ticks=40, learn_start=16, replay_mb=8,
                                     cold_start_ticks=60)
     return cfg
