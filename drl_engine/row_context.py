@@ -168,6 +168,7 @@ class RowContexts:
         self._snapshot: np.ndarray | None = None
         self._snapshot_until = -1
         self._event_rows = 0                            # rows changed in this event
+        self._event_new: set[int] = set()               # ... to a new context
         self._last_best: np.ndarray | None = None       # the newest best-known setting
         self.switch_ticks: list[int] = []               # ticks with a confirmed change
         self.returns = 0                                # row switches to a known context
@@ -209,6 +210,7 @@ class RowContexts:
             self._snapshot = None if best is None else best.copy()
             self._snapshot_until = tick + self.SNAPSHOT_TICKS
             self._event_rows = 0
+            self._event_new: set[int] = set()
         self._event_rows += len(changed)
         new_rows = []
         for r, left, ctx, new in changed:
@@ -218,6 +220,7 @@ class RowContexts:
             known = self.memory[r].get(ctx)
             if known is None:
                 new_rows.append(r)
+                self._event_new.add(r)
                 self.news += 1
             else:
                 self.target[r] = known
@@ -233,8 +236,8 @@ class RowContexts:
         self._last_best = None                         # the next visit's own from here
         hold = tick + self.cfg.context_hold_ticks
         self.hold_until[:] = np.maximum(self.hold_until, hold)
-        if new_rows:                                   # only the new rows explore
-            self.hold_until[new_rows] = 0
+        if self._event_new:                            # only the new rows explore (also
+            self.hold_until[list(self._event_new)] = 0  # those new a tick or two before)
         if new_rows or engine.mcfg.return_epsilon:
             engine.bumped_at = engine.action_ticks
         log.info("tick %d: %d row(s) changed context (%d new, %d recalled)", tick,
