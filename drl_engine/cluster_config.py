@@ -81,6 +81,10 @@ class NodeModelConfig:
     # or doubles it; at 0.2 a shift must exceed ~k · 0.2 = 10 % of the level to count
     detect_scale_floor: float = 0.2
     bump_ticks: int = 200             # ε anneals back from workload_epsilon this long
+    # workload contexts per node (engine.use_context with engine.context_pis;
+    # drl_engine/row_context.py): a return to known contexts raises ε too, so that the
+    # recalled setting is searched around after the hold (measured: no gain; off)
+    return_epsilon: bool = False
     # an action's n-step return starts this many ticks after it (n_step_returns' shift);
     # -1: the engine's settle_ticks, when its effect shows up (the per-node default;
     # the one-row mode's is engine.return_shift, 0)

@@ -155,10 +155,16 @@ class SignatureClusters:
         self.leaving = False
         if u is None:
             return None
+        return self.fold(u, self._log(self.recent[-1]))
+
+    def fold(self, u: np.ndarray, newest: np.ndarray) -> tuple[int, bool] | None:
+        """:meth:`update` past the running median: ``u`` the median's point, ``newest``
+        the newest tick's own (both on the log scale); per-row callers
+        (``drl_engine/row_context.py``) compute them for every row at once."""
+        self.leaving = False
         if self.current is None:
             self.current = self._new(u)
             return self.current, True
-        newest = self._log(self.recent[-1])
         if np.isfinite(newest).all():
             self.leaving = self.distance(newest, self.current) > self.threshold
         if self.distance(u, self.current) <= self.threshold:

@@ -53,6 +53,7 @@ from drl_engine.context import WorkloadContexts
 from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
 from drl_engine.node_replay import RowData
+from drl_engine.row_context import RowContexts
 from drl_engine.row_controller import RowController
 
 log = logging.getLogger("capes.engine")
@@ -521,6 +522,8 @@ class Engine:
         self._seen = 0                          # reader mode: ticks of the session ingested
         self.control = RowController(dqn, model, self.params, self.nodes, self.seed)
         self._node_obj = np.array(self.data.replay.obj_cols)
+        self.row_context = RowContexts.build(dqn, self.pi_names, self.reward_cfg.pis,
+                                             self.params, self.nodes)   # [row context hook]
 
     @property
     def replay(self):
@@ -638,6 +641,8 @@ class Engine:
         log.info("tick %s: %d node(s) joined, %d in all", tick, nodes - self.nodes, nodes)
         self.data.grow(nodes)
         self.control.grow(nodes)
+        if self.row_context is not None:             # [row context hook]
+            self.row_context.grow(nodes)
         self.nodes = nodes
         self._forget_best(tick)
 
@@ -650,6 +655,8 @@ class Engine:
         if not self.data.ingest(tick, pis):
             return
         rep, control = self.data.replay, self.control
+        if self.row_context is not None:     # [row context hook] store, forget, recall
+            self.row_context.follow(self, int(tick), pis)
         if control.detector is not None and control.detector.update(
                 pis, rep.knobs[rep.slot(tick)], self._node_obj):
             self._alarm(tick)
@@ -699,6 +706,11 @@ class Engine:
                 code = int(np.asarray(actions.direction(action, len(self.params))))
                 return self._decision(tick, np.where(moved, code, 0).astype(np.int16),
                                       values, eps, present.copy(), None)
+        recalled = None if self.row_context is None else \
+            self.row_context.recall(cur, present, control.grid, control.dynamic)
+        if recalled is not None:             # [row context hook] returns: set at once
+            self.action_ticks += 1
+            return self._decision(tick, none, recalled, eps, np.zeros(self.nodes, bool), None)
         if control.rollback.due:
             values = control.roll_back(int(tick), cur, present)
             self.action_ticks += 1
@@ -731,6 +743,11 @@ class Engine:
             acts = np.where(idle, 0, acts)
             explore = explore & ~idle
             control.probes.knob[idle] = -1
+        if self.row_context is not None:     # [row context hook] held rows stay
+            held = self.row_context.holding(int(tick))
+            acts = np.where(held, 0, acts)
+            explore = explore & ~held
+            control.probes.knob[held] = -1
         acts = np.where(present, acts, 0).astype(np.int64)
         acts = control.guard(idx, acts, explore)
         values = control.apply(cur, acts)

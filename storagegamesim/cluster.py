@@ -499,6 +499,14 @@ class ClusterSim:
         """Noise-free objective of the best static setting of the phase in force."""
         return self.optima()[self.phase].objective
 
+    def class_nodes(self, phase: int) -> list[tuple[str, np.ndarray]]:
+        """Per workload class of ``phase``: its name and its active nodes (scoring per
+        node class: ``capes/experiments/recall_scoring.py``)."""
+        st = self._states[phase]
+        out = [(w.name, np.flatnonzero(st.active & (st.klass == k)))
+               for k, w in enumerate(st.workloads)]
+        return [(name, nodes) for name, nodes in out if len(nodes)]
+
     def evaluate(self, window, rate_limit, phase: int | None = None) -> dict:
         """Noise-free steady state of a static setting (scalar or per node), in ``phase``
         (default: the one in force); does not touch the game."""

@@ -63,6 +63,8 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from storagegamesim.cluster import ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
+from capes.experiments.recall_scoring import (cluster_workloads, recall_summary,
+                                              score_classes, with_visits)
 from capes.common.shipped_configs import config_path
 from capes.settings import is_cluster_config  # noqa: F401  (re-exported)
 
@@ -237,6 +239,7 @@ class ClusterSource:
         self.member[self.order] = True
         self.started = False
         self.true_obj: list[float] = []
+        self.true_nodes: list[np.ndarray] = []   # per node, for the per-class scores
         self.knob_names = list(sim.config.param_specs())       # action order
         self.write_s = 0.0
 
@@ -249,6 +252,7 @@ class ClusterSource:
         if self.started:
             sim.tick()
             self.true_obj.append(sim.true_objective)
+            self.true_nodes.append(sim.true_throughput.copy())
         self.started = True
         if sim.ticks >= sim.config.time_limit_ticks:
             return None
@@ -378,6 +382,10 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
            "ticks": len(tp), "wall_s": wall, "write_s": source.write_s,
            "train_steps": player.train_steps,
            **summary, "per_phase": [s.to_dict() for s in scores],
+           # workloads that come back (issue 25): each phase occurrence as a first visit
+           # or a return, for the cluster and per node class
+           "occurrences": with_visits(scores, cluster_workloads(sim)), "tp_frac_hour": summary["mean_relative"],
+           "classes": score_classes(sim, np.array(source.true_nodes), optima),
            "final_window_mean": float(sim.window.mean()),
            "final_rate_limit_mean": float(sim.rate_limit.mean())}
     if is_engine:
@@ -387,6 +395,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                    stale_bests=player.control.rollback.stale_bests,
                    handed_over_at=player.control.handed_over_at,
                    recommendations=player.recommendations(),
+                   **(player.row_context.counters() if player.row_context else {}),
                    **_detections(player.control.alarm_ticks, starts, len(tp)))
     if isinstance(behind, WriteProcess):
         out["writer_cpu_s"] = behind.cpu_s
@@ -445,6 +454,10 @@ def aggregate(runs: list[dict]) -> dict:
                     "mean_relative": _median(p["mean_relative"] for p in ph),
                     "median_relative": _median(p["median_relative"] for p in ph)})
     out["per_phase"] = per
+    if runs and all("occurrences" in r for r in runs):
+        out["recall"] = recall_summary([{"phases": r["occurrences"],
+                                         "tp_frac_hour": r["tp_frac_hour"]} for r in runs])
+        out["class_recall"] = class_recall(runs)
     if runs and "weights" in runs[0]:
         delays = [d for r in runs for d in r["detection_delays"] if d is not None]
         out.update(weights=runs[0]["weights"],
@@ -457,6 +470,25 @@ def aggregate(runs: list[dict]) -> dict:
                                                      max(1, r["ticks"]) for r in runs])),
                    recommendations=runs[0].get("recommendations", []))
     return out
+
+
+def class_recall(runs: list[dict]) -> dict:
+    """Per node class (workload): :func:`recall_summary` of its phase occurrences, and
+    the median over runs of its returns' tick-weighted throughput / best static."""
+    names = sorted({c["workload"] for r in runs for c in r.get("classes", [])})
+    out = {}
+    for name in names:
+        mine = [{"phases": [c for c in r["classes"] if c["workload"] == name]} for r in runs]
+        summary = recall_summary(mine)
+        del summary["median_tp_frac"]
+        ret = [_weighted([c for c in m["phases"] if c["visit"] > 1]) for m in mine]
+        out[name] = {**summary, "median_return_tp_frac": _median(ret)}
+    return out
+
+
+def _weighted(phases: list[dict]) -> float | None:
+    ticks = sum(p["ticks"] for p in phases)
+    return sum(p["mean_relative"] * p["ticks"] for p in phases) / ticks if ticks else None
 
 
 def run_tuners(cfg: ClusterTestConfig, tuners: list[str], seeds: int, first_seed: int = 0,
@@ -534,6 +566,18 @@ def format_table(report: dict) -> str:
                          f"{_fmt(p['median_recover_ticks'], '.0f')}s "
                          f"{_fmt(p['in_band_share'], '.2f')} "
                          f"{_fmt(p['mean_relative'], '.3f')}/{_fmt(p['median_relative'], '.3f')}")
+        lines.append(f"{name:>8}  " + " | ".join(cells))
+    lines.append("recall (returns to a seen workload / first visits): median s to band, "
+                 "a phase that never got there counted as its length; per node class: "
+                 "median over runs of its returns' throughput / its best static")
+    for name, a in report["tuners"].items():
+        rc = a.get("recall") or {}
+        cells = [f"cluster {_fmt(rc.get('median_return_ticks'), '.0f')}s / "
+                 f"{_fmt(rc.get('median_first_ticks'), '.0f')}s"]
+        for cname, c in (a.get("class_recall") or {}).items():
+            cells.append(f"{cname[:10]} {_fmt(c['median_return_ticks'], '.0f')}s / "
+                         f"{_fmt(c['median_first_ticks'], '.0f')}s "
+                         f"{_fmt(c['median_return_tp_frac'], '.3f')}")
         lines.append(f"{name:>8}  " + " | ".join(cells))
     for name, a in report["tuners"].items():
         for rec in a.get("recommendations") or []:

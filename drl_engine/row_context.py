@@ -1,0 +1,273 @@
+"""Workload contexts per row: the per-node mode's recall (issue 25, the cluster variant).
+
+The one-row mode tells workloads apart by the signature PIs of the whole target
+(``drl_engine.context``). With a row of knobs per node, each node runs its own share of
+the work (a checkpoint writer, an analysis reader, idle), so here every row has its own
+context, derived from that node's own signature PIs by the same online clustering
+(:class:`~drl_engine.context.SignatureClusters`, one per row), and every row keeps, per
+context, the setting it had in the best-known setting (``drl_engine.best_known``) of
+the last visit: the grid indices of its knobs at the objective's moving-average peak.
+
+On a tick where rows change context (the per-row running median confirms a new
+signature):
+
+* the best-known setting is stored with the contexts the rows leave (a snapshot taken
+  on the first such tick, so rows that confirm a tick or two later store the same
+  visit's best), then forgotten (levels of another mix of workloads do not compare),
+  and the change detector starts afresh (the change is known; its alarm would forget
+  what is recalled next);
+* a row that **returns** to a context with a stored setting is set to it at once (all
+  its dynamic knobs in one tick, as a rollback does) and holds it
+  ``context_hold_ticks`` without probes or greedy moves: the recalled setting is used
+  before it is questioned;
+* a row that enters a **new** context explores as after an alarm (ε raised for the
+  cluster); rows that did not change, and returning rows, hold meanwhile, so only what
+  is new is explored. When no row is new, ε is not raised (``cluster_engine.
+  return_epsilon = true`` raises it, so that the recalled setting is searched around
+  after the hold: no gain measured, ``docs/recall.md``, cluster variant).
+
+Signature PIs must be named (``engine.context_pis``): a node's own latency or queue
+depth moves with its knobs, so the one-row default (every PI that is neither the
+objective's nor a knob's) would cluster the tuner's own moves. Without them, or with
+``engine.use_context = false``, nothing here is built and the engine plays as before
+(a test compares the traces). Hooks in ``drl_engine/engine.py`` are marked
+``[row context hook]``.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from drl_engine.context import SignatureClusters, context_columns
+
+log = logging.getLogger("capes.engine")
+
+
+class RowSignatures:
+    """One :class:`SignatureClusters` per row, folded in for every row at once.
+
+    Per tick and row the clustering is the one-row mode's, but a Python call per row
+    costs ~0.2 ms (53 s of CPU for an hour of 64 nodes). Here the running median, the
+    log scale and the distance to each row's current context are computed for all rows
+    at once, and a row whose point fits its current context (nearly every row, nearly
+    every tick) updates that context's running mean and spread in arrays; only the rest
+    (a misfit, a pending switch, a row's first point) go through
+    :meth:`SignatureClusters.fold`, with the current context's statistics written back
+    first and read again after. The result is the per-row clustering's, tick for tick (a
+    test compares them; ``leaving``, which only the one-row mode's lead reads, is not
+    kept for rows that fit)."""
+
+    def __init__(self, cfg, width: int):
+        self.cfg, self.width = cfg, width
+        self.rows: list[SignatureClusters] = []
+        w = cfg.context_window
+        self.recent = np.full((0, w, width), np.nan)
+        self.seen = np.zeros(0, np.int64)              # points folded in, per row
+        self.offset = np.full((0, width), np.nan)      # c of log(x + c), per row and PI
+        self.mean = np.zeros((0, width))               # each row's current context ...
+        self.m2 = np.zeros((0, width))
+        self.n = np.zeros(0, np.int64)
+        self.fast = np.zeros(0, bool)                  # ... held here (no pending switch)
+
+    def grow(self, rows: int) -> None:
+        cfg, extra = self.cfg, rows - len(self.rows)
+        for _ in range(extra):
+            self.rows.append(SignatureClusters(cfg.context_window, cfg.context_threshold,
+                                               cfg.context_floor, cfg.context_confirm,
+                                               cfg.context_floor_strict))
+        pad = lambda a, fill: np.concatenate([a, np.full((extra,) + a.shape[1:], fill,  # noqa: E731
+                                                          a.dtype)])
+        self.recent, self.offset = pad(self.recent, np.nan), pad(self.offset, np.nan)
+        self.seen, self.n, self.fast = pad(self.seen, 0), pad(self.n, 0), pad(self.fast, False)
+        self.mean, self.m2 = pad(self.mean, 0.0), pad(self.m2, 0.0)
+
+    def update(self, x: np.ndarray) -> list[tuple[int, int | None, int, bool]]:
+        """Fold in one tick's signatures (N, P; a row without any finite value is
+        skipped); (row, context left, context entered, new) for each row that switched."""
+        x = np.asarray(x, np.float64)
+        on = np.isfinite(x).any(axis=1)
+        w = self.recent.shape[1]
+        rows = np.flatnonzero(on)
+        self.recent[rows, self.seen[rows] % w] = x[rows]
+        self.seen[rows] += 1
+        with np.errstate(all="ignore"):
+            med = np.nanmedian(self.recent[rows], axis=1)
+        ok = np.isfinite(med).all(axis=1)
+        rows, med = rows[ok], med[ok]
+        first = np.isnan(self.offset[rows, 0])
+        self.offset[rows[first]] = 0.05 * np.abs(med[first]) + 1e-9
+        off = self.offset[rows]
+        with np.errstate(all="ignore"):
+            u = np.log(np.maximum(med, 0.0) + off)
+            newest = np.log(np.maximum(x[rows], 0.0) + off)
+        c = self.rows[0] if self.rows else None
+        fits = np.zeros(len(rows), bool)
+        if c is not None:
+            n0, floor = c.PRIOR_SAMPLES, c.floor
+            n = self.n[rows]
+            var = (self.m2[rows] + n0 * floor ** 2) / (n + n0)[:, None]
+            if c.strict_floor:
+                var = np.maximum(var, floor ** 2)
+            with np.errstate(all="ignore"):
+                dist = np.max(np.abs(u - self.mean[rows]) / np.sqrt(var), axis=1)
+            fits = self.fast[rows] & (dist <= c.threshold)
+            self._add(rows[fits], u[fits])
+        changed = []
+        for j in np.flatnonzero(~fits):
+            r = int(rows[j])
+            cl = self.rows[r]
+            before = cl.current
+            if before is not None:                 # the current context's statistics
+                cl.mean[before], cl.m2[before] = self.mean[r].copy(), self.m2[r].copy()
+                cl.n[before] = int(self.n[r])
+            cl.offset = self.offset[r]
+            ch = cl.fold(u[j], newest[j])
+            k = cl.current
+            self.mean[r], self.m2[r], self.n[r] = cl.mean[k], cl.m2[k], cl.n[k]
+            self.fast[r] = cl._pending is None
+            if ch is not None:
+                changed.append((r, before, *ch))
+        return changed
+
+    def _add(self, rows: np.ndarray, u: np.ndarray) -> None:
+        """:meth:`SignatureClusters._add` for many rows at once."""
+        if not len(rows):
+            return
+        most = SignatureClusters.MOST_SAMPLES
+        n = np.minimum(self.n[rows] + 1, most)
+        mean = self.mean[rows]
+        d = u - mean
+        mean = mean + d / n[:, None]
+        m2 = self.m2[rows]
+        step = d * (u - mean)
+        self.m2[rows] = m2 + np.where((n == most)[:, None], step - m2 / n[:, None], step)
+        self.mean[rows], self.n[rows] = mean, n
+
+    def current(self) -> np.ndarray:
+        return np.array([-1 if c.current is None else c.current for c in self.rows])
+
+    def counts(self) -> np.ndarray:
+        return np.array([c.count for c in self.rows])
+
+
+class RowContexts:
+    """Every row's contexts and what each keeps (see the module docstring)."""
+
+    SNAPSHOT_TICKS = 6     # rows confirming a change this many ticks after the first one
+                           # store the same best-known setting (median of 3 + NEW_CONFIRM)
+    MIN_ROWS = 2           # rows whose change makes it the cluster's (forget, detector,
+                           # hold, ε): one row's context split by noise does not
+
+    def __init__(self, cfg, columns: list[int], rows: int):
+        self.cfg, self.columns = cfg, columns
+        self.signatures = RowSignatures(cfg, len(columns))
+        self.memory: list[dict[int, np.ndarray]] = []   # per row: context → grid indices
+        self.hold_until = np.zeros(0, np.int64)         # per row: no probe/greedy before
+        self.target: dict[int, np.ndarray] = {}         # rows to set at the next action
+        self._snapshot: np.ndarray | None = None
+        self._snapshot_until = -1
+        self._event_rows = 0                            # rows changed in this event
+        self._event_new: set[int] = set()               # ... to a new context
+        self._last_best: np.ndarray | None = None       # the newest best-known setting
+        self.switch_ticks: list[int] = []               # ticks with a confirmed change
+        self.returns = 0                                # row switches to a known context
+        self.news = 0                                   # row switches to a new one
+        self.grow(rows)
+
+    @classmethod
+    def build(cls, cfg, pi_names, reward_pis, params, rows: int) -> "RowContexts | None":
+        """None without named signature PIs or with ``use_context = false``."""
+        if not cfg.use_context or not cfg.context_pis:
+            return None
+        cols = context_columns(cfg, pi_names, reward_pis, [s.name for s in params])
+        return cls(cfg, cols, rows)
+
+    def grow(self, rows: int) -> None:
+        """Rows appended (nodes joined): contexts of their own, from scratch."""
+        self.memory += [{} for _ in range(rows - len(self.memory))]
+        self.signatures.grow(rows)
+        self.hold_until = np.concatenate(
+            [self.hold_until, np.zeros(rows - len(self.hold_until), np.int64)])
+
+    @property
+    def rows(self) -> int:
+        return len(self.memory)
+
+    # -- per tick ------------------------------------------------------------------------
+    def follow(self, engine, tick: int, pis: np.ndarray) -> None:
+        """Fold one tick's signatures in (``pis``: (N, P)); on a change of some rows'
+        contexts, store, forget and recall as the module docstring says."""
+        control = engine.control
+        if control.best.best_idx is not None:   # kept through an alarm that forgot it a
+            self._last_best = control.best.best_idx   # tick or two before the rows confirm
+        changed = [c for c in self.signatures.update(np.asarray(pis)[:, self.columns])
+                   if c[1] is not None]                # a row's first context: no change
+        if not changed:
+            return
+        if tick > self._snapshot_until:
+            best = self._last_best
+            self._snapshot = None if best is None else best.copy()
+            self._snapshot_until = tick + self.SNAPSHOT_TICKS
+            self._event_rows = 0
+            self._event_new: set[int] = set()
+        self._event_rows += len(changed)
+        new_rows = []
+        for r, left, ctx, new in changed:
+            if self._snapshot is not None and r < len(self._snapshot):
+                self.memory[r][left] = self._snapshot[r].copy()
+            self.target.pop(r, None)
+            known = self.memory[r].get(ctx)
+            if known is None:
+                new_rows.append(r)
+                self._event_new.add(r)
+                self.news += 1
+            else:
+                self.target[r] = known
+                self.returns += 1
+        self.switch_ticks.append(int(tick))
+        if control.cold is not None and control.cold.active:
+            self.target = {}
+            return                                     # the cold start owns the setting
+        if self._event_rows < min(self.MIN_ROWS, self.rows):
+            return                                     # one row: its recall alone
+        control.forget(tick)
+        control.new_detector()
+        self._last_best = None                         # the next visit's own from here
+        hold = tick + self.cfg.context_hold_ticks
+        self.hold_until[:] = np.maximum(self.hold_until, hold)
+        if self._event_new:                            # only the new rows explore (also
+            self.hold_until[list(self._event_new)] = 0  # those new a tick or two before)
+        if new_rows or engine.mcfg.return_epsilon:
+            engine.bumped_at = engine.action_ticks
+        log.info("tick %d: %d row(s) changed context (%d new, %d recalled)", tick,
+                 len(changed), len(new_rows), len(changed) - len(new_rows))
+
+    def recall(self, cur: np.ndarray, present: np.ndarray, grid, dynamic: np.ndarray
+               ) -> np.ndarray | None:
+        """The values with every returning row at its recalled setting (None: no row to
+        set). Knobs that are not dynamic keep their values."""
+        if not self.target:
+            return None
+        target, self.target = self.target, {}
+        rows = np.array([r for r in target if r < len(cur) and present[r]], np.int64)
+        if len(rows) == 0:
+            return None
+        idx = grid.index(cur)
+        idx[rows] = np.where(dynamic[None, :], np.stack([target[r] for r in rows]),
+                             idx[rows])
+        out = cur.copy()
+        out[rows] = grid.values(idx)[rows]
+        return out
+
+    def holding(self, tick: int) -> np.ndarray:
+        """Rows that hold their setting this tick (no probe, no greedy move)."""
+        return self.hold_until > tick
+
+    def counters(self) -> dict:
+        return {"context_switch_ticks": len(self.switch_ticks),
+                "context_returns": self.returns, "context_news": self.news,
+                "contexts_per_row": float(np.mean(self.signatures.counts()))}
+
+
+__all__ = ["RowContexts"]

@@ -1,0 +1,141 @@
+"""Recall on the cluster variant (issue 25): per-node workload contexts in the per-node
+mode (drl_engine/row_context.py) and the cluster harness's scores of returns."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from capes.experiments.cluster_test import aggregate, format_table, load_config, run_one
+from drl_engine.engine import Engine
+from storagegamesim.cluster import ClusterSim, phase_optima
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "recurring-workloads-cluster.toml"
+CHECKPOINT = '{name="checkpoint", write_fraction=0.9, request_kb=1024.0, sequential=0.9}'
+ANALYSIS = '{name="analysis", write_fraction=0.1, request_kb=256.0, sequential=0.6}'
+# checkpoint, analysis on half the nodes, checkpoint again: every node returns
+SHORT = ["cluster.nodes=8", "cluster.time_limit_ticks=420",
+         f'cluster.phases=[{{at_tick=200, name="analysis", active_fraction=0.5, '
+         f'workloads=[{ANALYSIS}]}}, {{at_tick=320, name="checkpoint", '
+         f'active_fraction=1.0, workloads=[{CHECKPOINT}]}}]']
+
+
+def short_cfg(extra=()):
+    cfg = load_config(CONFIG, SHORT + ["engine.use_context=true"] + list(extra))
+    cfg.model = dataclasses.replace(cfg.model, stats_ticks=40, learn_start=16, replay_mb=8,
+                                    cold_start_ticks=60)
+    return cfg
+
+
+def play(cfg, seed=0):
+    """The cluster variant, tick by tick, with the engine fed each tick's rows; yields
+    (tick, engine, its best-known setting before the tick was folded in, decision)."""
+    ccfg = cfg.cluster
+    sim = ClusterSim(ccfg, seed=seed, optima=phase_optima(ccfg, ccfg.best_static),
+                     judge=False)
+    knobs = list(ccfg.param_specs())
+    eng = Engine.over_rows(cfg.engine, cfg.reward, list(ccfg.pi_names()),
+                           list(ccfg.param_specs().values()), ccfg.nodes, model=cfg.model,
+                           seed=seed)
+    for _ in range(ccfg.time_limit_ticks - 1):
+        sim.tick()
+        pis = sim.pis()
+        best = eng.control.best.best_idx
+        best = None if best is None else best.copy()
+        eng.ingest(sim.ticks, np.column_stack([pis[n] for n in ccfg.pi_names()]))
+        d = eng.act()
+        if d is not None:
+            sim.set_params(**{n: d.values[:, k] for k, n in enumerate(knobs)})
+        eng.train()
+        yield sim.ticks, eng, best, d
+
+
+def test_a_return_sets_every_node_back_to_its_setting_of_the_last_visit():
+    last_best = left_with = recalled = None
+    for tick, eng, best, d in play(short_cfg()):
+        rc = eng.row_context
+        if left_with is None:
+            if best is not None:                   # the first visit's best-known setting
+                last_best = best
+            if rc.switch_ticks:                    # left the first checkpoint
+                assert 200 <= tick < 210 and last_best is not None
+                left_with = eng.control.grid.values(last_best)
+        if tick > 320 and recalled is None and d is not None and rc.returns >= 8:
+            recalled = d.values                    # the first decision after the return
+    assert left_with is not None and recalled is not None
+    assert rc.returns >= 8 and rc.switch_ticks[-1] < 330    # every node, within 10 ticks
+    # each node at once at the setting it had in the first visit's best-known setting
+    assert np.array_equal(recalled, left_with)
+
+
+def test_without_named_signature_pis_or_with_the_switch_off_it_plays_as_before():
+    a = run_one(short_cfg(['engine.context_pis=[]']), seed=2, keep_trace=True)
+    b = run_one(short_cfg(['engine.use_context=false']), seed=2, keep_trace=True)
+    assert a["trace"]["true_objective"] == b["trace"]["true_objective"]
+    assert "context_returns" not in a and "context_returns" not in b
+    default = load_config(None)           # the default cluster game names none
+    assert default.engine.use_context and not default.engine.context_pis
+
+
+def test_the_harness_scores_each_occurrence_as_a_first_visit_or_a_return_per_class():
+    r = run_one(short_cfg(), seed=1)
+    assert [(p["workload"], p["visit"]) for p in r["occurrences"]] == \
+        [("checkpoint", 1), ("analysis", 1), ("checkpoint", 2)]
+    classes = [(c["phase"], c["workload"], c["visit"], c["nodes"]) for c in r["classes"]]
+    assert classes == [(0, "checkpoint", 1, 8), (1, "analysis", 1, 4),
+                       (2, "checkpoint", 2, 8)]
+    assert r["context_returns"] >= 8
+    a = aggregate([r])
+    assert a["class_recall"]["checkpoint"]["return_phases"] == 1
+    assert a["recall"]["runs"] == 1
+    assert "checkpoint" in format_table({"nodes": 8, "seeds": 1, "phase_starts": [0],
+                                         "tuners": {"capes": a}})
+
+
+def test_the_rows_at_once_cluster_as_one_clustering_per_row_would():
+    from drl_engine.context import SignatureClusters
+    from drl_engine.row_context import RowSignatures
+    cfg = short_cfg().engine
+    rows, rng = 6, np.random.default_rng(4)
+    sigs = np.array([[0.1, 1024.0, 0.9], [0.9, 256.0, 0.6], [0.0, 0.0, 0.0]])
+    which = rng.integers(0, 3, (rows, 8)).repeat(250, axis=1)    # 2,000 ticks, 8 phases
+    fast, slow = RowSignatures(cfg, 3), [SignatureClusters(
+        cfg.context_window, cfg.context_threshold, cfg.context_floor, cfg.context_confirm,
+        cfg.context_floor_strict) for _ in range(rows)]
+    fast.grow(rows)
+    got, want = [], []
+    for t in range(which.shape[1]):
+        x = sigs[which[:, t]] * np.maximum(0, 1 + 0.3 * rng.standard_normal((rows, 3)))
+        x[t % rows] = np.nan if t % 97 == 0 else x[t % rows]       # a row absent now and then
+        got += [(t, *c) for c in fast.update(x)]
+        for r, cl in enumerate(slow):
+            if np.isfinite(x[r]).any():
+                before = cl.current
+                ch = cl.update(x[r])
+                if ch is not None:
+                    want.append((t, r, before, *ch))
+    assert got == want and len(got) > 3 * rows
+    assert list(fast.counts()) == [c.count for c in slow]
+    assert max(max(c.n) for c in slow) == SignatureClusters.MOST_SAMPLES   # running averages
+    for r, cl in enumerate(slow):
+        assert np.array_equal(fast.mean[r], cl.mean[cl.current])
+        assert np.array_equal(fast.m2[r], cl.m2[cl.current])
+
+
+def test_two_arms_are_compared_seed_by_seed():
+    from capes.experiments.recall_scoring import cluster_pairs
+
+    def run(seed, hour, ret):
+        ph = lambda visit, rel, rec: {"visit": visit, "ticks": 100, "mean_relative": rel,  # noqa: E731
+                                      "recover_ticks": rec, "workload": "w"}
+        return {"seed": seed, "tp_frac_hour": hour,
+                "occurrences": [ph(1, 0.9, 50), ph(2, ret, 3)],
+                "classes": [ph(1, 0.9, 50), ph(2, ret, None)]}
+    a = [run(1, 0.97, 0.99), run(0, 0.95, 0.98), run(2, 0.5, 0.5)]   # seed 2: no pair
+    b = [run(0, 0.94, 0.96), run(1, 0.95, 0.96)]
+    rows = {r["row"]: r for r in cluster_pairs(a, b)}
+    assert rows["hour"]["seeds"] == [0, 1]
+    assert np.isclose(rows["hour"]["a_minus_b"][0], 0.015)
+    assert np.isclose(rows["returns"]["a_minus_b"][0], 0.025)
+    assert rows["returns"]["band_a"] == 3 and rows["w returns"]["band_a"] == 100  # censored
