@@ -18,7 +18,9 @@ stack through the ``command`` collector (``configs/linux-readahead-app.toml``).
    value, ``--grid-reps`` randomised interleaved repetitions of ``--grid-duration`` s;
 2. **tuning**: the stack (interface daemon, monitoring agent, control agent, DRL
    engine with the ``default`` preset; ``--tuners capes,hill,bo`` adds the baselines
-   live) for ``--tuning`` s; the original comes back when it stops (checked).
+   live, ``--variant poll:engine.tick_poll_s=0.1`` with ``capes-poll`` in ``--tuners``
+   a CAPES variant beside CAPES on the same grid) for ``--tuning`` s each; the original
+   comes back when it stops (checked).
 
     sudo .venv/bin/python benchmarks/bench_real_online.py --workload seqread-plain \\
         --read-iops 200 --read-bps 104857600 --json seq.json
@@ -51,7 +53,11 @@ def parse_args(argv=None):
     ap.add_argument("--size-gib", type=float, default=4)
     ap.add_argument("--memory-mib", type=int, default=512)
     ap.add_argument("--tuning", type=float, default=600, help="seconds of online tuning")
-    ap.add_argument("--tuners", default="capes")
+    ap.add_argument("--tuners", default="capes",
+                    help="of capes, hill, bo and capes-NAME for each --variant, in order")
+    ap.add_argument("--variant", dest="variants", action="append", default=[],
+                    help="NAME:key=value[;key=value]: a CAPES tuner capes-NAME with these "
+                    "settings too, run in the same bench (e.g. poll:engine.tick_poll_s=0.1)")
     ap.add_argument("--exploration-ticks", type=int, default=None,
                     help="ε anneals 1 → 0.05 over this many ticks (default: --tuning / 2)")
     ap.add_argument("--segment", type=float, default=2.0)
@@ -129,7 +135,7 @@ def main(argv=None) -> int:
         grid=[int(v) for v in args.grid.split(",")], grid_reps=args.grid_reps,
         grid_duration=args.grid_duration, segment_s=args.segment,
         exploration_ticks=args.exploration_ticks, seed=args.seed,
-        extra_sets=tuple(args.sets))
+        extra_sets=tuple(args.sets), variants=rr.parse_variants(args.variants))
     return rr.run_and_report(opts, "bench_real_online", online_table, args.json)
 
 

@@ -78,6 +78,8 @@ class DQNConfig:
                                        # of the best-known level walks back at once (0: off)
     probe_avoid_bad: bool = False      # local probes and greedy moves skip a setting whose
                                        # level is known below probe_floor x the best's
+    probe_move: bool = False           # a local probe never targets the best-known setting
+                                       # itself (a probe that stays measures nothing new)
     alarm_guard_steps: int = 0         # after a change alarm, the first ``alarm_probes`` local
     alarm_probes: int = 0              # probes may go this far (0: guard_steps): a far optimum
                                        # on a ladder is reached in a few probes, not one rung each

@@ -451,6 +451,10 @@ class Guide:
             if self.cfg.probe_avoid_bad:      # a setting seen below the floor: not again
                 ok = [not self._known_bad(k) for k in near]
                 near = near[ok] if any(ok) else best[None].astype(np.int64)
+            if self.cfg.probe_move:           # a probe at the best itself is a dwell that
+                moved = (near != best).any(1)  # measures nothing new: with one neighbour
+                if moved.any():               # known bad, ~55 % of one-rung draws were
+                    near = near[moved]        # (docs/results-real.md, session 6)
             target = None
             if self.cfg.probe_model and current is not None:
                 target = self.model_target(current, box=near)

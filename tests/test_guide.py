@@ -313,6 +313,35 @@ def test_a_setting_known_below_the_floor_is_not_probed_or_stepped_onto_again():
     assert 4 in targets
 
 
+def test_probe_move_never_probes_the_best_itself():
+    def targets(move, bad_below):
+        g = ladder_guide(first_probe="local", guard_steps=1, probe_local_steps=1.0,
+                         probe_floor=0.75, probe_avoid_bad=True, probe_move=move)
+        credit_level(g, 5, 35.0)                   # 128 KiB, above the floor
+        credit_level(g, 6, 40.0)                   # 256 KiB, the best
+        if bad_below:
+            credit_level(g, 5, 5.0, ticks=9)       # 128 now known below the floor
+        g.best_setting(0)
+        out = []
+        for seed in range(40):
+            g.rng = np.random.default_rng(seed)
+            g.start_probe(0.0, np.array([6]))
+            out.append(int(g.probe.target[0]))
+        return out
+    # off (the presets): one-rung draws stay at the best about as often as they move up
+    assert targets(False, True).count(6) >= 10
+    assert set(targets(True, True)) == {7}          # on: the one rung not known bad
+    assert set(targets(True, False)) == {5, 7}      # both neighbours, never the best
+    # nowhere to go (every neighbour known bad): the probe holds the best
+    g = ladder_guide(first_probe="local", guard_steps=1, probe_local_steps=1.0,
+                     probe_floor=0.75, probe_avoid_bad=True, probe_move=True)
+    for k, level in ((4, 10.0), (5, 40.0), (6, 10.0)):
+        credit_level(g, k, level)
+    g.best = np.array([5])
+    g.start_probe(0.0, np.array([5]))
+    assert int(g.probe.target[0]) == 5
+
+
 def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
                      alarm_probes=3, sweep_points=4)

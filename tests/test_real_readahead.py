@@ -61,6 +61,16 @@ def test_alternating_schedule_alternates_and_rejects_nonsense():
         rr.alternating_schedule(0, 120)
 
 
+def test_a_capes_variant_gets_its_own_settings_and_runs_the_engine():
+    v = rr.parse_variants(["poll:engine.tick_poll_s=0.1;engine.probe_dwell=5"])
+    assert v == {"capes-poll": ("engine.tick_poll_s=0.1", "engine.probe_dwell=5")}
+    assert rr.is_capes("capes") and rr.is_capes("capes-poll")
+    assert not rr.is_capes("hill") and not rr.is_capes("capesx")
+    for bad in ["poll", "poll:", ":engine.tick_poll_s=0.1"]:
+        with pytest.raises(ValueError):
+            rr.parse_variants([bad])
+
+
 def _rows(label, schedule, levels, seconds):
     rows = []
     for i, ph in enumerate(schedule):

@@ -532,11 +532,18 @@ TUNER_DEFAULTS = {
 }
 
 
+def is_capes(name: str) -> bool:
+    """``capes`` or a variant of it (``capes-poll``: the same engine with its own
+    ``--set``s, run beside it in the same bench for an ablation)."""
+    return name == "capes" or name.startswith("capes-")
+
+
 def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int, extra_sets: tuple[str, ...] = (),
               tuner_spec: str | None = None, log=print) -> TunerRun:
-    """Play ``schedule`` while ``name`` (``capes``, ``hill``, ``bo``) tunes through the
-    stack; the stack is stopped at the end and the original checked."""
+    """Play ``schedule`` while ``name`` (``capes`` or a ``capes-`` variant, ``hill``,
+    ``bo``) tunes through the stack; the stack is stopped at the end and the original
+    checked."""
     import threading
 
     from capes.common.curve import generate
@@ -588,7 +595,7 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
                     "daemon.ready")
         stack.start("monitor-agent", "monitor-agent", *cfg, "--set", "keys.client=monitor")
         stack.start("control-agent", "control-agent", *cfg, "--set", "keys.client=control")
-        if name == "capes":
+        if is_capes(name):
             stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
                         "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
                         "--status-file", str(status), "--log-every", "30", "--metrics", "")
@@ -762,7 +769,7 @@ def static_summary(grids: dict[str, dict], original: int, schedule: list[Phase])
 class BenchOptions:
     device: DeviceSpec
     schedule: list[Phase]
-    tuners: list[str]                   # of capes, hill, bo
+    tuners: list[str]                   # of capes, hill, bo and the variants' names
     grid: list[int]                     # read_ahead_kb values for the static grid
     grid_reps: int = 3
     grid_duration: float = 10.0
@@ -770,6 +777,19 @@ class BenchOptions:
     exploration_ticks: int = 240
     seed: int = 1
     extra_sets: tuple[str, ...] = ()
+    # a CAPES variant's own settings on top of extra_sets: {"capes-poll": ("engine.…=…",)}
+    variants: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def parse_variants(specs: list[str]) -> dict[str, tuple[str, ...]]:
+    """``--variant poll:engine.tick_poll_s=0.1[;key=value…]`` → ``{"capes-poll": (…)}``."""
+    out: dict[str, tuple[str, ...]] = {}
+    for spec in specs:
+        label, sep, sets = spec.partition(":")
+        if not sep or not label or not sets:
+            raise ValueError(f"--variant {spec!r}: expected NAME:key=value[;key=value]")
+        out[f"capes-{label}"] = tuple(x for x in sets.split(";") if x)
+    return out
 
 
 def run_bench(opts: BenchOptions, stop, log=print) -> dict:
@@ -807,7 +827,8 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                     break
                 log(f"== {name}, {sum(p.seconds for p in opts.schedule):g} s")
                 run = run_tuner(name, runner, opts.schedule, work, opts.seed, stop,
-                                opts.exploration_ticks, opts.extra_sets, log=log)
+                                opts.exploration_ticks,
+                                (*opts.extra_sets, *opts.variants.get(name, ())), log=log)
                 rows = [r for r in runner.rows if r.label == name]
                 sc = score(rows, opts.schedule, st["best"],
                            st["best_static"]["relative"], st["best_static"]["se"],
@@ -890,7 +911,7 @@ def report_table(result: dict) -> str:
             lines.append(f"- {name}: {rc['within_15s']}/{rc['returns']} returns within 15 s "
                          f"(seconds to 90 %: {rc['seconds_to_90']})"
                          + (f"; switches noticed {nt['found']}/{nt['switches']}, "
-                            f"{nt['false']} other notices" if nt and name == "capes" else ""))
+                            f"{nt['false']} other notices" if nt and is_capes(name) else ""))
     st = result["static"]
     lines += ["", "Static grid (mean MB/s per workload; relative over the schedule):", "",
               "| read_ahead_kb | " + " | ".join(st["means"]) + " | relative |",
