@@ -86,6 +86,19 @@ class Switch:
 SETTINGS = ("window", "threshold", "floor", "confirm", "recent")   # not kept in checkpoints
 
 
+def running_add(mean: np.ndarray, m2: np.ndarray, n, u: np.ndarray, most: int):
+    """One sample ``u`` into a running mean and sum of squared deviations (Welford),
+    which become running averages after ``most`` samples; ``n`` a count or one per row
+    of ``mean`` (many contexts at once). Returns the new (mean, m2, n)."""
+    n = np.minimum(n + 1, most)
+    nn = np.asarray(n)[..., None]
+    d = u - mean
+    mean = mean + d / nn
+    step = d * (u - mean)
+    m2 = m2 + np.where(nn == most, step - m2 / nn, step)
+    return mean, m2, n
+
+
 class SignatureClusters:
     """Online clustering of signature vectors with change points (see module doc)."""
 
@@ -127,20 +140,23 @@ class SignatureClusters:
     def _log(self, x: np.ndarray) -> np.ndarray:
         return np.log(np.maximum(x, 0.0) + self.offset)
 
+    def variance(self, m2: np.ndarray, n) -> np.ndarray:
+        """Per-PI variance of a context with ``m2`` and ``n`` samples: ``PRIOR_SAMPLES``
+        pseudo-samples at ``floor`` added (``strict_floor``: never below ``floor²``).
+        ``n`` a count, or one per row of ``m2`` (``drl_engine/row_context.py``)."""
+        n0 = self.PRIOR_SAMPLES
+        var = (m2 + n0 * self.floor ** 2) / (np.asarray(n)[..., None] + n0)
+        return np.maximum(var, self.floor ** 2) if self.strict_floor else var
+
     def distance(self, u: np.ndarray, k: int) -> float:
         """The largest per-PI distance of ``u`` from context ``k``, in its spreads."""
-        n0 = self.PRIOR_SAMPLES
-        var = (self.m2[k] + n0 * self.floor ** 2) / (self.n[k] + n0)
-        if self.strict_floor:
-            var = np.maximum(var, self.floor ** 2)
+        var = self.variance(self.m2[k], self.n[k])
         return float(np.max(np.abs(u - self.mean[k]) / np.sqrt(var)))
 
     def _add(self, k: int, u: np.ndarray) -> None:
-        self.n[k] = min(self.n[k] + 1, self.MOST_SAMPLES)
-        d = u - self.mean[k]
-        self.mean[k] = self.mean[k] + d / self.n[k]
-        self.m2[k] = self.m2[k] + (d * (u - self.mean[k]) - self.m2[k] / self.n[k]
-                                   if self.n[k] == self.MOST_SAMPLES else d * (u - self.mean[k]))
+        mean, m2, n = running_add(self.mean[k], self.m2[k], np.int64(self.n[k]), u,
+                                  self.MOST_SAMPLES)
+        self.mean[k], self.m2[k], self.n[k] = mean, m2, int(n)
 
     def _new(self, u: np.ndarray) -> int:
         self.mean.append(u.copy())

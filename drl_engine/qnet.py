@@ -136,7 +136,7 @@ class TargetNetworkLearner:
 class CUDAGraphStep:
     """A learner's ``train_step`` replayed as CUDA graphs, one per input shape.
 
-    Why: the networks are small, so on a GPU a step is ~100 kernels of a few microseconds
+    Why: the networks are small, so on a GPU a step is ~150 kernels of a few microseconds
     each and the time goes to launching them from Python; captured once, one graph launch
     replays them all. A replay runs the captured kernels on the same buffers (inputs,
     weights, gradients, optimiser state), so it computes what the eager step computes.

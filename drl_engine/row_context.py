@@ -39,7 +39,7 @@ import logging
 
 import numpy as np
 
-from drl_engine.context import SignatureClusters, context_columns
+from drl_engine.context import SignatureClusters, context_columns, running_add
 
 log = logging.getLogger("capes.engine")
 
@@ -104,11 +104,7 @@ class RowSignatures:
         c = self.rows[0] if self.rows else None
         fits = np.zeros(len(rows), bool)
         if c is not None:
-            n0, floor = c.PRIOR_SAMPLES, c.floor
-            n = self.n[rows]
-            var = (self.m2[rows] + n0 * floor ** 2) / (n + n0)[:, None]
-            if c.strict_floor:
-                var = np.maximum(var, floor ** 2)
+            var = c.variance(self.m2[rows], self.n[rows])
             with np.errstate(all="ignore"):
                 dist = np.max(np.abs(u - self.mean[rows]) / np.sqrt(var), axis=1)
             fits = self.fast[rows] & (dist <= c.threshold)
@@ -132,17 +128,10 @@ class RowSignatures:
 
     def _add(self, rows: np.ndarray, u: np.ndarray) -> None:
         """:meth:`SignatureClusters._add` for many rows at once."""
-        if not len(rows):
-            return
-        most = SignatureClusters.MOST_SAMPLES
-        n = np.minimum(self.n[rows] + 1, most)
-        mean = self.mean[rows]
-        d = u - mean
-        mean = mean + d / n[:, None]
-        m2 = self.m2[rows]
-        step = d * (u - mean)
-        self.m2[rows] = m2 + np.where((n == most)[:, None], step - m2 / n[:, None], step)
-        self.mean[rows], self.n[rows] = mean, n
+        if len(rows):
+            self.mean[rows], self.m2[rows], self.n[rows] = running_add(
+                self.mean[rows], self.m2[rows], self.n[rows], u,
+                SignatureClusters.MOST_SAMPLES)
 
     def current(self) -> np.ndarray:
         return np.array([-1 if c.current is None else c.current for c in self.rows])
