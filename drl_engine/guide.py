@@ -451,10 +451,13 @@ class Guide:
             if self.cfg.probe_avoid_bad:      # a setting seen below the floor: not again
                 ok = [not self._known_bad(k) for k in near]
                 near = near[ok] if any(ok) else best[None].astype(np.int64)
-            if self.cfg.probe_move:           # a probe at the best itself is a dwell that
-                moved = (near != best).any(1)  # measures nothing new: with one neighbour
-                if moved.any():               # known bad, ~55 % of one-rung draws were
-                    near = near[moved]        # (docs/results-real.md, session 6)
+            if self.cfg.probe_move:
+                # a probe at the best itself is a dwell that measures nothing new: with
+                # one neighbour known bad, ~55 % of one-rung draws were (results-real.md,
+                # session 6)
+                moved = (near != best).any(1)
+                if moved.any():
+                    near = near[moved]
             target = None
             if self.cfg.probe_model and current is not None:
                 target = self.model_target(current, box=near)
