@@ -286,6 +286,9 @@ def test_capes_status_workdir_against_a_running_demo_and_a_clean_stop(tmp_path):
         metrics = scrape(info["daemon_metrics"])
         assert one(metrics, "capes_daemon_messages_total") > 20
         assert by_label(metrics, "capes_daemon_node_applied_value", "parameter")
+        # the live line (printed once a second) catches up with the values status shows
+        wait_for(lambda: re.search(r"rate limit \d+\s+window \d+",
+                                   (tmp_path / "demo.log").read_text()), timeout=30, every=0.2)
         demo.send_signal(signal.SIGINT)          # Ctrl-C: every process stops cleanly
         # 130: stopped by the Ctrl-C; 0: it had won (within seconds) and stopped cleanly
         # by itself first. Either way the checks below are of a clean stop.
