@@ -503,7 +503,8 @@ def test_evaluate_separates_readahead_0_from_4096_on_a_loop_device(tmp_path):
     """A sparse 2 GiB file behind a loop device with direct I/O (no page cache of the
     backing file), capped at 300 read IOPS by a throttled cgroup where the kernel has
     one (a loop device over a sparse file is CPU-bound and noisy on a busy host; with a
-    cap, each request costs a fixed time, like on a real disk). fio's buffered
+    cap, each request costs a fixed time, like on a real disk) and 20 MB/s (uncapped,
+    4096 gave 172, 189 and 44 MB/s at load 8, too wide a CI for 3 reps). fio's buffered
     sequential 16 KiB reads with invalidate=1, caches dropped before each repetition:
     4096 KiB of readahead must beat none, with a relative-difference CI that excludes
     zero. ~50 s."""
@@ -518,7 +519,7 @@ def test_evaluate_separates_readahead_0_from_4096_on_a_loop_device(tmp_path):
     cgroup = None
     try:
         try:
-            cgroup = wd.ThrottledCgroup(dev, read_iops=300)
+            cgroup = wd.ThrottledCgroup(dev, read_iops=300, read_bps=20_000_000)
         except (wd.WorkloadError, OSError):
             cgroup = None                     # no controller: unthrottled, noisier
         toml = tmp_path / "loop.toml"
