@@ -42,7 +42,6 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
-from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.costs import tuned_online
