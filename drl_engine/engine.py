@@ -260,7 +260,10 @@ class Engine:
             if self.deployment is not None:
                 return self._act_deployment(after_tick, current)
             return self._act_rows(after_tick, current)
-        latest = self.experience.latest(session) if self.dqn is not None else None
+        # guided, with greedy holding the best-known setting: no choice reads the
+        # observation's values, only whether its stack is full (3 % of an hour)
+        build = not (self.cfg.guided and not self._q_greedy)
+        latest = self.experience.latest(session, build) if self.dqn is not None else None
         if latest is None and self.cfg.guided and self.dqn is not None:
             latest = self._newest_tick(session)      # the guide's probes need no stack
         if latest is None or (after_tick is not None and latest[0] <= after_tick):
