@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_cluster_engine.py --part step --device cuda
     .venv/bin/python benchmarks/bench_cluster_engine.py --part hour --nodes 8 64 1000
 
-Parts (one core: ``torch.set_num_threads(1)``):
+Parts (one core: ``torch.set_num_threads(1)``, numpy's BLAS on one thread):
 
 * ``replay``: per tick at 8, 64 and 1,000 nodes: ReplayWriter (one row per node, one
   commit), ReplayReader.refresh (and, for comparison, ``OldSizingReader``: the reader
@@ -45,6 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from capes.common.one_core import single_thread_blas  # noqa: E402
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo  # noqa: E402
 from capes.experiments.cluster_test import load_config, run_one  # noqa: E402
 from drl_engine.engine import Engine  # noqa: E402
@@ -281,6 +282,10 @@ def main() -> int:
         args.nodes, args.replay_ticks, args.step_nodes, args.reps = [8], 60, 64, 3
         if args.part == "all":
             args.part = "quick"
+    # numpy's BLAS on one thread too, as capes converge-test (use_one_core) and the daemon
+    # run: its threads spin for a core (the cold start's 256 x 40 grid smoothing took
+    # 11 ms a call with them, on a loaded machine)
+    single_thread_blas()
     torch.set_num_threads(args.threads)
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
