@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_cluster_engine.py --part step --device cuda
     .venv/bin/python benchmarks/bench_cluster_engine.py --part hour --nodes 8 64 1000
 
-Parts (one core: ``torch.set_num_threads(1)``):
+Parts (one core: ``torch.set_num_threads(1)``, numpy's BLAS on one thread):
 
 * ``replay``: per tick at 8, 64 and 1,000 nodes: ReplayWriter (one row per node, one
   commit), ReplayReader.refresh (and, for comparison, ``OldSizingReader``: the reader
@@ -23,9 +23,8 @@ Parts (one core: ``torch.set_num_threads(1)``):
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
   the replay writes run in a process of their own (``--writes process``, the default:
   ``WriteProcess``, as the interface daemon is beside the engine; its CPU is the ``w
-  CPU s`` column), on a thread of their own (``behind``, ``WriteBehind``) or on the
-  main thread (``sync``); several, e.g. ``--writes process behind``, alternate on the
-  same seed (the same results each way); ``--set KEY=VALUE`` overrides the config as
+  CPU s`` column) or on the main thread (``sync``); both, ``--writes process sync``,
+  alternate on the same seed (the same results each way); ``--set KEY=VALUE`` overrides the config as
   ``capes converge-test --set`` does.
 * ``transfer``: an engine trained for an hour on 8 nodes, saved, and the checkpoint run on
   64 nodes (``--init-model``) beside a fresh engine on the same seeds.
@@ -46,6 +45,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from capes.common.one_core import single_thread_blas  # noqa: E402
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo  # noqa: E402
 from capes.experiments.cluster_test import load_config, run_one  # noqa: E402
 from drl_engine.engine import Engine  # noqa: E402
@@ -208,14 +208,14 @@ def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
               flush=True)
 
 
-WRITES = {"behind": True, "process": "process", "sync": False}   # run_one's write_behind
+WRITES = {"process": True, "sync": False}   # run_one's write_behind
 
 
 def bench_hour(nodes_list, seed: int, feed: str, writes=("process",), sets=()) -> list[dict]:
     print(f"\nWall and CPU seconds per simulated hour, configs/cluster-sim.toml (3 phases), one "
-          f"torch thread, seed {seed}, feed {feed}; writes: behind = on their own thread "
-          f"(with feed rows), process = in a process of their own, sync = on the main "
-          f"thread; CPU s: this process, w CPU s: the writer process's")
+          f"torch thread, seed {seed}, feed {feed}; writes (with feed rows): process = in a "
+          f"process of their own, sync = on the main thread; CPU s: this process, w CPU s: "
+          f"the writer process's")
     print(f"{'nodes':>6} {'writes':>7} {'wall s':>7} {'CPU s':>7} {'w CPU s':>7} {'write s':>7} "
           f"{'weights':>8} "
           f"{'med tp':>7} {'mean tp':>7} {'in-band':>7} {'recover s per phase':>22} "
@@ -282,6 +282,10 @@ def main() -> int:
         args.nodes, args.replay_ticks, args.step_nodes, args.reps = [8], 60, 64, 3
         if args.part == "all":
             args.part = "quick"
+    # numpy's BLAS on one thread too, as capes converge-test (use_one_core) and the daemon
+    # run: its threads spin for a core (the cold start's 256 x 40 grid smoothing took
+    # 11 ms a call with them, on a loaded machine)
+    single_thread_blas()
     torch.set_num_threads(args.threads)
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)

@@ -42,7 +42,6 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint
-from drl_engine.checkpoint import CHECKPOINT_TEMPS, remove_stale_checkpoint_temps  # noqa: F401
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.costs import tuned_online
@@ -261,7 +260,10 @@ class Engine:
             if self.deployment is not None:
                 return self._act_deployment(after_tick, current)
             return self._act_rows(after_tick, current)
-        latest = self.experience.latest(session) if self.dqn is not None else None
+        # guided, with greedy holding the best-known setting: no choice reads the
+        # observation's values, only whether its stack is full (3 % of an hour)
+        build = not (self.cfg.guided and not self._q_greedy)
+        latest = self.experience.latest(session, build) if self.dqn is not None else None
         if latest is None and self.cfg.guided and self.dqn is not None:
             latest = self._newest_tick(session)      # the guide's probes need no stack
         if latest is None or (after_tick is not None and latest[0] <= after_tick):
@@ -774,7 +776,11 @@ class Engine:
         b = self.data.sample(self.cfg.batch_size * times, self.rng)
         if b is None:
             return None
-        return (b.obs, b.mask, b.actions, b.returns, b.discounts, b.next_obs, b.next_mask,
+        # a mask of every node (the usual case) is passed as None: the network pools all
+        # nodes then, with the same sums and quotients, in ~20 fewer ops a step (4 %)
+        mask = None if b.mask.all() else b.mask
+        next_mask = None if b.next_mask.all() else b.next_mask
+        return (b.obs, mask, b.actions, b.returns, b.discounts, b.next_obs, next_mask,
                 b.valid, b.abar, b.next_abar)
 
     def _rows_state(self) -> dict:

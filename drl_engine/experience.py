@@ -56,6 +56,10 @@ def _zero_nonfinite(a: np.ndarray) -> np.ndarray:
     return a if np.isfinite(a).all() else np.nan_to_num(a, copy=False, nan=0.0)
 
 
+_NOT_BUILT = np.empty(0, np.float32)       # latest(build=False)'s observation
+_NOT_BUILT.flags.writeable = False
+
+
 class _Derived:
     """Per-session series derived from the cache, extended as the cache grows."""
 
@@ -203,13 +207,16 @@ class Experience:
         v = _zero_nonfinite((vals - self._param_lo) / self._param_span)
         return np.concatenate([x, v], axis=1).astype(np.float32, copy=False)
 
-    def latest(self, sid: int) -> tuple[int, np.ndarray] | None:
-        """(tick, observation) for the newest tick of session ``sid`` with a full stack."""
+    def latest(self, sid: int, build: bool = True) -> tuple[int, np.ndarray] | None:
+        """(tick, observation) for the newest tick of session ``sid`` with a full stack.
+        ``build`` false: the observation is an empty array (the caller reads only that
+        there is one)."""
         data = self.reader.sessions.get(sid)
         if data is None or data.length < self.stack:
             return None
         i = data.length - 1
-        return data.first_tick + i, self.observations(sid, np.array([i]))[0]
+        return data.first_tick + i, (self.observations(sid, np.array([i]))[0] if build
+                                     else _NOT_BUILT)
 
     # -- Algorithm 2 --------------------------------------------------------------------
     def _valid(self, data: SessionData, d: _Derived, i: np.ndarray) -> np.ndarray:

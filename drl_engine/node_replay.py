@@ -394,13 +394,15 @@ class RowData:
         acts = rep.actions[s0[:, None], nodes].astype(np.int64)
         valid = mask & next_mask & (acts >= 0)
         obs, next_obs = rep.window_pair(t, S, n, nodes, self._tick_features)
+        abar = next_abar = None
+        if mf:        # t and t + n in one call (row by row the same numbers)
+            abar, next_abar = np.split(rep.mean_field(np.concatenate([t, t + n]),
+                                                      np.concatenate([nodes, nodes])), 2)
         return NodeBatch(obs=obs, mask=mask,
                          actions=np.maximum(acts, 0), returns=ret.astype(np.float32),
                          discounts=np.full(B, self.gamma ** n, np.float32),
                          next_obs=next_obs,
-                         next_mask=next_mask, valid=valid,
-                         abar=rep.mean_field(t, nodes) if mf else None,
-                         next_abar=rep.mean_field(t + n, nodes) if mf else None)
+                         next_mask=next_mask, valid=valid, abar=abar, next_abar=next_abar)
 
 
 __all__ = ["NodeReplay", "NodeBatch", "RowData", "pick_subsets"]

@@ -19,7 +19,7 @@ import torch
 from capes.common import atomic
 from capes.common.replay_db import ReplayReader
 from drl_engine.config import DQNConfig, RewardConfig
-from drl_engine import engine as engmod
+from drl_engine import checkpoint
 from drl_engine.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +162,7 @@ def test_remove_stale_temps_escapes_the_name_and_keeps_other_files(tmp_path):
     (tmp_path / "a[1].pt").write_text("the file itself")
     assert [p.name for p in atomic.remove_stale_temps(tmp_path, "a[1].pt")] == [".a[1].pt.x.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".a1.pt.x.tmp", "a[1].pt"]
-    assert engmod.remove_stale_checkpoint_temps(tmp_path / "a1.pt") == [tmp_path / ".a1.pt.x.tmp"]
+    assert checkpoint.remove_stale_checkpoint_temps(tmp_path / "a1.pt") == [tmp_path / ".a1.pt.x.tmp"]
 
 
 # -- the controller's state (issue 23, item 3): a restart resumes, it does not start over --

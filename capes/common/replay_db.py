@@ -570,6 +570,9 @@ class SessionData:
 
     def current_values(self) -> np.ndarray:
         """The parameters' values after the newest recorded action (else defaults)."""
+        for i in range(self.length - 1, max(self.length - 4, -1), -1):
+            if not np.isnan(self.after[i]).all():    # the usual case: one of the last
+                return self.after[i].copy()           # ticks (not a scan of the session)
         acted = np.flatnonzero(~np.isnan(self.after[:self.length]).all(axis=1))
         return self.after[acted[-1]].copy() if len(acted) else self.defaults.copy()
 

@@ -104,8 +104,12 @@ class GameSource:
     advances one simulated second (at the start of the next tick)."""
 
     def __init__(self, game: StorageGameSim, writer: ReplayWriter, session: int,
-                 names: list[str], play_on: bool = True):
+                 names: list[str], play_on: bool = True, commit_actions: bool = True):
         self.game, self.writer, self.session, self.names = game, writer, session, names
+        # False: an action is committed with the next tick's PIs, one transaction a tick
+        # (5 % of a simulated hour), where nothing reads the DB in between (run_one; the
+        # next refresh sees both, as it did); True: at once, as a live daemon does
+        self.commit_actions = commit_actions
         self.play_on = play_on          # keep playing after the win, to the time limit
         self.started = False
         self.true_tp: list[float] = []  # per tick, for the metrics
@@ -131,7 +135,8 @@ class GameSource:
 
     def apply(self, decision: Decision) -> None:
         self.writer.add_action(self.game.ticks, decision.action, decision.values)
-        self.writer.commit()
+        if self.commit_actions:
+            self.writer.commit()
         self.game.set_params(**dict(zip(self.names, decision.values)))
 
 
@@ -175,7 +180,8 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
                          ("epsilon", engine.epsilon), ("loss", rec.loss)):
                 trace[k].append(v)
 
-        source = GameSource(game, writer, session.id, [s.name for s in specs], play_on)
+        source = GameSource(game, writer, session.id, [s.name for s in specs], play_on,
+                            commit_actions=False)
         observers = [record] if trace is not None else []
         writer_tb = None
         if tensorboard:
