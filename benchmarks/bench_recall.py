@@ -60,7 +60,13 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
                      "engine.context_infer_known=3"],
         "scoped3": ["engine.context_infer=true", "engine.demo_margin=0.5",
-                    "engine.context_infer_known=3", "engine.q_scope=new_contexts"]}
+                    "engine.context_infer_known=3", "engine.q_scope=new_contexts"],
+        # round 7: on the default preset (scoped3's settings)
+        "slead": ["engine.context_lead=true"],
+        "known1": ["engine.context_infer_known=1"],
+        "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
+        "known2": ["engine.context_infer_known=2"],
+        "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

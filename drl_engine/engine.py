@@ -49,7 +49,7 @@ from drl_engine.costs import tuned_online
 from drl_engine.dqn import DQN, device_name, epsilon
 from drl_engine.experience import Experience
 from drl_engine import demonstrations
-from drl_engine.context import WorkloadContexts
+from drl_engine.context import WorkloadContexts, fresh_q
 from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
 from drl_engine.node_replay import RowData
@@ -344,11 +344,13 @@ class Engine:
             action = self.context.recall_action(cur, guide, self.action_ticks)
             if action is not None:
                 return action, False, None
-            if (self.cfg.context_lead and self.context.leaving and self._q_greedy
+            if (self.cfg.context_lead and self.context.leaving and self.cfg.use_q_network
                     and obs is not None):
                 # the signature just changed, the context is not confirmed yet: the
-                # Q-network, which sees the new signature, leads the first move
-                q = self.dqn.q_values(obs[None])[0]
+                # Q-network, which sees the new signature, leads the first move (scoped:
+                # on fresh observations, as its walk reads them; issue 25 round 7)
+                q = fresh_q(self, session, cur, guide) if self.cfg.q_scope == "new_contexts" \
+                    else self.dqn.q_values(obs[None])[0]
                 return self.context.lead(int(q.argmax()), len(cur)), False, float(q.max())
             holding = self.context.holding(self.action_ticks)
         action = guide.probe_action(cur)
