@@ -68,6 +68,8 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         # round 7: on the default preset (scoped3's settings)
         "slead": ["engine.context_lead=true"],
         "qall": ["engine.q_scope=everywhere"],
+        "qfirst": ["engine.q_scope=first_visits"],
+        "qctx": ["engine.q_scope=contexts"],
         "known1": ["engine.context_infer_known=1"],
         "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],

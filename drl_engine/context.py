@@ -357,6 +357,14 @@ class WorkloadContexts:
         return action
 
     @property
+    def first_visit(self) -> bool:
+        """The current workload is on its first visit and is not the first workload (the
+        one explored all along): where its best-known setting is least known
+        (``q_scope = "first_visits"``)."""
+        c = self.current
+        return c is not None and 0 < c < len(self.memory) and self.memory[c].visits == 1
+
+    @property
     def inferring(self) -> bool:
         return self.infer or self._net is not None
 
