@@ -17,7 +17,8 @@ inference waits for three known workloads, ``engine.context_infer_known=3``; ``â
 network acting only in a new workload's walk, so that ``nearest3`` plays its moves
 everywhere else); round 7's, each on the default preset: ``slead``
 (``engine.context_lead=true``: the scoped network leads on fresh observations when the
-signature changes), ``qall`` (``engine.q_scope=everywhere``), ``known1`` / ``known2``
+signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
+(``engine.q_scope=first_visits``), ``known1`` / ``known2``
 (``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
 first visit too) and their ``â€¦-noq`` ablations. Games: ``recurring`` and ``stationary`` by default; ``mixes``
 on request (``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the
@@ -69,7 +70,6 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "slead": ["engine.context_lead=true"],
         "qall": ["engine.q_scope=everywhere"],
         "qfirst": ["engine.q_scope=first_visits"],
-        "qctx": ["engine.q_scope=contexts"],
         "known1": ["engine.context_infer_known=1"],
         "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],

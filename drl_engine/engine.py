@@ -293,14 +293,11 @@ class Engine:
         """Whether the Q-network chooses the guided greedy action (and a lead): not with
         ``use_q_network = false``, nor with ``q_scope = "new_contexts"``, where it acts
         only in a new workload's inference walk (``WorkloadContexts.infer_action``), nor
-        with ``"first_visits"`` outside a later workload's first visit, nor with
-        ``"contexts"`` where no context is built (round 7)."""
+        with ``"first_visits"`` outside a later workload's first visit (round 7)."""
         scope = self.cfg.q_scope
         if not self.cfg.use_q_network or scope == "new_contexts":
             return False
-        if scope == "everywhere":
-            return True
-        return self.context is not None and (scope == "contexts" or self.context.first_visit)
+        return scope == "everywhere" or (self.context is not None and self.context.first_visit)
 
     def _newest_tick(self, session: int) -> tuple[int, None] | None:
         """(newest tick, no observation) while the session's first stack fills up."""

@@ -208,19 +208,10 @@ def test_the_stationary_game_with_the_default_preset_plays_as_without_the_networ
     no_q = _trace(game, 300, ["engine.use_q_network=false"])
     assert default["window"] == no_q["window"] and default["rate_limit"] == no_q["rate_limit"]
     assert default["throughput"] == no_q["throughput"]
-    contexts = _trace(game, 300, ["engine.q_scope=contexts"])     # round 7's scope too
-    assert contexts["window"] == no_q["window"]
+    first = _trace(game, 300, ["engine.q_scope=first_visits"])   # round 7's scope too
+    assert first["window"] == no_q["window"]
     everywhere = _trace(game, 300, ["engine.q_scope=everywhere"])
     assert everywhere["window"] != no_q["window"]         # where the network acts, it shows
-
-
-def test_q_scope_contexts_acts_everywhere_on_a_game_with_signatures():
-    # the recurring game builds contexts from its first tick: "contexts" is "everywhere"
-    game, limit = "recurring-workloads.toml", 300
-    contexts = _trace(game, limit, ["engine.q_scope=contexts"])
-    everywhere = _trace(game, limit, ["engine.q_scope=everywhere"])
-    assert contexts["window"] == everywhere["window"]
-    assert contexts["window"] != _trace(game, limit, [])["window"]
 
 
 def test_first_visit_is_a_later_workloads_first_visit_only():
