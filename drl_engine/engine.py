@@ -290,7 +290,7 @@ class Engine:
 
     @property
     def _q_greedy(self) -> bool:
-        """Whether the Q-network chooses the guided greedy action (and a lead): not with
+        """Whether the Q-network chooses the guided greedy action: not with
         ``use_q_network = false``, nor with ``q_scope = "new_contexts"``, where it acts
         only in a new workload's inference walk (``WorkloadContexts.infer_action``), nor
         with ``"first_visits"`` outside a later workload's first visit (round 7)."""
