@@ -21,8 +21,8 @@ signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
 (``engine.q_scope=first_visits``), ``known1`` / ``known2``
 (``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
 first visit too) and their ``…-noq`` ablations. Games: ``recurring`` and ``stationary``
-by default; ``mixes`` on request (``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the
-recurring game's workloads arrive unseen). Per arm: the median time to band of returns
+by default; ``mixes`` on request (``configs/recurring-workloads-mixes.toml``:
+half-and-half mixes of the recurring game's workloads arrive unseen). Per arm: the median time to band of returns
 and of first visits (a phase that never reaches its band counts as its length), and the
 whole-session throughput against each phase's best static setting (``tp_frac_hour``);
 per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95 % t
