@@ -15,9 +15,14 @@ context's best-known setting, DQfD's margin loss) and its variants (``…3``: th
 inference waits for three known workloads, ``engine.context_infer_known=3``; ``…-g0``:
 ``greedy_guard_steps=0``; ``scoped3``: ``demo3`` with ``engine.q_scope=new_contexts``, the
 network acting only in a new workload's walk, so that ``nearest3`` plays its moves
-everywhere else). Games: ``recurring`` and ``stationary`` by default; ``mixes``
-on request (``configs/recurring-workloads-mixes.toml``: half-and-half mixes of the
-recurring game's workloads arrive unseen). Per arm: the median time to band of returns
+everywhere else); round 7's, each on the default preset: ``slead``
+(``engine.context_lead=true``: the scoped network leads on fresh observations when the
+signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
+(``engine.q_scope=first_visits``), ``known1`` / ``known2``
+(``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
+first visit too) and their ``…-noq`` ablations. Games: ``recurring`` and ``stationary``
+by default; ``mixes`` on request (``configs/recurring-workloads-mixes.toml``:
+half-and-half mixes of the recurring game's workloads arrive unseen). Per arm: the median time to band of returns
 and of first visits (a phase that never reaches its band counts as its length), and the
 whole-session throughput against each phase's best static setting (``tp_frac_hour``);
 per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95 % t
@@ -60,7 +65,15 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "nearest3": ["engine.context_infer=true", "engine.use_q_network=false",
                      "engine.context_infer_known=3"],
         "scoped3": ["engine.context_infer=true", "engine.demo_margin=0.5",
-                    "engine.context_infer_known=3", "engine.q_scope=new_contexts"]}
+                    "engine.context_infer_known=3", "engine.q_scope=new_contexts"],
+        # round 7: on the default preset (scoped3's settings)
+        "slead": ["engine.context_lead=true"],
+        "qall": ["engine.q_scope=everywhere"],
+        "qfirst": ["engine.q_scope=first_visits"],
+        "known1": ["engine.context_infer_known=1"],
+        "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
+        "known2": ["engine.context_infer_known=2"],
+        "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

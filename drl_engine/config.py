@@ -14,7 +14,8 @@ from capes.common.actions import MAX_STEPS
 from capes.common.config import ConfigError
 
 # engine.q_scope: where the Q-network's greedy action may act (round 5 of docs/recall.md)
-Q_SCOPES = ("everywhere", "new_contexts")
+# (round 7: "first_visits", the walk and a later workload's first visit)
+Q_SCOPES = ("everywhere", "new_contexts", "first_visits")
 
 
 @dataclass
@@ -104,7 +105,10 @@ class DQNConfig:
                                        # workload's inference walk (context_infer); greedy
                                        # elsewhere holds the best-known setting, as with
                                        # use_q_network = false (docs/recall.md, round 5;
-                                       # the guided engine's: the paper preset ignores it)
+                                       # the guided engine's: the paper preset ignores it);
+                                       # "first_visits": also its guarded greedy moves on
+                                       # the first visit of every workload but the first
+                                       # (round 7), never on a return
     use_context: bool = False          # per-workload memory (the default preset turns it on)
     context_pis: list[str] = field(default_factory=list)   # [] : every PI that is neither
                                        # the objective's nor a parameter's

@@ -357,6 +357,14 @@ class WorkloadContexts:
         return action
 
     @property
+    def first_visit(self) -> bool:
+        """The current workload is on its first visit and is not the first workload (the
+        one explored all along): where its best-known setting is least known
+        (``q_scope = "first_visits"``)."""
+        c = self.current
+        return c is not None and 0 < c < len(self.memory) and self.memory[c].visits == 1
+
+    @property
     def inferring(self) -> bool:
         return self.infer or self._net is not None
 
@@ -390,12 +398,10 @@ class WorkloadContexts:
         move = None
         if engine.dqn is not None and net["moves"] < self.INFER_MOVES:
             if self.cfg.context_infer_fresh:
-                values = guide.step_grid.values(np.asarray(current)[None])
-                obs = fresh_observations(engine.experience, session, values)
+                q = fresh_q(engine, session, current, guide)
             else:                     # the network's own stack, once it is all the new
-                obs = engine.experience.latest(session)[1][None]      # workload's
-            q = engine.dqn.q_values(obs)
-            move = actions.decode(int(q[0].argmax()), len(current))
+                q = engine.dqn.q_values(engine.experience.latest(session)[1][None])[0]
+            move = actions.decode(int(q.argmax()), len(current))
         k, sign = (move[0], int(np.sign(move[1]))) if move else (None, 0)
         stuck = move is None or guide.frozen[k] or not 0 <= current[k] + sign <= guide.n_steps[k]
         back = net["last"] is not None and net["last"][0] == k and net["last"][1] == -sign
@@ -487,6 +493,13 @@ def walk(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray, most: int
     k = int(np.argmax(np.abs(diff) / np.maximum(n_steps, 1)))
     steps = int(min(abs(diff[k]), most))
     return actions.encode(k, steps if diff[k] > 0 else -steps, len(current))
+
+
+def fresh_q(engine, session: int, current: np.ndarray, guide: Guide) -> np.ndarray:
+    """The Q-network's values on :func:`fresh_observations` at the current setting
+    (grid indices ``current``): what it makes of the workload seen now."""
+    values = guide.step_grid.values(np.asarray(current)[None])
+    return engine.dqn.q_values(fresh_observations(engine.experience, session, values))[0]
 
 
 def fresh_observations(exp, session: int, settings: np.ndarray) -> np.ndarray:

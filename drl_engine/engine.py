@@ -48,7 +48,7 @@ from drl_engine.costs import tuned_online
 from drl_engine.dqn import DQN, device_name, epsilon
 from drl_engine.experience import Experience
 from drl_engine import demonstrations
-from drl_engine.context import WorkloadContexts
+from drl_engine.context import WorkloadContexts, fresh_q
 from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
 from drl_engine.node_replay import RowData
@@ -292,10 +292,14 @@ class Engine:
 
     @property
     def _q_greedy(self) -> bool:
-        """Whether the Q-network chooses the guided greedy action (and a lead): not with
+        """Whether the Q-network chooses the guided greedy action: not with
         ``use_q_network = false``, nor with ``q_scope = "new_contexts"``, where it acts
-        only in a new workload's inference walk (``WorkloadContexts.infer_action``)."""
-        return self.cfg.use_q_network and self.cfg.q_scope == "everywhere"
+        only in a new workload's inference walk (``WorkloadContexts.infer_action``), nor
+        with ``"first_visits"`` outside a later workload's first visit (round 7)."""
+        scope = self.cfg.q_scope
+        if not self.cfg.use_q_network or scope == "new_contexts":
+            return False
+        return scope == "everywhere" or (self.context is not None and self.context.first_visit)
 
     def _newest_tick(self, session: int) -> tuple[int, None] | None:
         """(newest tick, no observation) while the session's first stack fills up."""
@@ -346,11 +350,13 @@ class Engine:
             action = self.context.recall_action(cur, guide, self.action_ticks)
             if action is not None:
                 return action, False, None
-            if (self.cfg.context_lead and self.context.leaving and self._q_greedy
+            if (self.cfg.context_lead and self.context.leaving and self.cfg.use_q_network
                     and obs is not None):
                 # the signature just changed, the context is not confirmed yet: the
-                # Q-network, which sees the new signature, leads the first move
-                q = self.dqn.q_values(obs[None])[0]
+                # Q-network, which sees the new signature, leads the first move (scoped:
+                # on fresh observations, as its walk reads them; issue 25 round 7)
+                q = fresh_q(self, session, cur, guide) if self.cfg.q_scope == "new_contexts" \
+                    else self.dqn.q_values(obs[None])[0]
                 return self.context.lead(int(q.argmax()), len(cur)), False, float(q.max())
             holding = self.context.holding(self.action_ticks)
         action = guide.probe_action(cur)

@@ -169,3 +169,61 @@ def test_q_scope_is_validated():
     game = Path(__file__).resolve().parents[1] / "configs" / "storagegamesim.toml"
     with pytest.raises(Exception, match="q_scope"):
         load_config(game, ["engine.q_scope=new_workloads"])
+
+
+def test_fresh_q_reads_the_network_on_fresh_observations_at_the_current_setting():
+    # the scoped network's lead and walk (round 7): what it makes of the workload seen
+    # now, the newest tick over the whole stack, not the old workload in its stack
+    from drl_engine.context import fresh_q
+    exp = experience([80.0, 40.0, 200.0, 1024.0])
+    grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
+                        SimpleNamespace(min=1, max=100, step=1)])
+    seen = []
+    dqn = SimpleNamespace(q_values=lambda obs: seen.append(obs) or obs[:, :3] * 0 + 7.0)
+    q = fresh_q(SimpleNamespace(experience=exp, dqn=dqn), 7, np.array([9, 59]),
+                SimpleNamespace(step_grid=grid))
+    assert q.shape == (3,) and (q == 7.0).all()
+    want = fresh_observations(exp, 7, np.array([[100.0, 60.0]]))
+    assert len(seen) == 1 and np.array_equal(seen[0], want)
+
+
+def test_the_scoped_lead_is_the_networks_and_its_ablation_is_untouched():
+    # engine.context_lead with q_scope = new_contexts (the default preset's): the lead
+    # acts (the trace leaves use_q_network = false's, which it equals without the lead:
+    # the test above) and without the network the lead switch changes nothing
+    game, limit = "recurring-workloads.toml", 700
+    lead = _trace(game, limit, ["engine.context_lead=true"])
+    no_q = _trace(game, limit, ["engine.use_q_network=false"])
+    no_q_lead = _trace(game, limit, ["engine.use_q_network=false", "engine.context_lead=true"])
+    assert lead["window"] != no_q["window"]
+    assert no_q_lead["window"] == no_q["window"]
+
+
+def test_the_stationary_game_with_the_default_preset_plays_as_without_the_network():
+    # q_scope = new_contexts and no signature PIs (no context, no walk): the network
+    # trains but never acts, so the default and use_q_network = false play one game
+    # (the ablation floor's "not worse on the stationary game" is a tie by construction)
+    game = "storagegamesim.toml"
+    default = _trace(game, 300, [])
+    no_q = _trace(game, 300, ["engine.use_q_network=false"])
+    assert default["window"] == no_q["window"] and default["rate_limit"] == no_q["rate_limit"]
+    assert default["throughput"] == no_q["throughput"]
+    first = _trace(game, 300, ["engine.q_scope=first_visits"])   # round 7's scope too
+    assert first["window"] == no_q["window"]
+    everywhere = _trace(game, 300, ["engine.q_scope=everywhere"])
+    assert everywhere["window"] != no_q["window"]         # where the network acts, it shows
+
+
+def test_first_visit_is_a_later_workloads_first_visit_only():
+    # q_scope = "first_visits" (round 7): the network's guarded greedy moves act where
+    # a workload's best-known setting is least known, never on a return
+    ctx = WorkloadContexts(DQNConfig(use_context=True), [0, 1])
+    assert not ctx.first_visit                          # nothing seen yet
+    ctx.clusters.current = 0
+    ctx.memory = [SimpleNamespace(visits=1)]
+    assert not ctx.first_visit                          # the first workload: explored all along
+    ctx.memory.append(SimpleNamespace(visits=1))
+    ctx.clusters.current = 1
+    assert ctx.first_visit                              # the second, first seen now
+    ctx.memory[1].visits = 2
+    assert not ctx.first_visit                          # ... come back: the memory's
