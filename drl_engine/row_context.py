@@ -39,7 +39,8 @@ import logging
 
 import numpy as np
 
-from drl_engine.context import SignatureClusters, context_columns, running_add
+from drl_engine import checkpoint
+from drl_engine.context import SETTINGS, SignatureClusters, context_columns, running_add
 from drl_engine.context_search import GroupSearch, signature_groups
 
 log = logging.getLogger("capes.engine")
@@ -133,6 +134,20 @@ class RowSignatures:
             self.mean[rows], self.m2[rows], self.n[rows] = running_add(
                 self.mean[rows], self.m2[rows], self.n[rows], u,
                 SignatureClusters.MOST_SAMPLES)
+
+    ARRAYS = ("recent", "seen", "offset", "mean", "m2", "n", "fast")
+
+    def state(self) -> dict:
+        """Every row's clustering: the arrays and each row's :class:`SignatureClusters`
+        (the arrays hold a fitting row's current context; a misfit reads them first)."""
+        return {"arrays": {k: checkpoint.encode(getattr(self, k)) for k in self.ARRAYS},
+                "rows": [checkpoint.state_of(c, skip=SETTINGS) for c in self.rows]}
+
+    def load_state(self, state: dict) -> None:
+        for k in self.ARRAYS:
+            setattr(self, k, checkpoint.decode(state["arrays"][k]))
+        for c, s in zip(self.rows, state["rows"]):
+            checkpoint.restore_into(c, s)
 
     def current(self) -> np.ndarray:
         return np.array([-1 if c.current is None else c.current for c in self.rows])
@@ -321,6 +336,26 @@ class RowContexts:
         if self.search is not None:
             return np.ones(len(self.hold_until), bool)
         return self.hold_until > tick
+
+    # -- checkpoints ----------------------------------------------------------------------
+    KEPT = ("memory", "hold_until", "switch_ticks", "returns", "news", "searches",
+            "_last_best")                 # a search under way is not kept: it starts over
+
+    def state(self) -> dict:
+        """Every row's contexts and what each keeps (``drl_engine.checkpoint``: loadable
+        with ``weights_only``): a restarted engine recalls the workloads its nodes have
+        seen."""
+        return {"columns": list(self.columns), "signatures": self.signatures.state(),
+                **{k: checkpoint.encode(getattr(self, k)) for k in self.KEPT}}
+
+    def load_state(self, state: dict) -> None:
+        """Resume from :meth:`state` (the same rows); ValueError for other signature PIs."""
+        if list(state["columns"]) != list(self.columns):
+            raise ValueError(f"the row contexts were kept for signature columns "
+                             f"{list(state['columns'])}, this engine has {self.columns}")
+        self.signatures.load_state(state["signatures"])
+        for k in self.KEPT:
+            setattr(self, k, checkpoint.decode(state[k]))
 
     def counters(self) -> dict:
         return {"context_switch_ticks": len(self.switch_ticks),

@@ -139,3 +139,42 @@ def test_two_arms_are_compared_seed_by_seed():
     assert np.isclose(rows["hour"]["a_minus_b"][0], 0.015)
     assert np.isclose(rows["returns"]["a_minus_b"][0], 0.025)
     assert rows["returns"]["band_a"] == 3 and rows["w returns"]["band_a"] == 100  # censored
+
+
+def test_a_restarted_engine_recalls_what_its_nodes_saw_before_the_restart(tmp_path):
+    cfg = short_cfg()
+    ccfg = cfg.cluster
+    sim = ClusterSim(ccfg, seed=0, optima=phase_optima(ccfg, ccfg.best_static), judge=False)
+    knobs = list(ccfg.param_specs())
+
+    def engine():
+        return Engine.over_rows(cfg.engine, cfg.reward, list(ccfg.pi_names()),
+                                list(ccfg.param_specs().values()), ccfg.nodes,
+                                model=cfg.model, seed=0)
+    eng, others, first = engine(), [], {}
+    while sim.ticks < 340:
+        sim.tick()
+        pis = sim.pis()
+        rows = np.column_stack([pis[n] for n in ccfg.pi_names()])
+        for e in [eng] + others:
+            e.ingest(sim.ticks, rows)
+        if sim.ticks == 260:          # in the analysis phase, every node switched: restart
+            assert eng.row_context.news >= 8 and eng.row_context.returns == 0
+            path = eng.save(tmp_path / "rows.ckpt")
+            others = [engine(), engine()]          # restarted from the checkpoint, fresh
+            others[0].load(path)
+        if others and not first and others[0].row_context.target:
+            first = dict(others[0].row_context.target)   # the return, recalled
+        d = eng.act()
+        if d is not None:
+            if first and "values" not in first:
+                first["values"] = d.values             # the original's recalled setting
+            sim.set_params(**{n: d.values[:, k] for k, n in enumerate(knobs)})
+        eng.train()
+    restarted, fresh = others
+    assert restarted.row_context.returns == eng.row_context.returns >= 8
+    assert fresh.row_context.returns == 0 and not fresh.row_context.target   # no recall
+    values = first.pop("values")
+    assert len(first) >= 8
+    for r, idx in first.items():     # each returning node recalled as without the restart
+        assert np.array_equal(restarted.control.grid.values(idx[None])[0], values[r])
