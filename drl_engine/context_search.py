@@ -13,16 +13,20 @@ So, when rows enter new contexts (``cluster_engine.context_search = true``), the
 are grouped by the signature of their current context (:func:`signature_groups`), and
 each group holding a new row that moves data is searched by a pattern search on the
 cluster objective, with committed moves: every row of the group moves one dynamic knob
-by ±s steps; after ``settle_ticks`` its objective's mean over ``context_search_ticks``
-ticks is compared with the mean measured before the move; a gain over one standard
-error of the difference is kept (and the same move tried again), anything else is
-undone (the baseline measured again) and the other direction tried; when both fail the
-step halves and the next (group, knob) pair has its turn (a class's optimum may move
-once another class has moved: the mix's readers gain from wider windows only once its
-writers are throttled); a pair is done when a one-step move fails both ways. The first step
-is ``context_search_step`` of the knob's range. Every row holds meanwhile (no probes, no
-greedy moves). At the end the setting found becomes the best-known setting (trust
-region, rollback, and what the contexts store for the next return).
+by ±s steps (the first s is ``context_search_step`` of the knob's range); after
+``settle_ticks`` the objective's mean over ``context_search_ticks`` ticks is compared
+with the committed setting's. A gain over ``Z`` standard errors of the difference is
+kept (and the same move tried again); a loss over ``EARLY`` of them is undone at once
+(after two ticks: a class's far move can cost the cluster most of its throughput), any
+other result once measured; then the other direction is tried, straight from the
+committed setting. When both directions fail the step halves, the committed setting is
+measured again (pooled with its earlier ticks: a kept move's own measurement was its
+luckiest) and the next (group, knob) pair has its turn (a class's optimum may move once
+another class has moved: the mix's readers gain from wider windows only once its
+writers are throttled); a pair is done when a one-step move fails both ways. Every row
+holds meanwhile (no probes, no greedy moves, no rollback). At the end the setting found
+becomes the best-known setting (trust region, rollback, and what the contexts store for
+the next return); a change of contexts ends the search where it stands.
 """
 from __future__ import annotations
 
@@ -155,8 +159,7 @@ class GroupSearch:
         return float(p.mean()), float(p.var(ddof=1)) / len(p) if len(p) > 1 else 0.0
 
     def _trial(self, tick: int) -> None:
-        """The next trial from the committed setting (the baseline kept: the workload
-        holds, and so do the other rows), or the end."""
+        """The next trial from the committed setting, or the end."""
         if tick >= self.until or not self._next_trial():
             self.finish(tick, "done" if tick < self.until else "out of time")
             return
