@@ -85,6 +85,15 @@ class NodeModelConfig:
     # drl_engine/row_context.py): a return to known contexts raises ε too, so that the
     # recalled setting is searched around after the hold (measured: no gain; off)
     return_epsilon: bool = False
+    # rows entering new contexts searched a class at a time (drl_engine/context_search.py):
+    # the rows of one signature move together, committed moves kept on a measured gain of
+    # the cluster objective; the first step is context_search_step of the knob's range, a
+    # move is measured over context_search_ticks ticks, the search stops after
+    # context_search_max_ticks
+    context_search: bool = False
+    context_search_step: float = 0.1
+    context_search_ticks: int = 8
+    context_search_max_ticks: int = 400
     # an action's n-step return starts this many ticks after it (n_step_returns' shift);
     # -1: the engine's settle_ticks, when its effect shows up (the per-node default;
     # the one-row mode's is engine.return_shift, 0)
@@ -105,12 +114,14 @@ class NodeModelConfig:
         "detect_nodes": 1 << 24, "detect_threshold": 1e6, "detect_scale_floor": 1e6,
         "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9,
         "rollback_ticks": 10**9, "best_margin": 1e6, "return_shift": 10**6,
-        "train_every": 10_000}
+        "train_every": 10_000, "context_search_ticks": 10**6,
+        "context_search_max_ticks": 10**9}
 
     def validate(self) -> None:
         for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
                      "stats_ticks", "probe_dwell", "bump_ticks", "best_window",
-                     "rollback_ticks", "recent_ticks", "train_every"):
+                     "rollback_ticks", "recent_ticks", "train_every",
+                     "context_search_ticks", "context_search_max_ticks"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if self.cold_start not in ("shared", "per_node"):
@@ -121,7 +132,7 @@ class NodeModelConfig:
                      "best_margin", "margin_nodes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
-        for name in ("recent_fraction", "epsilon_start", "best_decay"):
+        for name in ("recent_fraction", "epsilon_start", "best_decay", "context_search_step"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {getattr(self, name)})")
         if not self.return_shift >= -1:

@@ -808,7 +808,9 @@ class Engine:
                 "handed_over_at": control.handed_over_at,
                 # what a restart must not forget beyond the counters (per node: kept only
                 # for a cluster of the same size), and the reward scale
-                "controller": {**control.state(), "p_scale": checkpoint.encode(data.p_scale)}}
+                "controller": {**control.state(), "p_scale": checkpoint.encode(data.p_scale)},
+                "row_contexts": None if self.row_context is None else   # [row context hook]
+                self.row_context.state()}
 
     def _load_rows(self, state: dict, path, weights_only: bool) -> None:
         """Resume the per-node mode, from a cluster of any size (the model does not
@@ -846,6 +848,8 @@ class Engine:
             if "p_scale" in saved:
                 data.p_scale = checkpoint.decode(saved.pop("p_scale"))
             control.load_state(saved)
+            if state.get("row_contexts") is not None and self.row_context is not None:
+                self.row_context.load_state(state["row_contexts"])   # [row context hook]
 
     def counters(self) -> dict:
         """The per-node mode's counters, as the cluster test reports them."""

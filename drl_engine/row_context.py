@@ -39,7 +39,9 @@ import logging
 
 import numpy as np
 
-from drl_engine.context import SignatureClusters, context_columns, running_add
+from drl_engine import checkpoint
+from drl_engine.context import SETTINGS, SignatureClusters, context_columns, running_add
+from drl_engine.context_search import GroupSearch, signature_groups
 
 log = logging.getLogger("capes.engine")
 
@@ -133,6 +135,20 @@ class RowSignatures:
                 self.mean[rows], self.m2[rows], self.n[rows], u,
                 SignatureClusters.MOST_SAMPLES)
 
+    ARRAYS = ("recent", "seen", "offset", "mean", "m2", "n", "fast")
+
+    def state(self) -> dict:
+        """Every row's clustering: the arrays and each row's :class:`SignatureClusters`
+        (the arrays hold a fitting row's current context; a misfit reads them first)."""
+        return {"arrays": {k: checkpoint.encode(getattr(self, k)) for k in self.ARRAYS},
+                "rows": [checkpoint.state_of(c, skip=SETTINGS) for c in self.rows]}
+
+    def load_state(self, state: dict) -> None:
+        for k in self.ARRAYS:
+            setattr(self, k, checkpoint.decode(state["arrays"][k]))
+        for c, s in zip(self.rows, state["rows"]):
+            checkpoint.restore_into(c, s)
+
     def current(self) -> np.ndarray:
         return np.array([-1 if c.current is None else c.current for c in self.rows])
 
@@ -162,6 +178,11 @@ class RowContexts:
         self.switch_ticks: list[int] = []               # ticks with a confirmed change
         self.returns = 0                                # row switches to a known context
         self.news = 0                                   # row switches to a new one
+        self.search: GroupSearch | None = None          # cluster_engine.context_search
+        self._search_at: int | None = None              # ... starts at this tick
+        self._search_rows: set[int] = set()             # ... over the groups of these
+        self.searches = 0
+        self._final: np.ndarray | None = None           # a search's last setting to apply
         self.grow(rows)
 
     @classmethod
@@ -188,12 +209,16 @@ class RowContexts:
         """Fold one tick's signatures in (``pis``: (N, P)); on a change of some rows'
         contexts, store, forget and recall as the module docstring says."""
         control = engine.control
+        self._advance_search(engine, tick)
         if control.best.best_idx is not None:   # kept through an alarm that forgot it a
             self._last_best = control.best.best_idx   # tick or two before the rows confirm
         changed = [c for c in self.signatures.update(np.asarray(pis)[:, self.columns])
                    if c[1] is not None]                # a row's first context: no change
         if not changed:
             return
+        if self.search is not None and len(changed) >= min(self.MIN_ROWS, self.rows):
+            self._end_search(engine, tick, undo=False)   # another change: what it found
+                                                         # is what the rows leaving store
         if tick > self._snapshot_until:
             best = self._last_best
             self._snapshot = None if best is None else best.copy()
@@ -220,6 +245,7 @@ class RowContexts:
             return                                     # the cold start owns the setting
         if self._event_rows < min(self.MIN_ROWS, self.rows):
             return                                     # one row: its recall alone
+        self._final = None
         control.forget(tick)
         control.new_detector()
         self._last_best = None                         # the next visit's own from here
@@ -229,15 +255,71 @@ class RowContexts:
             self.hold_until[list(self._event_new)] = 0  # those new a tick or two before)
         if new_rows or engine.mcfg.return_epsilon:
             engine.bumped_at = engine.action_ticks
+        if self._event_new and engine.mcfg.context_search:
+            self._search_at = self._snapshot_until     # once the rows have confirmed
+            self._search_rows = set(self._event_new)
         log.info("tick %d: %d row(s) changed context (%d new, %d recalled)", tick,
                  len(changed), len(new_rows), len(changed) - len(new_rows))
+
+    # -- group search (cluster_engine.context_search; drl_engine/context_search.py) ------
+    def _advance_search(self, engine, tick: int) -> None:
+        """Start the scheduled search, or advance the running one by this tick."""
+        rep, control = engine.data.replay, engine.control
+        if self.search is not None:
+            self.search.observe(rep, tick)
+            if self.search.done:
+                self._end_search(engine, tick, undo=True)
+            return
+        if self._search_at is None or tick < self._search_at:
+            return
+        self._search_at = None
+        s = rep.slot(tick)
+        present = rep.present[s]
+        moving = present & (np.nan_to_num(rep.lp[s][:, rep.obj_cols]) > 0).any(axis=1)
+        sig = np.exp(self.signatures.mean) - self.signatures.offset
+        groups = [g for g in signature_groups(sig, np.flatnonzero(moving))
+                  if self._search_rows & set(g.tolist())]
+        if not groups or not np.isfinite(rep.knobs[s][present]).all():
+            return
+        m = engine.mcfg
+        idx = control.grid.index(np.where(np.isfinite(rep.knobs[s]), rep.knobs[s],
+                                          control.lo).astype(np.float64))
+        self.search = GroupSearch(groups, idx, control.n_steps, control.dynamic,
+                                  m.context_search_step, m.context_search_ticks,
+                                  engine.cfg.settle_ticks, tick,
+                                  tick + m.context_search_max_ticks)
+        self.searches += 1
+        log.info("tick %d: group search over %d group(s) of %s rows", tick, len(groups),
+                 [len(g) for g in groups])
+
+    def _end_search(self, engine, tick: int, undo: bool) -> None:
+        """The search's setting becomes the best-known one (trust region, rollback, what
+        the contexts store next); ``undo``: a trial cut short goes back to it (not on a
+        change of contexts: the rows are recalled or explore from there)."""
+        search, self.search = self.search, None
+        search.finish(tick, "stopped")
+        control, rep = engine.control, engine.data.replay
+        control.best.take(search.best.copy(), int(tick), rep.present[rep.slot(tick)])
+        control.rollback.reset()
+        self._last_best = search.best.copy()
+        self._final = search.take() if undo else None
+
+    def _search_values(self, cur: np.ndarray, present: np.ndarray, grid, dynamic
+                       ) -> np.ndarray | None:
+        pending = self._final if self.search is None else self.search.take()
+        self._final = None
+        if pending is None:
+            return cur if self.search is not None else None   # held while searching
+        idx = grid.index(cur)
+        rows = present[:, None] & dynamic[None, :]
+        return np.where(rows, grid.values(np.where(rows, pending, idx)), cur)
 
     def recall(self, cur: np.ndarray, present: np.ndarray, grid, dynamic: np.ndarray
                ) -> np.ndarray | None:
         """The values with every returning row at its recalled setting (None: no row to
-        set). Knobs that are not dynamic keep their values."""
+        set), or the group search's. Knobs that are not dynamic keep their values."""
         if not self.target:
-            return None
+            return self._search_values(cur, present, grid, dynamic)
         target, self.target = self.target, {}
         rows = np.array([r for r in target if r < len(cur) and present[r]], np.int64)
         if len(rows) == 0:
@@ -251,11 +333,34 @@ class RowContexts:
 
     def holding(self, tick: int) -> np.ndarray:
         """Rows that hold their setting this tick (no probe, no greedy move)."""
+        if self.search is not None:
+            return np.ones(len(self.hold_until), bool)
         return self.hold_until > tick
+
+    # -- checkpoints ----------------------------------------------------------------------
+    KEPT = ("memory", "hold_until", "switch_ticks", "returns", "news", "searches",
+            "_last_best")                 # a search under way is not kept: it starts over
+
+    def state(self) -> dict:
+        """Every row's contexts and what each keeps (``drl_engine.checkpoint``: loadable
+        with ``weights_only``): a restarted engine recalls the workloads its nodes have
+        seen."""
+        return {"columns": list(self.columns), "signatures": self.signatures.state(),
+                **{k: checkpoint.encode(getattr(self, k)) for k in self.KEPT}}
+
+    def load_state(self, state: dict) -> None:
+        """Resume from :meth:`state` (the same rows); ValueError for other signature PIs."""
+        if list(state["columns"]) != list(self.columns):
+            raise ValueError(f"the row contexts were kept for signature columns "
+                             f"{list(state['columns'])}, this engine has {self.columns}")
+        self.signatures.load_state(state["signatures"])
+        for k in self.KEPT:
+            setattr(self, k, checkpoint.decode(state[k]))
 
     def counters(self) -> dict:
         return {"context_switch_ticks": len(self.switch_ticks),
                 "context_returns": self.returns, "context_news": self.news,
+                "context_searches": self.searches,
                 "contexts_per_row": float(np.mean(self.signatures.counts()))}
 
 

@@ -139,3 +139,76 @@ def test_two_arms_are_compared_seed_by_seed():
     assert np.isclose(rows["hour"]["a_minus_b"][0], 0.015)
     assert np.isclose(rows["returns"]["a_minus_b"][0], 0.025)
     assert rows["returns"]["band_a"] == 3 and rows["w returns"]["band_a"] == 100  # censored
+
+
+def test_a_restarted_engine_recalls_what_its_nodes_saw_before_the_restart(tmp_path):
+    cfg = short_cfg()
+    ccfg = cfg.cluster
+    sim = ClusterSim(ccfg, seed=0, optima=phase_optima(ccfg, ccfg.best_static), judge=False)
+    knobs = list(ccfg.param_specs())
+
+    def engine():
+        return Engine.over_rows(cfg.engine, cfg.reward, list(ccfg.pi_names()),
+                                list(ccfg.param_specs().values()), ccfg.nodes,
+                                model=cfg.model, seed=0)
+    eng, others, first = engine(), [], {}
+    while sim.ticks < 340:
+        sim.tick()
+        pis = sim.pis()
+        rows = np.column_stack([pis[n] for n in ccfg.pi_names()])
+        for e in [eng] + others:
+            e.ingest(sim.ticks, rows)
+        if sim.ticks == 260:          # in the analysis phase, every node switched: restart
+            assert eng.row_context.news >= 8 and eng.row_context.returns == 0
+            path = eng.save(tmp_path / "rows.ckpt")
+            others = [engine(), engine()]          # restarted from the checkpoint, fresh
+            others[0].load(path)
+        if others and not first and others[0].row_context.target:
+            first = dict(others[0].row_context.target)   # the return, recalled
+        d = eng.act()
+        if d is not None:
+            if first and "values" not in first:
+                first["values"] = d.values             # the original's recalled setting
+            sim.set_params(**{n: d.values[:, k] for k, n in enumerate(knobs)})
+        eng.train()
+    restarted, fresh = others
+    assert restarted.row_context.returns == eng.row_context.returns >= 8
+    assert fresh.row_context.returns == 0 and not fresh.row_context.target   # no recall
+    values = first.pop("values")
+    assert len(first) >= 8
+    for r, idx in first.items():     # each returning node recalled as without the restart
+        assert np.array_equal(restarted.control.grid.values(idx[None])[0], values[r])
+
+
+def test_the_group_search_moves_each_signature_group_as_one_to_its_optimum():
+    from drl_engine.context_search import GroupSearch, signature_groups
+    rng = np.random.default_rng(0)
+    # 8 rows, two workload classes told by their signatures (6 readers, 2 writers)
+    sig = np.array([[1.0, 512.0]] * 6 + [[0.0, 64.0]] * 2) * \
+        (1 + 0.05 * rng.standard_normal((8, 2)))
+    groups = signature_groups(np.abs(sig), np.arange(8))
+    assert [g.tolist() for g in groups] == [[0, 1, 2, 3, 4, 5], [6, 7]]
+    # one knob (0..100 steps): the readers' best is 70, the writers' 0; a row's own move
+    # is worth little, a class moving together much (0.3 % noise on the total)
+    best = np.array([70] * 6 + [0] * 2)
+    f = lambda idx: 1000.0 - 0.02 * ((idx[:, 0] - best) ** 2).sum()   # noqa: E731
+
+    class Ring:                                     # the objective per tick, 3 ticks late
+        def __init__(self):
+            self.p: dict[int, float] = {}
+
+        def comparable(self, ticks, tick):
+            return np.array([self.p.get(int(t), np.nan) for t in ticks])
+    ring, applied = Ring(), [np.full((8, 2), 40)]
+    search = GroupSearch(groups, applied[0], np.array([100, 100]), np.array([True, False]),
+                         0.1, 8, 3, tick=0, until=600)
+    for t in range(1, 700):
+        ring.p[t] = f(applied[max(0, t - 3)]) * (1 + 0.003 * rng.standard_normal())
+        search.observe(ring, t)
+        new = search.take()
+        applied.append(applied[-1] if new is None else new)
+        if search.done:
+            break
+    assert search.done and t < 600                          # done before its time ran out
+    assert np.abs(search.best[:, 0] - best).max() <= 2      # every row near its class's best
+    assert (search.best[:, 1] == 40).all()                  # a knob not dynamic never moves
