@@ -260,9 +260,12 @@ class Engine:
             if self.deployment is not None:
                 return self._act_deployment(after_tick, current)
             return self._act_rows(after_tick, current)
-        # guided, with greedy holding the best-known setting: no choice reads the
-        # observation's values, only whether its stack is full (3 % of an hour)
-        build = not (self.cfg.guided and not self._q_greedy)
+        # guided, where the network reads only fresh observations (q_scope new_contexts)
+        # or nothing: no choice reads this observation's values, only whether its stack
+        # is full (3 % of an hour). Decided from the config, not from _q_greedy, which a
+        # context switch later in this tick may turn on ("first_visits")
+        build = not (self.cfg.guided and (not self.cfg.use_q_network
+                                          or self.cfg.q_scope == "new_contexts"))
         latest = self.experience.latest(session, build) if self.dqn is not None else None
         if latest is None and self.cfg.guided and self.dqn is not None:
             latest = self._newest_tick(session)      # the guide's probes need no stack

@@ -227,3 +227,14 @@ def test_first_visit_is_a_later_workloads_first_visit_only():
     assert ctx.first_visit                              # the second, first seen now
     ctx.memory[1].visits = 2
     assert not ctx.first_visit                          # ... come back: the memory's
+
+
+def test_q_scope_first_visits_with_the_lead_plays_where_the_network_reads_the_stack():
+    # "first_visits" turns the network on at a context switch within a tick; with the
+    # lead it read an observation the engine had skipped building (a crash within 700
+    # ticks before the fix): it plays, and its network moves show against the ablation
+    game, limit = "recurring-workloads.toml", 700
+    first = _trace(game, limit, ["engine.q_scope=first_visits", "engine.context_lead=true"])
+    no_q = _trace(game, limit, ["engine.use_q_network=false", "engine.context_lead=true"])
+    assert len(first["window"]) == len(no_q["window"]) >= limit - 1
+    assert first["window"] != no_q["window"]

@@ -98,8 +98,9 @@ class WriteProcess:
     inserts and commits them in the same order, so the DB is the same. Unlike a thread
     (``WriteBehind``, removed: 50.7-56.7 s against 42-43 s for 1,000 nodes idle) it
     shares no GIL with the engine: on a second core nothing of the writes is left on the
-    engine's process but the pipe's send (~0.05 ms a tick at 1,000 nodes). The pipe's buffer bounds how far the writer may lag. A call's error comes
-    back at the next :meth:`submit` or at :meth:`close` (the calls after it are skipped).
+    engine's process but the pipe's send (~0.05 ms a tick at 1,000 nodes). The pipe's
+    buffer bounds how far the writer may lag. A call's error comes back at the next
+    :meth:`submit` or at :meth:`close` (the calls after it are skipped).
     ``busy_s``, ``cpu_s``: the writer's time in the calls and its process's CPU time."""
 
     def __init__(self, path, session: SessionInfo):
