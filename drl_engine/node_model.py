@@ -51,7 +51,8 @@ from torch.nn import functional as F
 
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.qnet import TargetNetworkLearner
+from drl_engine import node_backward
+from drl_engine.qnet import TargetNetworkLearner, _clip_grad_norm
 
 
 class _NumpyTanhFn(torch.autograd.Function):
@@ -130,6 +131,7 @@ class NodeQNetwork(nn.Module):
         cfg = cfg or NodeModelConfig()
         self.in_dim, self.n_actions, self.pool = in_dim, n_actions, cfg.pool
         self.dueling, self.summary_once = cfg.dueling, cfg.summary_once
+        self.numpy_tanh = cfg.numpy_tanh
         tanh = NumpyTanh if cfg.numpy_tanh else nn.Tanh
         self.encoder = _mlp(in_dim, cfg.hidden, cfg.embed, cfg.encoder_layers, True, tanh)
         self.mean_field = cfg.mean_field
@@ -191,6 +193,9 @@ class NodeDQN(TargetNetworkLearner):
         self.in_dim, self.n_actions = in_dim, n_actions
         self._build_networks(lambda: NodeQNetwork(in_dim, n_actions, self.mcfg), seed)
         self.huber = dqn.loss == "huber"
+        # the gradient by hand (drl_engine/node_backward.py, bit-identical to autograd's)
+        # where it covers the step; False: always autograd (the tests compare the two)
+        self.by_hand = True
 
     @property
     def weights(self) -> int:
@@ -218,24 +223,26 @@ class NodeDQN(TargetNetworkLearner):
         that count (node present at t and t+n, action known); returns (B,) or (B, M)
         n-step returns; discounts (B,) γⁿ; abar/next_abar (B, M, A) the other nodes'
         action distributions at t and t+n (mean field). Returns the loss (0-d)."""
-        return self.descend(self.loss(obs, mask, actions, returns, discounts, next_obs,
-                                      next_mask, valid, abar, next_abar))
+        if not (self.by_hand and node_backward.supported(self.q, obs, mask)):
+            return self.descend(self.loss(obs, mask, actions, returns, discounts, next_obs,
+                                          next_mask, valid, abar, next_abar))
+        y = self._td_target(returns, discounts, next_obs, next_mask, next_abar)
+        loss, grads = node_backward.loss_and_grads(self.q, obs, actions, y, valid, abar,
+                                                   self.huber)
+        for p, g in zip(self._q_params, grads):
+            p.grad = g
+        with torch.no_grad():                   # descend's update, after its backward
+            if self.cfg.grad_clip:
+                _clip_grad_norm(self._q_params, self.cfg.grad_clip)
+            self.optimizer.update()
+            self._soft_update()
+        return loss
 
     def loss(self, obs, mask, actions, returns, discounts, next_obs, next_mask, valid,
              abar=None, next_abar=None) -> torch.Tensor:
         """:meth:`train_step`'s loss: the TD errors of the valid transitions, Huber or
         squared, their mean."""
-        with torch.no_grad():
-            next_q_t = self.target.forward(next_obs, next_mask, next_abar)
-            if self.cfg.double_dqn:
-                best = self.q.forward(next_obs, next_mask, next_abar).argmax(dim=-1,
-                                                                             keepdim=True)
-            else:
-                best = next_q_t.argmax(dim=-1, keepdim=True)
-            next_v = next_q_t.gather(-1, best).squeeze(-1)              # (B, M)
-            if returns.dim() == 1:
-                returns = returns.unsqueeze(1)
-            y = returns + discounts.unsqueeze(1) * next_v
+        y = self._td_target(returns, discounts, next_obs, next_mask, next_abar)
         q = self.q.forward(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         err = q - y
         if self.huber:
@@ -245,6 +252,21 @@ class NodeDQN(TargetNetworkLearner):
             per = err * err
         w = valid.to(per.dtype)
         return (per * w).sum() / w.sum().clamp_min(1.0)
+
+    @torch.no_grad()
+    def _td_target(self, returns, discounts, next_obs, next_mask, next_abar) -> torch.Tensor:
+        """y = R + γⁿ · Q⁻(s', a*) per node (B, M), a* by the online network (Double DQN)
+        or the target's."""
+        next_q_t = self.target.forward(next_obs, next_mask, next_abar)
+        if self.cfg.double_dqn:
+            best = self.q.forward(next_obs, next_mask, next_abar).argmax(dim=-1,
+                                                                         keepdim=True)
+        else:
+            best = next_q_t.argmax(dim=-1, keepdim=True)
+        next_v = next_q_t.gather(-1, best).squeeze(-1)              # (B, M)
+        if returns.dim() == 1:
+            returns = returns.unsqueeze(1)
+        return returns + discounts.unsqueeze(1) * next_v
 
     def state_dict(self) -> dict:
         return {**self._networks_state(), "model": dataclasses.asdict(self.mcfg),
