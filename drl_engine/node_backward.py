@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.nn import functional as F
 
 
 def supported(net, x: torch.Tensor, mask) -> bool:
     """Whether :func:`loss_and_grads` computes this step (else: autograd)."""
     return (mask is None and x.device.type == "cpu" and x.dtype == torch.float32
-            and net.pool == "mean_std" and net.summary_once and net.numpy_tanh)
+            and x.is_contiguous() and net.pool == "mean_std" and net.summary_once
+            and net.numpy_tanh)
 
 
 def _tanh(h: torch.Tensor) -> torch.Tensor:
@@ -34,16 +34,52 @@ def _tanh_grad(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return g * (1 - y * y)                  # _NumpyTanhFn.backward
 
 
-def _linear(lin, u: torch.Tensor) -> torch.Tensor:
-    """``lin`` on (B, M, K) as F.linear runs it there: addmm on the rows, (B·M, O)."""
-    return torch.addmm(lin.bias, u.view(-1, u.shape[-1]), lin.weight.t())
-
-
 def _linear_grads(lin, u2d: torch.Tensor, g: torch.Tensor, need_input: bool):
-    """AddmmBackward0 of :func:`_linear` for rows ``u2d`` and output gradient ``g`` (B·M,
+    """AddmmBackward0 of ``addmm(lin.bias, u2d, lin.weight.t())`` for rows ``u2d`` and output gradient ``g`` (B·M,
     O): (input grad or None, weight grad, bias grad)."""
     gu = g.mm(lin.weight) if need_input else None
     return gu, g.t().mm(u2d), g.sum(0)
+
+
+def _forward(net, x: torch.Tensor, abar):
+    """``net.forward(x, None, abar)``'s ops on (B, M, D) ``x``, without a graph, tanh out
+    of place as in ``_NumpyTanhFn``. Returns Q (B, M, A) and what the backward reads."""
+    B, M = x.shape[0], x.shape[1]
+    rows, tanhs = [], []
+    u = x.view(B * M, x.shape[-1])
+    for lin in net.encoder_linears:             # F.linear on (B, M, K): addmm on the rows
+        rows.append(u)
+        u = _tanh(torch.addmm(lin.bias, u, lin.weight.t()))
+        tanhs.append(u)
+    e = u.view(B, M, -1)
+    E = e.shape[-1]
+    mean = e.mean(dim=1)                        # pool_nodes, mean ⊕ std
+    d = e - mean.unsqueeze(1)
+    var = d.pow(2).mean(dim=1)
+    std = (var + 1e-6).sqrt()
+    c = torch.cat([mean, std], dim=-1)                              # (B, 2E)
+    first = net.head[0]                         # NodeQNetwork._first_head_layer
+    w = first.weight
+    w_c = w[:, E:3 * E]
+    per_tick = torch.addmm(first.bias, c, w_c.t())                   # (B, H)
+    if net.mean_field:
+        own_in = torch.cat([e, abar], dim=-1)
+        w_own = torch.cat([w[:, :E], w[:, 3 * E:]], dim=1)
+    else:
+        own_in, w_own = e, w[:, :E]
+    own2d = own_in.view(B * M, -1)
+    h = torch.mm(own2d, w_own.t()).view(B, M, -1) + per_tick.unsqueeze(1)
+    head_rows = []                              # each later head layer's input (tanh)
+    for lin in net.head_linears:
+        u = _tanh(h.view(B * M, -1))
+        head_rows.append(u)
+        h = torch.addmm(lin.bias, u, lin.weight.t()).view(B, M, -1)
+    if net.dueling:
+        v, a = h[..., :1], h[..., 1:]
+        q = v + a - a.mean(dim=-1, keepdim=True)
+    else:
+        q = h
+    return q, (rows, tanhs, e, d, std, c, w_c, own_in, own2d, w_own, head_rows)
 
 
 def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
@@ -51,47 +87,11 @@ def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
     of ``net`` in ``net.parameters()`` order. x (B, M, D); actions (B, M) int64; y (B, M)
     the TD targets; valid (B, M); abar (B, M, A) or None."""
     B, M = x.shape[0], x.shape[1]
+    enc, rest = net.encoder_linears, net.head_linears
     with torch.no_grad():
-        # -- forward, keeping each layer's input rows and each tanh's output ------------
-        enc = [m for m in net.encoder if isinstance(m, torch.nn.Linear)]
-        rows, tanhs = [], []
-        u = x
-        for lin in enc:
-            u2d = u.reshape(-1, u.shape[-1])
-            rows.append(u2d)
-            u = _tanh(_linear(lin, u)).view(B, M, -1)
-            tanhs.append(u)
-        e = u
+        q, kept = _forward(net, x, abar)
+        rows, tanhs, e, d, std, c, w_c, own_in, own2d, w_own, head_rows = kept
         E = e.shape[-1]
-        mean = e.mean(dim=1)
-        d = e - mean.unsqueeze(1)
-        var = d.pow(2).mean(dim=1)
-        std = (var + 1e-6).sqrt()
-        c = torch.cat([mean, std], dim=-1)                          # (B, 2E)
-        first = net.head[0]
-        w = first.weight
-        w_c = w[:, E:3 * E]
-        per_tick = torch.addmm(first.bias, c, w_c.t())               # (B, H)
-        if net.mean_field:
-            own_in = torch.cat([e, abar], dim=-1)
-            w_own = torch.cat([w[:, :E], w[:, 3 * E:]], dim=1)
-        else:
-            own_in, w_own = e, w[:, :E]
-        own = F.linear(own_in, w_own)                                 # (B, M, H)
-        h = own + per_tick.unsqueeze(1)
-        rest = [m for m in net._head_rest if isinstance(m, torch.nn.Linear)]
-        head_rows, head_tanhs = [], []
-        for lin in rest:
-            u = _tanh(h.view(-1, h.shape[-1])).view(h.shape)
-            head_tanhs.append(u)
-            head_rows.append(u.view(-1, u.shape[-1]))
-            h = _linear(lin, u).view(B, M, -1)
-        out = h
-        if net.dueling:
-            v, a = out[..., :1], out[..., 1:]
-            q = v + a - a.mean(dim=-1, keepdim=True)
-        else:
-            q = out
         n_act = q.shape[-1]
         idx = actions.unsqueeze(-1)
         err = q.gather(-1, idx).squeeze(-1) - y
@@ -125,15 +125,14 @@ def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
             g_out = g_q
         head_grads = []
         g = g_out.reshape(B * M, -1)
-        for lin, u2d, yt in zip(reversed(rest), reversed(head_rows), reversed(head_tanhs)):
+        for lin, u2d in zip(reversed(rest), reversed(head_rows)):
             gu, gw, gb = _linear_grads(lin, u2d, g, True)
             head_grads.append((gw, gb))
-            g = _tanh_grad(gu, yt.view(-1, yt.shape[-1]))
+            g = _tanh_grad(gu, u2d)             # the layer's input is the tanh's output
         head_grads.reverse()
         g_h = g.view(B, M, -1)                                        # (B, M, H)
         g_pt = g_h.sum(1, keepdim=True).squeeze(1)                    # (B, H)
         g2d = g_h.reshape(B * M, -1)
-        own2d = own_in.reshape(B * M, -1)
         # mm's weight gradient as autograd takes it: a contiguous weight (the mean
         # field's concatenation) is column-major transposed, a slice of w is not
         g_own_w = g2d.t().mm(own2d) if net.mean_field else own2d.t().mm(g2d).t()
@@ -150,7 +149,7 @@ def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
         enc_grads = []
         g = g_e.reshape(B * M, E)
         for i in range(len(enc) - 1, -1, -1):
-            g = _tanh_grad(g, tanhs[i].view(B * M, -1))
+            g = _tanh_grad(g, tanhs[i])
             gu, gw, gb = _linear_grads(enc[i], rows[i], g, i > 0)
             enc_grads.append((gw, gb))
             g = gu

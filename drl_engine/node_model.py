@@ -139,6 +139,10 @@ class NodeQNetwork(nn.Module):
         self.head = _mlp(3 * cfg.embed + extra, cfg.hidden,
                          n_actions + (1 if cfg.dueling else 0), cfg.head_layers, False, tanh)
         self._head_rest = list(self.head)[1:]     # after the first layer (summary_once)
+        # what drl_engine/node_backward.py reads (its forward and gradient by hand)
+        self.encoder_linears = [m for m in self.encoder if isinstance(m, nn.Linear)]
+        self.head_linears = [m for m in self._head_rest if isinstance(m, nn.Linear)]
+        self.by_hand = True           # False: NodeDQN's gradient always by autograd
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 abar: torch.Tensor | None = None) -> torch.Tensor:
@@ -193,9 +197,6 @@ class NodeDQN(TargetNetworkLearner):
         self.in_dim, self.n_actions = in_dim, n_actions
         self._build_networks(lambda: NodeQNetwork(in_dim, n_actions, self.mcfg), seed)
         self.huber = dqn.loss == "huber"
-        # the gradient by hand (drl_engine/node_backward.py, bit-identical to autograd's)
-        # where it covers the step; False: always autograd (the tests compare the two)
-        self.by_hand = True
 
     @property
     def weights(self) -> int:
@@ -223,7 +224,9 @@ class NodeDQN(TargetNetworkLearner):
         that count (node present at t and t+n, action known); returns (B,) or (B, M)
         n-step returns; discounts (B,) γⁿ; abar/next_abar (B, M, A) the other nodes'
         action distributions at t and t+n (mean field). Returns the loss (0-d)."""
-        if not (self.by_hand and node_backward.supported(self.q, obs, mask)):
+        # the gradient by hand (drl_engine/node_backward.py, bit-identical to autograd's)
+        # where it covers the step; ``q.by_hand`` False: autograd (the tests compare)
+        if not (self.q.by_hand and node_backward.supported(self.q, obs, mask)):
             return self.descend(self.loss(obs, mask, actions, returns, discounts, next_obs,
                                           next_mask, valid, abar, next_abar))
         y = self._td_target(returns, discounts, next_obs, next_mask, next_abar)
