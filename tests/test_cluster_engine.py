@@ -17,7 +17,7 @@ from capes.experiments.cluster_test import (aggregate, format_table, is_cluster_
 from drl_engine.engine import Engine
 from drl_engine.node_replay import NodeReplay, RowData, pick_subsets
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
-from drl_engine.node_model import NodeModelConfig, NodeQNetwork, pool_nodes
+from drl_engine.node_model import NodeDQN, NodeModelConfig, NodeQNetwork, pool_nodes
 from storagegamesim.cluster import PI_NAMES, ClusterConfig
 
 SHORT = ["cluster.nodes=8", "cluster.time_limit_ticks=240",
@@ -94,6 +94,36 @@ def test_the_fast_arithmetic_computes_the_same_network(mean_field):
         net(x, mask, abar).square().sum().backward()
     for a, b in zip(fast.parameters(), slow.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{}, {"mean_field": False}, {"dueling": False},
+                                {"head_layers": 3, "encoder_layers": 3}, {"loss": "mse"}])
+def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
+    """NodeDQN's gradient written out (drl_engine/node_backward.py) gives the same bits
+    as autograd: the same loss, gradients and, after five steps, weights and target."""
+    loss = kw.pop("loss", "huber")
+    model = dataclasses.replace(FAST_MODEL, **kw)
+    states = []
+    for by_hand in (True, False):
+        dqn = NodeDQN(12, 5, default_dqn(loss=loss), model, seed=0)
+        dqn.q.by_hand = by_hand
+        rng = np.random.default_rng(3)
+        losses = []
+        for _ in range(5):
+            B, M = 8, 6
+            x, nx = (rng.normal(0, 1, (B, M, 12)).astype(np.float32) for _ in range(2))
+            abar, nabar = (rng.dirichlet(np.ones(5), (B, M)).astype(np.float32)
+                           if model.mean_field else None for _ in range(2))
+            losses.append(dqn.learn(x, None, rng.integers(0, 5, (B, M)),
+                                    rng.normal(0, 3, B).astype(np.float32),
+                                    np.full(B, 0.95, np.float32), nx, None,
+                                    rng.random((B, M)) > 0.2, abar, nabar))
+        states.append((losses, [p.grad for p in dqn.q.parameters()],
+                       list(dqn.q.parameters()) + list(dqn.target.parameters())))
+    (l1, g1, w1), (l2, g2, w2) = states
+    assert all(torch.equal(a, b) for a, b in zip(l1, l2))
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2)) and len(g1) == len(g2) > 0
+    assert all(torch.equal(a, b) for a, b in zip(w1, w2))
 
 
 def test_mean_std_pool_of_a_subset_estimates_the_whole():
