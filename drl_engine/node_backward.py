@@ -1,16 +1,16 @@
 """The per-node network's training gradient written out by hand, without autograd.
 
 Why: a training step of :class:`~drl_engine.node_model.NodeDQN` (32 ticks × 16 nodes) is
-small, and at 1,000 nodes most of its time went to per-op overhead, not arithmetic: ~17 %
-in ``sgemm``, the rest dispatching ~390 ops and recording, then walking, autograd's graph.
+small, and recording autograd's graph of ~390 ops, then walking it, cost 15–18 % of the
+step at 1,000 nodes (``learn`` 0.82–0.85× CPU without it; docs/results.md, speed-11).
 :func:`loss_and_grads` runs the forward once without a graph, keeping what the backward
 reads, then the backward as the same torch ops that autograd's derivative formulas run
 (``addmm``/``mm`` with the same operand layouts, the reductions over the same dimensions,
 the gradient contributions summed in autograd's order), so the gradients, and the weights
 after the update, are bit-identical to autograd's (``tests/test_cluster_engine.py``
 checks it). It covers the model as the ``default`` preset builds it (numpy tanh, the
-summary applied once, mean ⊕ std pooling, every node of the minibatch present at t);
-:func:`supported` says when, and the learner falls back to autograd otherwise.
+summary applied once, mean ⊕ std pooling, every node of the minibatch present at t) on
+the CPU; :func:`supported` says when, and the learner falls back to autograd otherwise.
 """
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ def _tanh_grad(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_grads(lin, u2d: torch.Tensor, g: torch.Tensor, need_input: bool):
-    """AddmmBackward0 of ``addmm(lin.bias, u2d, lin.weight.t())`` for rows ``u2d`` and output gradient ``g`` (B·M,
-    O): (input grad or None, weight grad, bias grad)."""
+    """AddmmBackward0 of ``addmm(lin.bias, u2d, lin.weight.t())`` (F.linear on rows
+    ``u2d``) for the output gradient ``g`` (B·M, O): (input grad or None, weight grad,
+    bias grad)."""
     gu = g.mm(lin.weight) if need_input else None
     return gu, g.t().mm(u2d), g.sum(0)
 

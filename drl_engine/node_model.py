@@ -49,9 +49,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from drl_engine import node_backward
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine import node_backward
 from drl_engine.qnet import TargetNetworkLearner, _clip_grad_norm
 
 
