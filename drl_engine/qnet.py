@@ -31,14 +31,29 @@ class QNetwork(nn.Module):
             d = width
         layers.append(nn.Linear(d, n_actions))
         self.net = nn.Sequential(*layers)
+        self.affine = [m for m in layers if isinstance(m, nn.Linear)]   # tanh between
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        # each layer's own forward, not ``self.net(obs)``: nn.Module.__call__'s hook
-        # handling costs more than these small layers' arithmetic (the same ops)
-        x = obs
-        for layer in self.net:
-            x = layer.forward(x)
-        return x
+        return self.forward_inputs(obs)[0]
+
+    def forward_inputs(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The Q-values and each linear layer's input (a backward by hand needs them).
+        A batch (2-D) runs ``torch.addmm`` and ``torch.tanh`` directly, the kernels that
+        ``nn.Linear`` (``F.linear`` of a matrix is ``addmm(bias, x, weight.t())``) and
+        ``nn.Tanh`` run, without their modules' Python calls, which cost more than these
+        small layers' arithmetic; any other shape runs each layer's own forward."""
+        if obs.dim() != 2:
+            x = obs
+            for layer in self.net:
+                x = layer.forward(x)
+            return x, []
+        inputs, x, last = [], obs, len(self.affine) - 1
+        for i, m in enumerate(self.affine):
+            inputs.append(x)
+            x = torch.addmm(m.bias, x, m.weight.t())
+            if i < last:
+                x = torch.tanh(x)
+        return x, inputs
 
 
 class TargetNetworkLearner:
@@ -98,11 +113,16 @@ class TargetNetworkLearner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():          # one context for the three updates, not one each
-            if self.cfg.grad_clip:
-                _clip_grad_norm(self._q_params, self.cfg.grad_clip)
-            self.optimizer.update()
-            self._soft_update()
+            self._update()
         return loss.detach()
+
+    def _update(self) -> None:
+        """From the online network's gradients: clip, the optimiser step, the soft
+        target update (the caller holds ``no_grad``)."""
+        if self.cfg.grad_clip:
+            _clip_grad_norm(self._q_params, self.cfg.grad_clip)
+        self.optimizer.update()
+        self._soft_update()
 
     def _soft_update(self) -> None:
         torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
@@ -295,6 +315,8 @@ class DQNLearner(TargetNetworkLearner):
                                               cfg.hidden_width), seed)
         # the functional losses, not their nn.Module wrappers (same arithmetic)
         self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
+        # on CPU the step's gradients by hand (:meth:`_cpu_step`), not by autograd
+        self._by_hand = self.device.type == "cpu"
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -323,11 +345,49 @@ class DQNLearner(TargetNetworkLearner):
         ``demo``: demonstrated actions (−1: none), DQfD's margin loss added
         (``cfg.demo_margin``, drl_engine/demonstrations.py)."""
         y = self.td_target(rewards, discounts, next_obs)
+        if self._by_hand and (demo is None or not bool((demo >= 0).any())):
+            return self._cpu_step(obs, actions, y)
         q_all = self.q.forward(obs)
         loss = self.loss_fn(q_all.gather(1, actions.unsqueeze(1)).squeeze(1), y)
         if demo is not None:
             loss = loss + margin_loss(q_all, demo, self.cfg.demo_margin)
         return self.descend(loss)
+
+    @torch.no_grad()
+    def _cpu_step(self, obs: torch.Tensor, actions: torch.Tensor,
+                  y: torch.Tensor) -> torch.Tensor:
+        """:meth:`train_step` without a demonstration, its gradients computed by hand.
+
+        Why: at this network's size a step's time is autograd's (building the graph,
+        the engine's bookkeeping), not arithmetic (~30 % of a converge run's CPU). These
+        are the kernels autograd's backward formulas call, with the same arguments
+        (addmm: ``grad.t().mm(input)`` for the weight, ``grad.sum(0)`` for the bias,
+        ``grad.mm(weight)`` for the input; tanh_backward; gather: scatter_add_ into
+        zeros; the loss's own backward kernel at a gradient of one), so the gradients,
+        and every step after them, are bit-identical to ``loss.backward()``'s
+        (tests/test_qnet_step.py checks it)."""
+        layers = self.q.affine
+        x, inputs = self.q.forward_inputs(obs)
+        index = actions.unsqueeze(1)
+        pred = x.gather(1, index).squeeze(1)
+        loss = self.loss_fn(pred, y)
+        one = torch.ones_like(loss)
+        pred_b, y_b = torch.broadcast_tensors(pred, y)
+        if self.loss_fn is F.smooth_l1_loss:
+            g = torch.ops.aten.smooth_l1_loss_backward(one, pred_b, y_b, 1, 1.0)
+        else:
+            g = torch.ops.aten.mse_loss_backward(one, pred_b, y_b, 1)
+        g = x.new_zeros(x.shape).scatter_add_(1, index, g.to(x.dtype).unsqueeze(1))
+        grads = [None] * (2 * len(layers))
+        for i in range(len(layers) - 1, -1, -1):
+            grads[2 * i] = g.t().mm(inputs[i])
+            grads[2 * i + 1] = g.sum([0], keepdim=True).view(-1)
+            if i:
+                g = torch.ops.aten.tanh_backward(g.mm(layers[i].weight), inputs[i])
+        for p, grad in zip(self._q_params, grads):
+            p.grad = grad
+        self._update()
+        return loss
 
     def state_dict(self) -> dict:
         return {**self._networks_state(), "cfg": dataclasses.asdict(self.cfg),
