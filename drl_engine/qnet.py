@@ -19,6 +19,8 @@ from torch.nn import functional as F
 from drl_engine.config import DQNConfig
 from drl_engine.demonstrations import margin_loss
 
+_TANH_BACKWARD = torch.ops.aten.tanh_backward.default
+
 
 class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, hidden_layers: int = 2,
@@ -122,6 +124,14 @@ class TargetNetworkLearner:
         if self.cfg.grad_clip:
             _clip_grad_norm(self._q_params, self.cfg.grad_clip)
         self.optimizer.update()
+        self._soft_update()
+
+    def _update_with(self, grads: list[torch.Tensor]) -> None:
+        """:meth:`_update` given every parameter's gradient in order (the same ops,
+        without looking for the parameters that have one)."""
+        if self.cfg.grad_clip:
+            _clip_grads(grads, self.cfg.grad_clip)
+        self.optimizer.update_with(grads)
         self._soft_update()
 
     def _soft_update(self) -> None:
@@ -234,8 +244,11 @@ class _GraphedShape:
 
 def _clip_grad_norm(params, max_norm: float) -> None:
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
+    if grads:
+        _clip_grads(grads, max_norm)
+
+
+def _clip_grads(grads: list[torch.Tensor], max_norm: float) -> None:
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
     torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
@@ -276,7 +289,13 @@ class RMSprop:
         if not have:
             return
         params, avgs = [p for p, _ in have], [v for _, v in have]
-        grads = [p.grad for p in params]
+        self._step(params, avgs, [p.grad for p in params])
+
+    def update_with(self, grads: list[torch.Tensor]) -> None:
+        """:meth:`update` with every parameter's gradient given, in order."""
+        self._step(self.params, self.square_avg, grads)
+
+    def _step(self, params, avgs, grads) -> None:
         torch._foreach_mul_(avgs, self.alpha)
         torch._foreach_addcmul_(avgs, grads, grads, value=1.0 - self.alpha)
         denom = torch._foreach_sqrt(avgs)
@@ -315,6 +334,12 @@ class DQNLearner(TargetNetworkLearner):
                                               cfg.hidden_width), seed)
         # the functional losses, not their nn.Module wrappers (same arithmetic)
         self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
+        # ... and for :meth:`_cpu_step` the kernels they call (a mean: reduction 1),
+        # forward and backward, each with its extra arguments (Huber: beta = 1)
+        self._loss_kernels = (
+            (torch._C._nn.smooth_l1_loss, torch.ops.aten.smooth_l1_loss_backward.default,
+             (1, 1.0)) if cfg.loss == "huber" else
+            (torch._C._nn.mse_loss, torch.ops.aten.mse_loss_backward.default, (1,)))
         # on CPU the step's gradients by hand (:meth:`_cpu_step`), not by autograd
         self._by_hand = self.device.type == "cpu"
 
@@ -345,7 +370,8 @@ class DQNLearner(TargetNetworkLearner):
         ``demo``: demonstrated actions (−1: none), DQfD's margin loss added
         (``cfg.demo_margin``, drl_engine/demonstrations.py)."""
         y = self.td_target(rewards, discounts, next_obs)
-        if self._by_hand and (demo is None or not bool((demo >= 0).any())):
+        if self._by_hand and y.shape == actions.shape and \
+                (demo is None or not bool((demo >= 0).any())):
             return self._cpu_step(obs, actions, y)
         q_all = self.q.forward(obs)
         loss = self.loss_fn(q_all.gather(1, actions.unsqueeze(1)).squeeze(1), y)
@@ -370,23 +396,19 @@ class DQNLearner(TargetNetworkLearner):
         x, inputs = self.q.forward_inputs(obs)
         index = actions.unsqueeze(1)
         pred = x.gather(1, index).squeeze(1)
-        loss = self.loss_fn(pred, y)
-        one = torch.ones_like(loss)
-        pred_b, y_b = torch.broadcast_tensors(pred, y)
-        if self.loss_fn is F.smooth_l1_loss:
-            g = torch.ops.aten.smooth_l1_loss_backward(one, pred_b, y_b, 1, 1.0)
-        else:
-            g = torch.ops.aten.mse_loss_backward(one, pred_b, y_b, 1)
+        forward, backward, extra = self._loss_kernels
+        loss = forward(pred, y, *extra)
+        g = backward(torch.ones_like(loss), pred, y, *extra)
         g = x.new_zeros(x.shape).scatter_add_(1, index, g.to(x.dtype).unsqueeze(1))
         grads = [None] * (2 * len(layers))
         for i in range(len(layers) - 1, -1, -1):
             grads[2 * i] = g.t().mm(inputs[i])
             grads[2 * i + 1] = g.sum([0], keepdim=True).view(-1)
             if i:
-                g = torch.ops.aten.tanh_backward(g.mm(layers[i].weight), inputs[i])
+                g = _TANH_BACKWARD(g.mm(layers[i].weight), inputs[i])
         for p, grad in zip(self._q_params, grads):
-            p.grad = grad
-        self._update()
+            p.grad = grad                # where loss.backward() leaves them
+        self._update_with(grads)
         return loss
 
     def state_dict(self) -> dict:
