@@ -50,6 +50,8 @@ class DQNConfig:
     grad_clip: float = 0.0             # max gradient norm; 0: no clipping
     action_steps: int = 1              # probe walks move up to this many steps per tick
                                        # (the Q-network keeps one-step actions)
+    numpy_tanh: bool = False           # on CPU, numpy's tanh where no gradient is recorded
+                                       # (within one ulp of torch's, ~5x faster; drl_engine/qnet.py)
     cuda_graph: bool = True            # on a CUDA device, replay the training step as a
                                        # CUDA graph (drl_engine/qnet.py; no effect on CPU)
     max_inputs: int = 20_000           # refuse a wider observation (a PI-name flood, a
@@ -212,7 +214,7 @@ PRESETS: dict[str, dict] = {
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
                 "probe_model": True, "learn_lags": True, "lag_fit_ticks": 10,
                 "action_steps": 2,
-                "use_context": True, "train_every": 3,
+                "use_context": True, "train_every": 3, "numpy_tanh": True,
                 # issue 25 round 5 (docs/recall.md): the network, taught by each
                 # workload's best-known setting, acts only on an unseen workload's walk
                 "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,

@@ -24,8 +24,9 @@ _TANH_BACKWARD = torch.ops.aten.tanh_backward.default
 
 class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, hidden_layers: int = 2,
-                 hidden_width: int = 0):
+                 hidden_width: int = 0, numpy_tanh: bool = False):
         super().__init__()
+        self.numpy_tanh = numpy_tanh
         width = hidden_width or obs_dim
         layers, d = [], obs_dim
         for _ in range(hidden_layers):
@@ -43,18 +44,26 @@ class QNetwork(nn.Module):
         A batch (2-D) runs ``torch.addmm`` and ``torch.tanh`` directly, the kernels that
         ``nn.Linear`` (``F.linear`` of a matrix is ``addmm(bias, x, weight.t())``) and
         ``nn.Tanh`` run, without their modules' Python calls, which cost more than these
-        small layers' arithmetic; any other shape runs each layer's own forward."""
+        small layers' arithmetic; any other shape runs each layer's own forward.
+        ``numpy_tanh`` (``engine.numpy_tanh``): where no gradient is recorded, on a CPU
+        float32 batch, numpy's tanh in place of torch's (~5x faster here, within one ulp)."""
         if obs.dim() != 2:
             x = obs
             for layer in self.net:
                 x = layer.forward(x)
             return x, []
         inputs, x, last = [], obs, len(self.affine) - 1
+        numpy_tanh = self.numpy_tanh and obs.device.type == "cpu" and \
+            obs.dtype == torch.float32
         for i, m in enumerate(self.affine):
             inputs.append(x)
             x = torch.addmm(m.bias, x, m.weight.t())
             if i < last:
-                x = torch.tanh(x)
+                if numpy_tanh and not x.requires_grad:
+                    a = x.numpy()          # the fresh layer output, overwritten
+                    np.tanh(a, out=a)
+                else:
+                    x = torch.tanh(x)
         return x, inputs
 
 
@@ -331,7 +340,7 @@ class DQNLearner(TargetNetworkLearner):
         self.device = torch.device(device)
         self.obs_dim, self.n_actions = obs_dim, n_actions
         self._build_networks(lambda: QNetwork(obs_dim, n_actions, cfg.hidden_layers,
-                                              cfg.hidden_width), seed)
+                                              cfg.hidden_width, cfg.numpy_tanh), seed)
         # the functional losses, not their nn.Module wrappers (same arithmetic)
         self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
         # ... and for :meth:`_cpu_step` the kernels they call (a mean: reduction 1),

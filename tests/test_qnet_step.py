@@ -25,9 +25,10 @@ def batches(dim, n_actions, batch, steps, demo, seed=0):
         yield arrays
 
 
-def train(preset, by_hand, dim, n_actions, batch, steps, demo, layers=2, width=0):
+def train(preset, by_hand, dim, n_actions, batch, steps, demo, layers=2, width=0,
+          numpy_tanh=False):
     cfg = DQNConfig(**{**PRESETS[preset], "preset": preset, "hidden_layers": layers,
-                       "hidden_width": width})
+                       "hidden_width": width, "numpy_tanh": numpy_tanh})
     learner = DQNLearner(dim, n_actions, cfg, seed=3)
     learner._by_hand = by_hand
     calls = []
@@ -58,3 +59,17 @@ def test_step_by_hand_is_bit_identical(preset, dim, n_actions, batch, demo, laye
     for a, h in zip(state_a, state_h):
         assert a.dtype == h.dtype and torch.equal(a, h)
         assert torch.equal(torch.signbit(a), torch.signbit(h))
+
+
+def test_numpy_tanh_changes_only_the_rounding():
+    # engine.numpy_tanh (on in the default preset): numpy's tanh where no gradient is
+    # recorded; the Q-values and 60 training steps stay within float32 rounding
+    torch.set_num_threads(1)
+    args = (57, 9, 96, 60, "none")
+    losses_t, state_t, _ = train("default", True, *args)
+    losses_n, state_n, calls = train("default", True, *args, numpy_tanh=True)
+    assert calls == 60
+    assert losses_n == pytest.approx(losses_t, rel=1e-4)
+    for t, n in zip(state_t, state_n):
+        torch.testing.assert_close(n, t, rtol=1e-4, atol=1e-6)
+    assert any(not torch.equal(t, n) for t, n in zip(state_t, state_n))   # it ran
