@@ -393,8 +393,9 @@ class DQNLearner(TargetNetworkLearner):
                   y: torch.Tensor) -> torch.Tensor:
         """:meth:`train_step` without a demonstration, its gradients computed by hand.
 
-        Why: at this network's size a step's time is autograd's (building the graph,
-        the engine's bookkeeping), not arithmetic (~30 % of a converge run's CPU). These
+        Why: at this network's size autograd's own work (recording the graph, its
+        engine's bookkeeping) is a fifth of a step: by hand one takes 0.75-0.84x as long
+        (default preset, 96 x 72 inputs, under load; docs/results.md, speed-10). These
         are the kernels autograd's backward formulas call, with the same arguments
         (addmm: ``grad.t().mm(input)`` for the weight, ``grad.sum(0)`` for the bias,
         ``grad.mm(weight)`` for the input; tanh_backward; gather: scatter_add_ into
