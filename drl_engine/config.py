@@ -50,6 +50,8 @@ class DQNConfig:
     grad_clip: float = 0.0             # max gradient norm; 0: no clipping
     action_steps: int = 1              # probe walks move up to this many steps per tick
                                        # (the Q-network keeps one-step actions)
+    numpy_tanh: bool = False           # on CPU, numpy's tanh where no gradient is recorded
+                                       # (within one ulp of torch's, ~5x faster; drl_engine/qnet.py)
     cuda_graph: bool = True            # on a CUDA device, replay the training step as a
                                        # CUDA graph (drl_engine/qnet.py; no effect on CPU)
     max_inputs: int = 20_000           # refuse a wider observation (a PI-name flood, a
@@ -59,6 +61,9 @@ class DQNConfig:
     guided: bool = False
     settle_ticks: int = 3              # credit p_t to the setting in effect this long before
     learn_lags: bool = False           # ... or, per knob, as long as its moves take to show
+    lag_fit_ticks: int = 1             # ... that fit solved once this many ticks have joined
+                                       # its sums (1: every tick; its solve was ~5 % of a
+                                       # simulated hour's CPU, its answer changes rarely)
     kernel_steps: float = 1.5          # smoothing of the per-setting means, in steps
     lcb_kappa: float = 0.5             # best = highest mean − κ standard errors
     best_min_samples: int = 3          # (kernel-weighted) samples before a setting counts
@@ -133,7 +138,8 @@ class DQNConfig:
 
     def validate(self) -> None:
         positive = ("stack", "hidden_layers", "batch_size", "exploration_ticks",
-                    "train_steps_per_tick", "train_every", "learning_rate", "n_step")
+                    "train_steps_per_tick", "train_every", "learning_rate", "n_step",
+                    "lag_fit_ticks")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
@@ -193,7 +199,7 @@ class DQNConfig:
             "batch_size": 1 << 20, "exploration_ticks": 10**12, "workload_ticks": 10**12,
             "train_steps_per_tick": 10_000, "train_every": 10_000, "n_step": 10_000,
             "learning_rate": 10.0,
-            "settle_ticks": 10**6, "return_shift": 10**6, "probe_dwell": 10**6,
+            "settle_ticks": 10**6, "lag_fit_ticks": 10**6, "return_shift": 10**6, "probe_dwell": 10**6,
             "guard_steps": 10**6, "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6,
             "alarm_probes": 10**6, "context_hold_ticks": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
@@ -206,8 +212,9 @@ PRESETS: dict[str, dict] = {
     "paper": {},
     "default": {"double_dqn": True, "loss": "huber", "normalise_inputs": True,
                 "scale_rewards": True, "grad_clip": 10.0, "n_step": 5, "guided": True,
-                "probe_model": True, "learn_lags": True, "action_steps": 2,
-                "use_context": True, "train_every": 3,
+                "probe_model": True, "learn_lags": True, "lag_fit_ticks": 10,
+                "action_steps": 2,
+                "use_context": True, "train_every": 3, "numpy_tanh": True,
                 # issue 25 round 5 (docs/recall.md): the network, taught by each
                 # workload's best-known setting, acts only on an unseen workload's walk
                 "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,

@@ -103,6 +103,7 @@ class Guide:
         width = 1 + len(n_steps) * (cfg.settle_ticks + 1)
         self.lag_xx, self.lag_xy = np.zeros((width, width)), np.zeros(width)
         self.lag_yy, self.lag_n, self._lag_seen = 0.0, 0, 0
+        self._lag_unfit = 0            # ticks added to the sums since the last solve
         self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
         self.await_action = False      # credit nothing before the session's first action
         self.last_p: float | None = None   # the newest objective value (probe_floor)
@@ -251,10 +252,12 @@ class Guide:
             self.lag_xy += x.T @ y
             self.lag_yy += float(y @ y)
             self.lag_n += len(y)
+        self._lag_unfit += n - t0
         self._lag_seen = n
         dof = self.lag_n - width
-        if dof < 5:
-            return
+        if dof < 5 or self._lag_unfit < self.cfg.lag_fit_ticks:
+            return                     # (lag_fit_ticks: the sums grow, the solve waits)
+        self._lag_unfit = 0
         # a ridge (1 per coefficient, none on the constant): along a walk a knob moves
         # every tick and its lags cannot be told apart; those coefficients stay small
         # and uncertain instead of making the fit singular

@@ -19,11 +19,14 @@ from torch.nn import functional as F
 from drl_engine.config import DQNConfig
 from drl_engine.demonstrations import margin_loss
 
+_TANH_BACKWARD = torch.ops.aten.tanh_backward.default
+
 
 class QNetwork(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int, hidden_layers: int = 2,
-                 hidden_width: int = 0):
+                 hidden_width: int = 0, numpy_tanh: bool = False):
         super().__init__()
+        self.numpy_tanh = numpy_tanh
         width = hidden_width or obs_dim
         layers, d = [], obs_dim
         for _ in range(hidden_layers):
@@ -31,14 +34,37 @@ class QNetwork(nn.Module):
             d = width
         layers.append(nn.Linear(d, n_actions))
         self.net = nn.Sequential(*layers)
+        self.affine = [m for m in layers if isinstance(m, nn.Linear)]   # tanh between
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        # each layer's own forward, not ``self.net(obs)``: nn.Module.__call__'s hook
-        # handling costs more than these small layers' arithmetic (the same ops)
-        x = obs
-        for layer in self.net:
-            x = layer.forward(x)
-        return x
+        return self.forward_inputs(obs)[0]
+
+    def forward_inputs(self, obs: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The Q-values and each linear layer's input (a backward by hand needs them).
+        A batch (2-D) runs ``torch.addmm`` and ``torch.tanh`` directly, the kernels that
+        ``nn.Linear`` (``F.linear`` of a matrix is ``addmm(bias, x, weight.t())``) and
+        ``nn.Tanh`` run, without their modules' Python calls, which cost more than these
+        small layers' arithmetic; any other shape runs each layer's own forward.
+        ``numpy_tanh`` (``engine.numpy_tanh``): where no gradient is recorded, on a CPU
+        float32 batch, numpy's tanh in place of torch's (~5x faster here, within one ulp)."""
+        if obs.dim() != 2:
+            x = obs
+            for layer in self.net:
+                x = layer.forward(x)
+            return x, []
+        inputs, x, last = [], obs, len(self.affine) - 1
+        numpy_tanh = self.numpy_tanh and obs.device.type == "cpu" and \
+            obs.dtype == torch.float32
+        for i, m in enumerate(self.affine):
+            inputs.append(x)
+            x = torch.addmm(m.bias, x, m.weight.t())
+            if i < last:
+                if numpy_tanh and not x.requires_grad:
+                    a = x.numpy()          # the fresh layer output, overwritten
+                    np.tanh(a, out=a)
+                else:
+                    x = torch.tanh(x)
+        return x, inputs
 
 
 class TargetNetworkLearner:
@@ -98,11 +124,24 @@ class TargetNetworkLearner:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         with torch.no_grad():          # one context for the three updates, not one each
-            if self.cfg.grad_clip:
-                _clip_grad_norm(self._q_params, self.cfg.grad_clip)
-            self.optimizer.update()
-            self._soft_update()
+            self._update()
         return loss.detach()
+
+    def _update(self) -> None:
+        """From the online network's gradients: clip, the optimiser step, the soft
+        target update (the caller holds ``no_grad``)."""
+        if self.cfg.grad_clip:
+            _clip_grad_norm(self._q_params, self.cfg.grad_clip)
+        self.optimizer.update()
+        self._soft_update()
+
+    def _update_with(self, grads: list[torch.Tensor]) -> None:
+        """:meth:`_update` given every parameter's gradient in order (the same ops,
+        without looking for the parameters that have one)."""
+        if self.cfg.grad_clip:
+            _clip_grads(grads, self.cfg.grad_clip)
+        self.optimizer.update_with(grads)
+        self._soft_update()
 
     def _soft_update(self) -> None:
         torch._foreach_lerp_(self._t_params, self._q_params, self.cfg.target_update_rate)
@@ -214,8 +253,11 @@ class _GraphedShape:
 
 def _clip_grad_norm(params, max_norm: float) -> None:
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return
+    if grads:
+        _clip_grads(grads, max_norm)
+
+
+def _clip_grads(grads: list[torch.Tensor], max_norm: float) -> None:
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
     torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
@@ -256,7 +298,13 @@ class RMSprop:
         if not have:
             return
         params, avgs = [p for p, _ in have], [v for _, v in have]
-        grads = [p.grad for p in params]
+        self._step(params, avgs, [p.grad for p in params])
+
+    def update_with(self, grads: list[torch.Tensor]) -> None:
+        """:meth:`update` with every parameter's gradient given, in order."""
+        self._step(self.params, self.square_avg, grads)
+
+    def _step(self, params, avgs, grads) -> None:
         torch._foreach_mul_(avgs, self.alpha)
         torch._foreach_addcmul_(avgs, grads, grads, value=1.0 - self.alpha)
         denom = torch._foreach_sqrt(avgs)
@@ -292,9 +340,17 @@ class DQNLearner(TargetNetworkLearner):
         self.device = torch.device(device)
         self.obs_dim, self.n_actions = obs_dim, n_actions
         self._build_networks(lambda: QNetwork(obs_dim, n_actions, cfg.hidden_layers,
-                                              cfg.hidden_width), seed)
+                                              cfg.hidden_width, cfg.numpy_tanh), seed)
         # the functional losses, not their nn.Module wrappers (same arithmetic)
         self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
+        # ... and for :meth:`_cpu_step` the kernels they call (a mean: reduction 1),
+        # forward and backward, each with its extra arguments (Huber: beta = 1)
+        self._loss_kernels = (
+            (torch._C._nn.smooth_l1_loss, torch.ops.aten.smooth_l1_loss_backward.default,
+             (1, 1.0)) if cfg.loss == "huber" else
+            (torch._C._nn.mse_loss, torch.ops.aten.mse_loss_backward.default, (1,)))
+        # on CPU the step's gradients by hand (:meth:`_cpu_step`), not by autograd
+        self._by_hand = self.device.type == "cpu"
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():
@@ -323,11 +379,47 @@ class DQNLearner(TargetNetworkLearner):
         ``demo``: demonstrated actions (−1: none), DQfD's margin loss added
         (``cfg.demo_margin``, drl_engine/demonstrations.py)."""
         y = self.td_target(rewards, discounts, next_obs)
+        if self._by_hand and y.shape == actions.shape and \
+                (demo is None or not bool((demo >= 0).any())):
+            return self._cpu_step(obs, actions, y)
         q_all = self.q.forward(obs)
         loss = self.loss_fn(q_all.gather(1, actions.unsqueeze(1)).squeeze(1), y)
         if demo is not None:
             loss = loss + margin_loss(q_all, demo, self.cfg.demo_margin)
         return self.descend(loss)
+
+    @torch.no_grad()
+    def _cpu_step(self, obs: torch.Tensor, actions: torch.Tensor,
+                  y: torch.Tensor) -> torch.Tensor:
+        """:meth:`train_step` without a demonstration, its gradients computed by hand.
+
+        Why: at this network's size autograd's own work (recording the graph, its
+        engine's bookkeeping) is a fifth of a step: by hand one takes 0.75-0.84x as long
+        (default preset, 96 x 72 inputs, under load; docs/results.md, speed-10). These
+        are the kernels autograd's backward formulas call, with the same arguments
+        (addmm: ``grad.t().mm(input)`` for the weight, ``grad.sum(0)`` for the bias,
+        ``grad.mm(weight)`` for the input; tanh_backward; gather: scatter_add_ into
+        zeros; the loss's own backward kernel at a gradient of one), so the gradients,
+        and every step after them, are bit-identical to ``loss.backward()``'s
+        (tests/test_qnet_step.py checks it)."""
+        layers = self.q.affine
+        x, inputs = self.q.forward_inputs(obs)
+        index = actions.unsqueeze(1)
+        pred = x.gather(1, index).squeeze(1)
+        forward, backward, extra = self._loss_kernels
+        loss = forward(pred, y, *extra)
+        g = backward(torch.ones_like(loss), pred, y, *extra)
+        g = x.new_zeros(x.shape).scatter_add_(1, index, g.to(x.dtype).unsqueeze(1))
+        grads = [None] * (2 * len(layers))
+        for i in range(len(layers) - 1, -1, -1):
+            grads[2 * i] = g.t().mm(inputs[i])
+            grads[2 * i + 1] = g.sum([0], keepdim=True).view(-1)
+            if i:
+                g = _TANH_BACKWARD(g.mm(layers[i].weight), inputs[i])
+        for p, grad in zip(self._q_params, grads):
+            p.grad = grad                # where loss.backward() leaves them
+        self._update_with(grads)
+        return loss
 
     def state_dict(self) -> dict:
         return {**self._networks_state(), "cfg": dataclasses.asdict(self.cfg),

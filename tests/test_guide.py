@@ -194,6 +194,24 @@ def test_each_knob_s_reaction_delay_is_learned(seed):
     assert g.lags.tolist() == [0, 3]
 
 
+def test_the_lag_fit_solved_every_k_ticks_learns_the_same_delays(monkeypatch):
+    # engine.lag_fit_ticks (default preset: 10): the sums take every tick, the solve
+    # (a matrix inverse) runs once per k new ticks, and still finds each knob's delay
+    p, values = knob_series(0)
+    solves = []
+    inv = np.linalg.inv
+    monkeypatch.setattr(np.linalg, "inv", lambda a: solves.append(1) or inv(a))
+    found = {}
+    for k in (1, 10):
+        g = lag_guide(lag_fit_ticks=k)
+        solves.clear()
+        for n in range(10, len(p) + 1):          # one tick at a time, as a run
+            g.credit(p, values, n)
+        found[k] = (g.lags.tolist(), len(solves))
+    assert found[1][0] == found[10][0] == [0, 3]
+    assert found[10][1] <= found[1][1] / 10 + 1
+
+
 def test_credit_goes_to_the_setting_each_knob_had_when_it_acted():
     p, values = knob_series(0)
     g = lag_guide()

@@ -1,0 +1,75 @@
+"""The CPU training step's gradients by hand (drl_engine/qnet.py, ``DQNLearner._cpu_step``)
+must leave the networks and the optimiser bit-for-bit where autograd's step leaves them:
+the converge runs and every saved model depend on it."""
+import numpy as np
+import pytest
+import torch
+
+from drl_engine.config import PRESETS, DQNConfig
+from drl_engine.qnet import DQNLearner
+
+
+def batches(dim, n_actions, batch, steps, demo, seed=0):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        arrays = [rng.normal(size=(batch, dim)).astype(np.float32) * 3,
+                  rng.integers(0, n_actions, batch).astype(np.int64),
+                  rng.normal(size=batch).astype(np.float32) * 5,
+                  np.full(batch, 0.99 ** 5, np.float32),
+                  rng.normal(size=(batch, dim)).astype(np.float32) * 3]
+        if demo == "none":            # the engine's array when no row is demonstrated
+            arrays.append(np.full(batch, -1, np.int64))
+        elif demo == "some":
+            arrays.append(np.where(rng.random(batch) < 0.2,
+                                   rng.integers(0, n_actions, batch), -1).astype(np.int64))
+        yield arrays
+
+
+def train(preset, by_hand, dim, n_actions, batch, steps, demo, layers=2, width=0,
+          numpy_tanh=False):
+    cfg = DQNConfig(**{**PRESETS[preset], "preset": preset, "hidden_layers": layers,
+                       "hidden_width": width, "numpy_tanh": numpy_tanh})
+    learner = DQNLearner(dim, n_actions, cfg, seed=3)
+    learner._by_hand = by_hand
+    calls = []
+    step = learner._cpu_step
+    learner._cpu_step = lambda *a: calls.append(1) or step(*a)
+    losses = [learner.learn(*a).item() for a in batches(dim, n_actions, batch, steps, demo)]
+    state = ([p.detach().clone() for p in learner.q.parameters()]
+             + [p.detach().clone() for p in learner.target.parameters()]
+             + [v.clone() for v in learner.optimizer.square_avg])
+    return losses, state, len(calls)
+
+
+@pytest.mark.parametrize("preset, dim, n_actions, batch, demo, layers, width", [
+    ("default", 57, 9, 96, "none", 2, 0),     # the converge test's shape
+    ("paper", 57, 9, 32, None, 2, 0),         # MSE, no double DQN, no clipping
+    ("default", 20, 5, 1, None, 3, 0),        # one row; three hidden layers
+    ("paper", 33, 7, 7, None, 1, 16),         # one hidden layer of another width
+    ("default", 40, 9, 64, "some", 2, 0),     # demonstrations: autograd's step
+])
+def test_step_by_hand_is_bit_identical(preset, dim, n_actions, batch, demo, layers, width):
+    torch.set_num_threads(1)
+    args = (dim, n_actions, batch, 60, demo, layers, width)
+    losses_a, state_a, calls_a = train(preset, False, *args)
+    losses_h, state_h, calls_h = train(preset, True, *args)
+    assert calls_a == 0
+    assert calls_h == (0 if demo == "some" else 60)      # the path under test ran
+    assert losses_h == losses_a
+    for a, h in zip(state_a, state_h):
+        assert a.dtype == h.dtype and torch.equal(a, h)
+        assert torch.equal(torch.signbit(a), torch.signbit(h))
+
+
+def test_numpy_tanh_changes_only_the_rounding():
+    # engine.numpy_tanh (on in the default preset): numpy's tanh where no gradient is
+    # recorded; the Q-values and 60 training steps stay within float32 rounding
+    torch.set_num_threads(1)
+    args = (57, 9, 96, 60, "none")
+    losses_t, state_t, _ = train("default", True, *args)
+    losses_n, state_n, calls = train("default", True, *args, numpy_tanh=True)
+    assert calls == 60
+    assert losses_n == pytest.approx(losses_t, rel=1e-4)
+    for t, n in zip(state_t, state_n):
+        torch.testing.assert_close(n, t, rtol=1e-4, atol=1e-6)
+    assert any(not torch.equal(t, n) for t, n in zip(state_t, state_n))   # it ran
