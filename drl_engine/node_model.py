@@ -52,7 +52,7 @@ from torch.nn import functional as F
 from drl_engine import node_backward
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.qnet import TargetNetworkLearner, _clip_grad_norm
+from drl_engine.qnet import TargetNetworkLearner
 
 
 class _NumpyTanhFn(torch.autograd.Function):
@@ -232,13 +232,8 @@ class NodeDQN(TargetNetworkLearner):
         y = self._td_target(returns, discounts, next_obs, next_mask, next_abar)
         loss, grads = node_backward.loss_and_grads(self.q, obs, actions, y, valid, abar,
                                                    self.huber)
-        for p, g in zip(self._q_params, grads):
-            p.grad = g
         with torch.no_grad():                   # descend's update, after its backward
-            if self.cfg.grad_clip:
-                _clip_grad_norm(self._q_params, self.cfg.grad_clip)
-            self.optimizer.update()
-            self._soft_update()
+            self._update_with(grads)
         return loss
 
     def loss(self, obs, mask, actions, returns, discounts, next_obs, next_mask, valid,

@@ -100,7 +100,8 @@ def test_the_fast_arithmetic_computes_the_same_network(mean_field):
                                 {"head_layers": 3, "encoder_layers": 3}, {"loss": "mse"}])
 def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
     """NodeDQN's gradient written out (drl_engine/node_backward.py) gives the same bits
-    as autograd: the same loss, gradients and, after five steps, weights and target."""
+    as autograd: the same loss, optimiser state (the squared gradients' running means)
+    and, after five steps, weights and target."""
     loss = kw.pop("loss", "huber")
     model = dataclasses.replace(FAST_MODEL, **kw)
     states = []
@@ -118,7 +119,7 @@ def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
                                     rng.normal(0, 3, B).astype(np.float32),
                                     np.full(B, 0.95, np.float32), nx, None,
                                     rng.random((B, M)) > 0.2, abar, nabar))
-        states.append((losses, [p.grad for p in dqn.q.parameters()],
+        states.append((losses, list(dqn.optimizer.square_avg),
                        list(dqn.q.parameters()) + list(dqn.target.parameters())))
     (l1, g1, w1), (l2, g2, w2) = states
     assert all(torch.equal(a, b) for a, b in zip(l1, l2))
