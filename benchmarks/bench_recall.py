@@ -73,7 +73,9 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "known1": ["engine.context_infer_known=1"],
         "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],
-        "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"]}
+        "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"],
+        # round 8: the default preset's re-aimed first probe of a new workload, off
+        "no-replan": ["engine.context_replan=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
