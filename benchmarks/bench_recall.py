@@ -20,7 +20,12 @@ everywhere else); round 7's, each on the default preset: ``slead``
 signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
 (``engine.q_scope=first_visits``), ``known1`` / ``known2``
 (``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
-first visit too) and their ``…-noq`` ablations. Games: ``recurring`` and ``stationary``
+first visit too) and their ``…-noq`` ablations; round 8's: ``no-replan``
+(``engine.context_replan=false``: a new workload's first probe keeps its uniform
+target), ``known0`` / ``known0-noq`` (the walk at every new workload but the first, for a
+network from ``--init-model``: every arm then starts from that checkpoint's network,
+its memory empty, and is named ``…+init``; ``--save-model`` keeps one session's
+checkpoint for it). Games: ``recurring`` and ``stationary``
 by default; ``mixes`` on request (``configs/recurring-workloads-mixes.toml``:
 half-and-half mixes of the recurring game's workloads arrive unseen). Per arm: the median time to band of returns
 and of first visits (a phase that never reaches its band counts as its length), and the
@@ -74,8 +79,12 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],
         "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"],
-        # round 8: the default preset's re-aimed first probe of a new workload, off
-        "no-replan": ["engine.context_replan=false"]}
+        # round 8: the default preset's re-aimed first probe of a new workload, off; and
+        # the network's walk at every new workload but the first (for a network trained
+        # on earlier sessions, --init-model) and its ablation
+        "no-replan": ["engine.context_replan=false"],
+        "known0": ["engine.context_infer_known=0"],
+        "known0-noq": ["engine.context_infer_known=0", "engine.use_q_network=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
@@ -87,11 +96,30 @@ def _config(game: str, arm: str, noise: float, limit: int | None):
 
 
 def _job(job):
-    game, arm, noise, seed, limit = job
+    game, arm, noise, seed, limit, init = job
     use_one_core()
-    r = dataclasses.asdict(run_one(_config(game, arm, noise, limit), seed))
+    r = dataclasses.asdict(run_one(_config(game, arm, noise, limit), seed, init_model=init))
     r.pop("trace", None)
-    return {"game": game, "arm": arm, **r}
+    return {"game": game, "arm": arm + (INIT if init else ""), **r}
+
+
+INIT = "+init"     # an arm started from --init-model's network (its memory empty)
+
+
+def save_model(game: str, arm: str, noise: float, seed: int, limit: int, path: str) -> None:
+    """Play one session and keep its engine's checkpoint at ``path``: a network trained
+    on an earlier session, for ``--init-model`` (which takes its weights only)."""
+    from capes.experiments import converge_test
+    got, make = [], converge_test.make_player
+    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
+    try:
+        use_one_core()
+        r = converge_test.run_one(_config(game, arm, noise, limit), seed)
+    finally:
+        converge_test.make_player = make
+    got[0].save(path)
+    print(f"{game} {arm} noise={noise:g} seed={seed}: tp/best {r.tp_frac_hour:.4f}; "
+          f"saved {path}")
 
 
 def _paired(rs, base, score) -> str:
@@ -112,7 +140,7 @@ def table(runs: list[dict], base_arm: str = "default") -> str:
     for game, noise in keys:
         cell = [r for r in runs if r["game"] == game and r["noise"] == noise]
         base = {r["seed"]: r for r in cell if r["arm"] == base_arm}
-        for arm in ARMS:
+        for arm in dict.fromkeys(r["arm"] for r in cell):
             rs = [r for r in cell if r["arm"] == arm]
             if not rs:
                 continue
@@ -176,8 +204,13 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", default="", help="write every run here")
-    p.add_argument("--base", default="default", choices=list(ARMS),
-                   help="the arm the others are paired against")
+    p.add_argument("--base", default="default",
+                   help=f"the arm the others are paired against (an arm run with "
+                        f"--init-model is named with {INIT})")
+    p.add_argument("--init-model", default="", metavar="CKPT",
+                   help="every arm starts from this checkpoint's network, its memory empty")
+    p.add_argument("--save-model", default="", metavar="CKPT",
+                   help="play the first arm's first seed and keep its checkpoint (no table)")
     p.add_argument("--table", nargs="+", default=[],
                    help="print the table of these --json files (no runs)")
     p.add_argument("--turns", action="store_true",
@@ -191,6 +224,9 @@ def main() -> int:
                 for f in a.table for r in json.loads(Path(f).read_text())}   # the last
         print(table(list(runs.values()), a.base))
         return 0
+    if a.save_model:
+        save_model(a.games[0], a.arms[0], a.noise[0], a.first_seed, a.limit, a.save_model)
+        return 0
     if a.turns:
         use_one_core()
         for g in a.games:
@@ -198,7 +234,8 @@ def main() -> int:
                 for seed in range(a.first_seed, a.first_seed + a.seeds):
                     print(g, arm, seed, turns(g, arm, seed, a.limit))
         return 0
-    plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
+    plan = [(g, arm, n, a.first_seed + s, a.limit, a.init_model or None)
+            for g in a.games for n in a.noise
             for s in range(a.seeds) for arm in a.arms]
     runs = []
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
