@@ -22,10 +22,10 @@ signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
 (``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
 first visit too) and their ``…-noq`` ablations; round 8's: ``no-replan``
 (``engine.context_replan=false``: a new workload's first probe keeps its uniform
-target), ``known0`` / ``known0-noq`` (the walk at every new workload but the first, for a
-network from ``--init-model``: every arm then starts from that checkpoint's network,
-its memory empty, and is named ``…+init``; ``--save-model`` keeps one session's
-checkpoint for it). Games: ``recurring`` and ``stationary``
+target). ``--init-model``: every arm starts from that checkpoint's network, its memory
+empty, and is named ``…+init`` (``--save-model`` keeps one session's checkpoint for
+it; ``known1`` then walks where a network trained on earlier sessions points at every
+new workload but the first). Games: ``recurring`` and ``stationary``
 by default; ``mixes`` on request (``configs/recurring-workloads-mixes.toml``:
 half-and-half mixes of the recurring game's workloads arrive unseen). Per arm: the median time to band of returns
 and of first visits (a phase that never reaches its band counts as its length), and the
@@ -79,12 +79,8 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],
         "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"],
-        # round 8: the default preset's re-aimed first probe of a new workload, off; and
-        # the network's walk at every new workload but the first (for a network trained
-        # on earlier sessions, --init-model) and its ablation
-        "no-replan": ["engine.context_replan=false"],
-        "known0": ["engine.context_infer_known=0"],
-        "known0-noq": ["engine.context_infer_known=0", "engine.use_q_network=false"]}
+        # round 8: the default preset's re-aimed first probe of a new workload, off
+        "no-replan": ["engine.context_replan=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
