@@ -34,7 +34,8 @@ per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95
 interval over the paired seeds, of ``tp_frac_hour`` and of the throughput over the first
 visits of the fourth workload on (where a new workload's setting can be inferred; on the
 mixes game, the mixes). ``--table`` prints the table of earlier ``--json`` files;
-``--turns`` where each arm's trained network turns the window, per workload.
+``--turns`` where each arm's trained network turns the window, per workload; ``--losses``
+where one arm's session loses against the per-phase best, per phase occurrence and part.
 """
 from __future__ import annotations
 
@@ -190,6 +191,55 @@ def turns(game: str, arm: str, seed: int, limit: int, rate_limit: float = 120.0)
     return out
 
 
+PARTS = ("detect", "walk", "hold", "probe", "greedy")
+
+
+def losses(game: str, arm: str, noise: float, seed: int, limit: int) -> list[dict]:
+    """Where one session loses against the per-phase best: per phase occurrence, its loss
+    (1 − noise-free throughput / the phase's best static, summed over its ticks, as a share
+    of the session) split by what the engine was doing on each tick: ``detect`` (before
+    the context switch, up to 60 ticks into the phase), ``walk`` (a return's or a new
+    workload's walk), ``hold`` (the hold after it), ``probe`` (a probe or an exploring
+    tick) and ``greedy`` (the rest)."""
+    from capes.experiments import converge_test
+    cfg = _config(game, arm, noise, limit)
+    got, ticks, make, run = [], [], converge_test.make_player, converge_test.run_ticks
+
+    def run_ticks(engine, source, observers=(), **kw):
+        def note(rec):
+            c, d = engine.context, rec.decision
+            ticks.append(("walk" if c is not None and c.target is not None else
+                          "hold" if c is not None and c.holding(engine.action_ticks) else
+                          "probe" if (engine.guide is not None and engine.guide.probe is not None)
+                          or (d is not None and d.explored) else "greedy",
+                          len(c.switches) if c is not None else 0))
+        return run(engine, source, observers=[*observers, note], **kw)
+    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
+    converge_test.run_ticks = run_ticks
+    try:
+        use_one_core()
+        r = converge_test.run_one(cfg, seed, keep_trace=True)
+    finally:
+        converge_test.make_player, converge_test.run_ticks = make, run
+    ctx = got[0].context
+    tp, total = r.trace["true_throughput"], len(r.trace["true_throughput"])
+    starts = [0, *[p.at_tick for p in cfg.game.phases], total]
+    switched = sorted(s.index for s in (ctx.switches if ctx is not None else []))
+    ideal = [c.ideal_throughput for c in cfg.game.phase_configs()]
+    out = []
+    for k, ph in enumerate(r.phases):
+        a, b = starts[k], starts[k + 1]
+        found = [i for i in switched if a <= i < a + 60] if k else []
+        until = found[0] + 1 if found else a
+        part = dict.fromkeys(PARTS, 0.0)
+        for t in range(a, b):               # tick t: its throughput, the engine's state
+            lost = (1.0 - tp[t] / ideal[k]) / total
+            part["detect" if t < until else ticks[t][0]] += lost
+        out.append({"phase": k, "workload": ph["workload"], "visit": ph["visit"],
+                    "lag": until - a, **part})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20)
@@ -211,6 +261,8 @@ def main() -> int:
                    help="print the table of these --json files (no runs)")
     p.add_argument("--turns", action="store_true",
                    help="per arm and seed, where its trained network turns (no table)")
+    p.add_argument("--losses", action="store_true",
+                   help="per seed of the first arm: where the session loses, per phase (no table)")
     p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
     a = p.parse_args()
     if a.quick:
@@ -219,6 +271,21 @@ def main() -> int:
         runs = {(r["game"], r["noise"], r["arm"], r["seed"]): r      # a seed run twice:
                 for f in a.table for r in json.loads(Path(f).read_text())}   # the last
         print(table(list(runs.values()), a.base))
+        return 0
+    if a.losses:
+        rows = [(s, row) for s in range(a.first_seed, a.first_seed + a.seeds)
+                for row in losses(a.games[0], a.arms[0], a.noise[0], s, a.limit)]
+        print(f"{'seed':>4} {'phase':>5} {'workload':>10} {'visit':>5} {'lag':>4} "
+              + " ".join(f"{p:>7}" for p in PARTS))
+        for s, x in rows:
+            print(f"{s:>4} {x['phase']:>5} {x['workload']:>10} {x['visit']:>5} {x['lag']:>4} "
+                  + " ".join(f"{x[p]:7.4f}" for p in PARTS))
+        n = a.seeds
+        for name, keep in (("first visits", lambda x: x["visit"] == 1),
+                           ("returns", lambda x: x["visit"] > 1)):
+            sel = [x for _, x in rows if keep(x)]
+            print(f"mean a session, {name}: " + ", ".join(
+                f"{p} {sum(x[p] for x in sel) / n:.4f}" for p in PARTS))
         return 0
     if a.save_model:
         save_model(a.games[0], a.arms[0], a.noise[0], a.first_seed, a.limit, a.save_model)
