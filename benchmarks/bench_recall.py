@@ -103,15 +103,17 @@ def _job(job):
 INIT = "+init"     # an arm started from --init-model's network (its memory empty)
 
 
-def save_model(game: str, arm: str, noise: float, seed: int, limit: int, path: str) -> None:
-    """Play one session and keep its engine's checkpoint at ``path``: a network trained
-    on an earlier session, for ``--init-model`` (which takes its weights only)."""
+def save_model(game: str, arm: str, noise: float, seed: int, limit: int, path: str,
+               init: str | None = None) -> None:
+    """Play one session (from ``init``'s network: sessions chained) and keep its engine's
+    checkpoint at ``path``: a network trained on earlier sessions, for ``--init-model``
+    (which takes its weights only)."""
     from capes.experiments import converge_test
     got, make = [], converge_test.make_player
     converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
     try:
         use_one_core()
-        r = converge_test.run_one(_config(game, arm, noise, limit), seed)
+        r = converge_test.run_one(_config(game, arm, noise, limit), seed, init_model=init)
     finally:
         converge_test.make_player = make
     got[0].save(path)
@@ -288,7 +290,8 @@ def main() -> int:
                 f"{p} {sum(x[p] for x in sel) / n:.4f}" for p in PARTS))
         return 0
     if a.save_model:
-        save_model(a.games[0], a.arms[0], a.noise[0], a.first_seed, a.limit, a.save_model)
+        save_model(a.games[0], a.arms[0], a.noise[0], a.first_seed, a.limit, a.save_model,
+                   a.init_model or None)
         return 0
     if a.turns:
         use_one_core()
