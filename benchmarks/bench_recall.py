@@ -103,20 +103,31 @@ def _job(job):
 INIT = "+init"     # an arm started from --init-model's network (its memory empty)
 
 
+def _play(cfg, seed: int, note=None, **kw):
+    """``run_one`` on one core: its result and the engine it built; ``note(engine,
+    record)`` is called on every tick."""
+    from capes.experiments import converge_test
+    got, make, run = [], converge_test.make_player, converge_test.run_ticks
+
+    def run_ticks(engine, source, observers=(), **k):
+        extra = [lambda rec: note(engine, rec)] if note else []
+        return run(engine, source, observers=[*observers, *extra], **k)
+    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
+    converge_test.run_ticks = run_ticks
+    try:
+        use_one_core()
+        return converge_test.run_one(cfg, seed, **kw), got[0]
+    finally:
+        converge_test.make_player, converge_test.run_ticks = make, run
+
+
 def save_model(game: str, arm: str, noise: float, seed: int, limit: int, path: str,
                init: str | None = None) -> None:
     """Play one session (from ``init``'s network: sessions chained) and keep its engine's
     checkpoint at ``path``: a network trained on earlier sessions, for ``--init-model``
     (which takes its weights only)."""
-    from capes.experiments import converge_test
-    got, make = [], converge_test.make_player
-    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
-    try:
-        use_one_core()
-        r = converge_test.run_one(_config(game, arm, noise, limit), seed, init_model=init)
-    finally:
-        converge_test.make_player = make
-    got[0].save(path)
+    r, engine = _play(_config(game, arm, noise, limit), seed, init_model=init)
+    engine.save(path)
     print(f"{game} {arm} noise={noise:g} seed={seed}: tp/best {r.tp_frac_hour:.4f}; "
           f"saved {path}")
 
@@ -161,14 +172,9 @@ def turns(game: str, arm: str, seed: int, limit: int, rate_limit: float = 120.0)
     that window) at ``rate_limit`` (None: it never turns)."""
     import numpy as np
     from capes.common import actions
-    from capes.experiments import converge_test
-    cfg, got, make = _config(game, arm, 0.1, limit), [], converge_test.make_player
-    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
-    try:
-        converge_test.run_one(cfg, seed)
-    finally:
-        converge_test.make_player = make
-    exp, engine = got[0].experience, got[0]
+    cfg = _config(game, arm, 0.1, limit)
+    engine = _play(cfg, seed)[1]
+    exp = engine.experience
     names, params = list(exp.layout.pi_names), list(exp.layout.param_names)
     windows = np.arange(cfg.game.window.min, cfg.game.window.max + 1, cfg.game.window.step)
     up, down = (actions.encode(params.index("window"), s, len(params)) for s in (1, -1))
@@ -203,27 +209,16 @@ def losses(game: str, arm: str, noise: float, seed: int, limit: int) -> list[dic
     the context switch, up to 60 ticks into the phase), ``walk`` (a return's or a new
     workload's walk), ``hold`` (the hold after it), ``probe`` (a probe or an exploring
     tick) and ``greedy`` (the rest)."""
-    from capes.experiments import converge_test
-    cfg = _config(game, arm, noise, limit)
-    got, ticks, make, run = [], [], converge_test.make_player, converge_test.run_ticks
+    cfg, ticks = _config(game, arm, noise, limit), []
 
-    def run_ticks(engine, source, observers=(), **kw):
-        def note(rec):
-            c, d = engine.context, rec.decision
-            ticks.append(("walk" if c is not None and c.target is not None else
-                          "hold" if c is not None and c.holding(engine.action_ticks) else
-                          "probe" if (engine.guide is not None and engine.guide.probe is not None)
-                          or (d is not None and d.explored) else "greedy",
-                          len(c.switches) if c is not None else 0))
-        return run(engine, source, observers=[*observers, note], **kw)
-    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
-    converge_test.run_ticks = run_ticks
-    try:
-        use_one_core()
-        r = converge_test.run_one(cfg, seed, keep_trace=True)
-    finally:
-        converge_test.make_player, converge_test.run_ticks = make, run
-    ctx = got[0].context
+    def note(engine, rec):
+        c, d = engine.context, rec.decision
+        ticks.append("walk" if c is not None and c.target is not None else
+                     "hold" if c is not None and c.holding(engine.action_ticks) else
+                     "probe" if (engine.guide is not None and engine.guide.probe is not None)
+                     or (d is not None and d.explored) else "greedy")
+    r, engine = _play(cfg, seed, note, keep_trace=True)
+    ctx = engine.context
     tp, total = r.trace["true_throughput"], len(r.trace["true_throughput"])
     starts = [0, *[p.at_tick for p in cfg.game.phases], total]
     switched = sorted(s.index for s in (ctx.switches if ctx is not None else []))
@@ -236,7 +231,7 @@ def losses(game: str, arm: str, noise: float, seed: int, limit: int) -> list[dic
         part = dict.fromkeys(PARTS, 0.0)
         for t in range(a, b):               # tick t: its throughput, the engine's state
             lost = (1.0 - tp[t] / ideal[k]) / total
-            part["detect" if t < until else ticks[t][0]] += lost
+            part["detect" if t < until else ticks[t]] += lost
         out.append({"phase": k, "workload": ph["workload"], "visit": ph["visit"],
                     "lag": until - a, **part})
     return out
