@@ -20,7 +20,12 @@ everywhere else); round 7's, each on the default preset: ``slead``
 signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
 (``engine.q_scope=first_visits``), ``known1`` / ``known2``
 (``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
-first visit too) and their ``…-noq`` ablations. Games: ``recurring`` and ``stationary``
+first visit too) and their ``…-noq`` ablations; round 8's: ``no-replan``
+(``engine.context_replan=false``: a new workload's first probe keeps its uniform
+target). ``--init-model``: every arm starts from that checkpoint's network, its memory
+empty, and is named ``…+init`` (``--save-model`` keeps one session's checkpoint for
+it; ``known1`` then walks where a network trained on earlier sessions points at every
+new workload but the first). Games: ``recurring`` and ``stationary``
 by default; ``mixes`` on request (``configs/recurring-workloads-mixes.toml``:
 half-and-half mixes of the recurring game's workloads arrive unseen). Per arm: the median time to band of returns
 and of first visits (a phase that never reaches its band counts as its length), and the
@@ -29,7 +34,8 @@ per other arm: ``--base`` (default: the default arm) minus that arm, mean and 95
 interval over the paired seeds, of ``tp_frac_hour`` and of the throughput over the first
 visits of the fourth workload on (where a new workload's setting can be inferred; on the
 mixes game, the mixes). ``--table`` prints the table of earlier ``--json`` files;
-``--turns`` where each arm's trained network turns the window, per workload.
+``--turns`` where each arm's trained network turns the window, per workload; ``--losses``
+where one arm's session loses against the per-phase best, per phase occurrence and part.
 """
 from __future__ import annotations
 
@@ -73,7 +79,9 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "known1": ["engine.context_infer_known=1"],
         "known1-noq": ["engine.context_infer_known=1", "engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],
-        "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"]}
+        "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"],
+        # round 8: the default preset's re-aimed first probe of a new workload, off
+        "no-replan": ["engine.context_replan=false"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
@@ -85,11 +93,43 @@ def _config(game: str, arm: str, noise: float, limit: int | None):
 
 
 def _job(job):
-    game, arm, noise, seed, limit = job
+    game, arm, noise, seed, limit, init = job
     use_one_core()
-    r = dataclasses.asdict(run_one(_config(game, arm, noise, limit), seed))
+    r = dataclasses.asdict(run_one(_config(game, arm, noise, limit), seed, init_model=init))
     r.pop("trace", None)
-    return {"game": game, "arm": arm, **r}
+    return {"game": game, "arm": arm + (INIT if init else ""), **r}
+
+
+INIT = "+init"     # an arm started from --init-model's network (its memory empty)
+
+
+def _play(cfg, seed: int, note=None, **kw):
+    """``run_one`` on one core: its result and the engine it built; ``note(engine,
+    record)`` is called on every tick."""
+    from capes.experiments import converge_test
+    got, make, run = [], converge_test.make_player, converge_test.run_ticks
+
+    def run_ticks(engine, source, observers=(), **k):
+        extra = [lambda rec: note(engine, rec)] if note else []
+        return run(engine, source, observers=[*observers, *extra], **k)
+    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
+    converge_test.run_ticks = run_ticks
+    try:
+        use_one_core()
+        return converge_test.run_one(cfg, seed, **kw), got[0]
+    finally:
+        converge_test.make_player, converge_test.run_ticks = make, run
+
+
+def save_model(game: str, arm: str, noise: float, seed: int, limit: int, path: str,
+               init: str | None = None) -> None:
+    """Play one session (from ``init``'s network: sessions chained) and keep its engine's
+    checkpoint at ``path``: a network trained on earlier sessions, for ``--init-model``
+    (which takes its weights only)."""
+    r, engine = _play(_config(game, arm, noise, limit), seed, init_model=init)
+    engine.save(path)
+    print(f"{game} {arm} noise={noise:g} seed={seed}: tp/best {r.tp_frac_hour:.4f}; "
+          f"saved {path}")
 
 
 def _paired(rs, base, score) -> str:
@@ -110,7 +150,7 @@ def table(runs: list[dict], base_arm: str = "default") -> str:
     for game, noise in keys:
         cell = [r for r in runs if r["game"] == game and r["noise"] == noise]
         base = {r["seed"]: r for r in cell if r["arm"] == base_arm}
-        for arm in ARMS:
+        for arm in dict.fromkeys(r["arm"] for r in cell):
             rs = [r for r in cell if r["arm"] == arm]
             if not rs:
                 continue
@@ -132,14 +172,9 @@ def turns(game: str, arm: str, seed: int, limit: int, rate_limit: float = 120.0)
     that window) at ``rate_limit`` (None: it never turns)."""
     import numpy as np
     from capes.common import actions
-    from capes.experiments import converge_test
-    cfg, got, make = _config(game, arm, 0.1, limit), [], converge_test.make_player
-    converge_test.make_player = lambda *a, **k: got.append(make(*a, **k)) or got[-1]
-    try:
-        converge_test.run_one(cfg, seed)
-    finally:
-        converge_test.make_player = make
-    exp, engine = got[0].experience, got[0]
+    cfg = _config(game, arm, 0.1, limit)
+    engine = _play(cfg, seed)[1]
+    exp = engine.experience
     names, params = list(exp.layout.pi_names), list(exp.layout.param_names)
     windows = np.arange(cfg.game.window.min, cfg.game.window.max + 1, cfg.game.window.step)
     up, down = (actions.encode(params.index("window"), s, len(params)) for s in (1, -1))
@@ -164,6 +199,44 @@ def turns(game: str, arm: str, seed: int, limit: int, rate_limit: float = 120.0)
     return out
 
 
+PARTS = ("detect", "walk", "hold", "probe", "greedy")
+
+
+def losses(game: str, arm: str, noise: float, seed: int, limit: int) -> list[dict]:
+    """Where one session loses against the per-phase best: per phase occurrence, its loss
+    (1 − noise-free throughput / the phase's best static, summed over its ticks, as a share
+    of the session) split by what the engine was doing on each tick: ``detect`` (before
+    the context switch, up to 60 ticks into the phase), ``walk`` (a return's or a new
+    workload's walk), ``hold`` (the hold after it), ``probe`` (a probe or an exploring
+    tick) and ``greedy`` (the rest)."""
+    cfg, ticks = _config(game, arm, noise, limit), []
+
+    def note(engine, rec):
+        c, d = engine.context, rec.decision
+        ticks.append("walk" if c is not None and c.target is not None else
+                     "hold" if c is not None and c.holding(engine.action_ticks) else
+                     "probe" if (engine.guide is not None and engine.guide.probe is not None)
+                     or (d is not None and d.explored) else "greedy")
+    r, engine = _play(cfg, seed, note, keep_trace=True)
+    ctx = engine.context
+    tp, total = r.trace["true_throughput"], len(r.trace["true_throughput"])
+    starts = [0, *[p.at_tick for p in cfg.game.phases], total]
+    switched = sorted(s.index for s in (ctx.switches if ctx is not None else []))
+    ideal = [c.ideal_throughput for c in cfg.game.phase_configs()]
+    out = []
+    for k, ph in enumerate(r.phases):
+        a, b = starts[k], starts[k + 1]
+        found = [i for i in switched if a <= i < a + 60] if k else []
+        until = found[0] + 1 if found else a
+        part = dict.fromkeys(PARTS, 0.0)
+        for t in range(a, b):               # tick t: its throughput, the engine's state
+            lost = (1.0 - tp[t] / ideal[k]) / total
+            part["detect" if t < until else ticks[t]] += lost
+        out.append({"phase": k, "workload": ph["workload"], "visit": ph["visit"],
+                    "lag": until - a, **part})
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20)
@@ -174,12 +247,19 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=0, help="simulated s per session (0: the config's)")
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--json", default="", help="write every run here")
-    p.add_argument("--base", default="default", choices=list(ARMS),
-                   help="the arm the others are paired against")
+    p.add_argument("--base", default="default",
+                   help=f"the arm the others are paired against (an arm run with "
+                        f"--init-model is named with {INIT})")
+    p.add_argument("--init-model", default="", metavar="CKPT",
+                   help="every arm starts from this checkpoint's network, its memory empty")
+    p.add_argument("--save-model", default="", metavar="CKPT",
+                   help="play the first arm's first seed and keep its checkpoint (no table)")
     p.add_argument("--table", nargs="+", default=[],
                    help="print the table of these --json files (no runs)")
     p.add_argument("--turns", action="store_true",
                    help="per arm and seed, where its trained network turns (no table)")
+    p.add_argument("--losses", action="store_true",
+                   help="per seed of the first arm: where the session loses, per phase (no table)")
     p.add_argument("--quick", action="store_true", help="one seed, default arm, 700 s")
     a = p.parse_args()
     if a.quick:
@@ -189,6 +269,25 @@ def main() -> int:
                 for f in a.table for r in json.loads(Path(f).read_text())}   # the last
         print(table(list(runs.values()), a.base))
         return 0
+    if a.losses:
+        rows = [(s, row) for s in range(a.first_seed, a.first_seed + a.seeds)
+                for row in losses(a.games[0], a.arms[0], a.noise[0], s, a.limit)]
+        print(f"{'seed':>4} {'phase':>5} {'workload':>10} {'visit':>5} {'lag':>4} "
+              + " ".join(f"{p:>7}" for p in PARTS))
+        for s, x in rows:
+            print(f"{s:>4} {x['phase']:>5} {x['workload']:>10} {x['visit']:>5} {x['lag']:>4} "
+                  + " ".join(f"{x[p]:7.4f}" for p in PARTS))
+        n = a.seeds
+        for name, keep in (("first visits", lambda x: x["visit"] == 1),
+                           ("returns", lambda x: x["visit"] > 1)):
+            sel = [x for _, x in rows if keep(x)]
+            print(f"mean a session, {name}: " + ", ".join(
+                f"{p} {sum(x[p] for x in sel) / n:.4f}" for p in PARTS))
+        return 0
+    if a.save_model:
+        save_model(a.games[0], a.arms[0], a.noise[0], a.first_seed, a.limit, a.save_model,
+                   a.init_model or None)
+        return 0
     if a.turns:
         use_one_core()
         for g in a.games:
@@ -196,7 +295,8 @@ def main() -> int:
                 for seed in range(a.first_seed, a.first_seed + a.seeds):
                     print(g, arm, seed, turns(g, arm, seed, a.limit))
         return 0
-    plan = [(g, arm, n, a.first_seed + s, a.limit) for g in a.games for n in a.noise
+    plan = [(g, arm, n, a.first_seed + s, a.limit, a.init_model or None)
+            for g in a.games for n in a.noise
             for s in range(a.seeds) for arm in a.arms]
     runs = []
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:

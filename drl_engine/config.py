@@ -133,6 +133,9 @@ class DQNConfig:
     context_infer_fresh: bool = True   # ... on fresh observations (the newest tick over
                                        # the stack); false: its stack, after `stack` ticks
     context_infer_known: int = 2       # ... once this many other contexts have a best setting
+    context_replan: bool = False       # a new context's first global probes, drawn uniformly
+                                       # before the model has 3 settings, are re-aimed by
+                                       # the model as their walk's ticks come in (round 8)
     demo_margin: float = 0.0           # DQfD's large-margin loss towards each context's
                                        # best-known setting (drl_engine/demonstrations.py)
 
@@ -218,7 +221,9 @@ PRESETS: dict[str, dict] = {
                 # issue 25 round 5 (docs/recall.md): the network, taught by each
                 # workload's best-known setting, acts only on an unseen workload's walk
                 "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,
-                "q_scope": "new_contexts"},
+                "q_scope": "new_contexts",
+                # issue 25 round 8: a new workload's first probe re-aimed on its walk
+                "context_replan": True},
 }
 
 

@@ -335,7 +335,8 @@ class Engine:
             if len(self.context.switches) != switches:
                 guide.drop_sweep()            # a sweep belongs to the workload it began in
                 if self.context.switches[-1].new and len(self.context.memory) > 1:
-                    guide.new_workload()      # (not the first context: explored all along)
+                    guide.new_workload(context=True)   # (not the first context: explored
+                                                       # all along)
         first_action = None
         if guide.await_action:
             acted = self.experience.reader.sessions[session].actions[:d.n] >= 0

@@ -111,6 +111,8 @@ class Guide:
         self.sweep: list[list[int]] = []   # the coarse sweep's targets left (sweep_points)
         self.sweep_due = False         # a new workload: sweep once its anchor is measured
         self.had_best = False          # a best was known once: best None is a new workload
+        self.replan_uniform = False    # a new context's uniform first probes are re-aimed
+                                       # by the model along their walk (context_replan)
         self.level_before: float | None = None   # the anchor's level before an alarm
         self._grid_keys: dict[bytes, tuple] = {}   # credit's memo: values -> grid index
         self.anchor: np.ndarray | None = None    # first_probe "local": where the anchor
@@ -326,16 +328,22 @@ class Guide:
             self.grid_stats[:] = 0.0
         self.best, self.probe, self._best_at = anchor, None, -1
         self.drop_sweep()
+        self.replan_uniform = False
         self.resets += 1
 
-    def new_workload(self) -> None:
+    def new_workload(self, context: bool = False) -> None:
         """A new workload context was entered (its statistics start empty): its first
         local probes go wide (``alarm_probes``), or sweep (``sweep_points``). Said by the
         engine at the switch, since a tick credited before the next probe already names
-        a best, and :meth:`start_probe` would take the context for a known one."""
+        a best, and :meth:`start_probe` would take the context for a known one.
+        ``context``: said at a new context's switch, whose first global probes, drawn
+        uniformly while the model has fewer than 3 settings, are then re-aimed by the
+        model along their walk (``context_replan``, issue 25 round 8: a first probe drawn
+        across the range walked on while the throughput fell to 0)."""
         if self.had_best:
             self.wide_left = self.cfg.alarm_probes
             self.sweep_due = self.cfg.sweep_points > 0
+        self.replan_uniform = context and self.cfg.context_replan
 
     def drop_sweep(self) -> None:
         """Forget a coarse sweep begun or due: it belongs to the workload it began in."""
@@ -439,8 +447,12 @@ class Guide:
             if self.cfg.probe_model and current is not None:
                 target = self.model_target(current)
                 replan = target is not None
+                if replan:
+                    self.replan_uniform = False      # the model has its 3 settings now
             if target is None:
                 target = self.rng.integers(0, self.n_steps + 1)
+                replan = self.replan_uniform         # (context_replan: re-aimed as the
+                                                     # walk's ticks give the model data)
         else:
             g, spread = self.cfg.guard_steps, self.cfg.probe_local_steps
             if self.wide_left > 0:            # after a change: a far optimum in few probes

@@ -476,3 +476,43 @@ def test_after_an_alarm_the_anchor_is_measured_and_only_a_moved_level_goes_wide(
 def test_probe_safety_settings_are_validated(key, value):
     with pytest.raises(ValueError, match=key):
         DQNConfig(**{key: value}).validate()
+
+
+def _credit_walk(g, windows, rate=19):
+    """Credit the game's throughput at each window (rate index ``rate``) once."""
+    for w in windows:
+        key = (rate, w)
+        p = game_throughput(*g.values(np.array(key)))
+        g.grid_stats[(slice(None),) + key] += (p, p * p, 1.0)
+
+
+def test_a_new_contexts_uniform_first_probe_is_re_aimed_once_the_model_has_data():
+    # context_replan (issue 25 round 8): at a new workload context the first global probe
+    # is drawn uniformly (the model has no settings yet) and is re-aimed by the model
+    # every settle+1 moves of its walk; at a session's start, or with the switch off, it
+    # keeps its target (the behaviour the stationary figures were measured with)
+    def first_probe(replan: bool, context: bool):
+        cfg = DQNConfig(guided=True, probe_model=True, action_steps=2, context_replan=replan)
+        g = Guide(GAME_GRID, cfg, np.random.default_rng(0))
+        g.new_workload(context=context)
+        g.start_probe(1.0, np.array([19, 45]))
+        return g
+
+    for replan, context in ((False, True), (True, False)):
+        assert not first_probe(replan, context).probe.replan
+    g = first_probe(True, True)
+    assert g.probe.replan and g.replan_uniform
+    # walking up from window 45 the throughput falls: once three settings are credited
+    # the model turns the walk back towards the windows below (the peak is at 50 - 20)
+    g.probe.target = np.array([19, 95])
+    _credit_walk(g, [45, 60, 75])
+    cur = np.array([19, 75])
+    for _ in range(DQNConfig().settle_ticks + 1):
+        action = g.probe_action(cur)
+    k, steps = actions.decode(action, 2)
+    assert g.probe.target[1] < 75 and (k, np.sign(steps)) == (1, -1)
+    g.start_probe(1.0, cur)                # the model proposes from now on: flag spent
+    assert not g.replan_uniform
+    g.new_workload(context=True)
+    g.forget()                             # an alarm's re-exploration is not a new context's
+    assert not g.replan_uniform

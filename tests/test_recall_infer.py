@@ -1,6 +1,6 @@
 """A new workload's first setting (``engine.context_infer``, issue 25): the Q-network's
 inferred setting from the signature seen now, or without the network the nearest known
-context's best-known setting."""
+context's best-known setting; and its first probe (``engine.context_replan``)."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -238,3 +238,16 @@ def test_q_scope_first_visits_with_the_lead_plays_where_the_network_reads_the_st
     no_q = _trace(game, limit, ["engine.use_q_network=false", "engine.context_lead=true"])
     assert len(first["window"]) == len(no_q["window"]) >= limit - 1
     assert first["window"] != no_q["window"]
+
+
+def test_context_replan_changes_nothing_before_the_first_new_context():
+    # the default preset re-aims a new workload's first probe (engine.context_replan,
+    # round 8); off, the engine plays as before it. Both play the same moves through the
+    # first workload (a session's own first probe is not re-aimed) and part only after
+    # randwrite, the first new context, arrives at tick 600; the stationary game has no
+    # context, so its trace is the same on and off
+    off = ["engine.context_replan=false"]
+    on, before = (_trace("recurring-workloads.toml", 700, s, seed=0)["window"] for s in ([], off))
+    differ = [i for i, (a, b) in enumerate(zip(on, before)) if a != b]
+    assert differ and 600 <= differ[0] <= 620
+    assert _trace("storagegamesim.toml", 120, []) == _trace("storagegamesim.toml", 120, off)
