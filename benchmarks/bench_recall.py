@@ -81,7 +81,10 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],
         "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"],
         # round 8: the default preset's re-aimed first probe of a new workload, off
-        "no-replan": ["engine.context_replan=false"]}
+        "no-replan": ["engine.context_replan=false"],
+        # round 9: the network's share without the re-aim
+        "no-replan-noq": ["engine.context_replan=false", "engine.use_q_network=false"],
+        "infer-local": ["engine.context_infer_local=true"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 
