@@ -22,7 +22,9 @@ signature changes), ``qall`` (``engine.q_scope=everywhere``), ``qfirst``
 (``engine.context_infer_known`` 1 or 2: the walk acts at the second or third workload's
 first visit too) and their ``…-noq`` ablations; round 8's: ``no-replan``
 (``engine.context_replan=false``: a new workload's first probe keeps its uniform
-target). ``--init-model``: every arm starts from that checkpoint's network, its memory
+target); round 9's: ``no-replan-noq`` (both off: the network's share as it was before
+the re-aim) and ``infer-local`` (``engine.context_infer_local=true``: probes stay local
+around where the network's walk ended). ``--init-model``: every arm starts from that checkpoint's network, its memory
 empty, and is named ``…+init`` (``--save-model`` keeps one session's checkpoint for
 it; ``known1`` then walks where a network trained on earlier sessions points at every
 new workload but the first). Games: ``recurring`` and ``stationary``
@@ -81,7 +83,10 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "known2": ["engine.context_infer_known=2"],
         "known2-noq": ["engine.context_infer_known=2", "engine.use_q_network=false"],
         # round 8: the default preset's re-aimed first probe of a new workload, off
-        "no-replan": ["engine.context_replan=false"]}
+        "no-replan": ["engine.context_replan=false"],
+        # round 9: the network's share without the re-aim
+        "no-replan-noq": ["engine.context_replan=false", "engine.use_q_network=false"],
+        "infer-local": ["engine.context_infer_local=true"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

@@ -136,6 +136,8 @@ class DQNConfig:
     context_replan: bool = False       # a new context's first global probes, drawn uniformly
                                        # before the model has 3 settings, are re-aimed by
                                        # the model as their walk's ticks come in (round 8)
+    context_infer_local: bool = False  # the setting the network's walk reached is searched
+                                       # around: the new context's probes stay local (round 9)
     demo_margin: float = 0.0           # DQfD's large-margin loss towards each context's
                                        # best-known setting (drl_engine/demonstrations.py)
 

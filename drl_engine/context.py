@@ -411,6 +411,10 @@ class WorkloadContexts:
             if back:
                 target[k] += sign * (self.cfg.context_recall_steps // 2)
             self.target = guide.step_grid.clip(target)
+            if self.cfg.context_infer_local:
+                # trust the walk: its end is searched around, not away from by the new
+                # context's global probes (issue 25 round 9)
+                engine.local_bump = True
             return None
         net.update(wait=now + self.cfg.settle_ticks + 1, moves=net["moves"] + 1,
                    last=(k, sign))

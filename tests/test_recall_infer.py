@@ -52,14 +52,17 @@ class PointingNetwork:
         return q
 
 
-def network_walk(request_kb: float, start: int, frozen=(False, False), known: int = 2):
-    """(moves made, setting the walk ends at) of a new context's network walk."""
+def network_walk(request_kb: float, start: int, frozen=(False, False), known: int = 2,
+                 **cfg):
+    """(moves made, setting the walk ends at) of a new context's network walk; ``cfg``:
+    more engine settings (the engine stub is kept in ``network_walk.engine``)."""
     grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
                         SimpleNamespace(min=1, max=100, step=1)])
     guide = SimpleNamespace(step_grid=grid, n_steps=grid.n_steps, frozen=np.array(frozen))
     engine = SimpleNamespace(experience=experience([80.0, 1.0, 50.0, request_kb]),
-                             dqn=PointingNetwork(), action_ticks=0)
-    ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True), [3])
+                             dqn=PointingNetwork(), action_ticks=0, local_bump=False)
+    network_walk.engine = engine
+    ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True, **cfg), [3])
     ctx.memory = [SimpleNamespace(best=np.array([0, 0]))] * known + [SimpleNamespace(best=None)]
     ctx.infer, current, moves = True, np.array([4, start]), 0
     while ctx.inferring:
@@ -89,6 +92,15 @@ def test_no_walk_before_the_network_has_seen_two_other_workloads():
 def test_the_network_walk_never_moves_a_frozen_knob():
     moves, target = network_walk(1024.0, 32, frozen=(False, True))
     assert moves == 0 and list(target) == [4, 32]
+
+
+def test_context_infer_local_keeps_the_probes_local_after_the_networks_walk_only():
+    # round 9: with engine.context_infer_local the setting the walk reached is searched
+    # around (the engine's global share goes to 0, as after an alarm); off, or with no
+    # walk (fewer known workloads), the new context's probes start global as before
+    for local, known, bumped in ((True, 2, True), (False, 2, False), (True, 1, False)):
+        network_walk(1024.0, 32, known=known, context_infer_local=local)
+        assert network_walk.engine.local_bump is bumped
 
 
 def test_without_the_network_a_new_context_starts_at_the_nearest_contexts_best():
