@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from drl_engine.qnet import linear_grads
+
 
 def supported(net, x: torch.Tensor, mask) -> bool:
     """Whether :func:`loss_and_grads` computes this step (else: autograd)."""
@@ -32,14 +34,6 @@ def _tanh(h: torch.Tensor) -> torch.Tensor:
 
 def _tanh_grad(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return g * (1 - y * y)                  # _NumpyTanhFn.backward
-
-
-def _linear_grads(lin, u2d: torch.Tensor, g: torch.Tensor, need_input: bool):
-    """AddmmBackward0 of ``addmm(lin.bias, u2d, lin.weight.t())`` (F.linear on rows
-    ``u2d``) for the output gradient ``g`` (B·M, O): (input grad or None, weight grad,
-    bias grad)."""
-    gu = g.mm(lin.weight) if need_input else None
-    return gu, g.t().mm(u2d), g.sum(0)
 
 
 def _forward(net, x: torch.Tensor, abar):
@@ -127,7 +121,7 @@ def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
         head_grads = []
         g = g_out.reshape(B * M, -1)
         for lin, u2d in zip(reversed(rest), reversed(head_rows)):
-            gu, gw, gb = _linear_grads(lin, u2d, g, True)
+            gu, gw, gb = linear_grads(lin, u2d, g, True)
             head_grads.append((gw, gb))
             g = _tanh_grad(gu, u2d)             # the layer's input is the tanh's output
         head_grads.reverse()
@@ -151,7 +145,7 @@ def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
         g = g_e.reshape(B * M, E)
         for i in range(len(enc) - 1, -1, -1):
             g = _tanh_grad(g, tanhs[i])
-            gu, gw, gb = _linear_grads(enc[i], rows[i], g, i > 0)
+            gu, gw, gb = linear_grads(enc[i], rows[i], g, i > 0)
             enc_grads.append((gw, gb))
             g = gu
         enc_grads.reverse()

@@ -251,6 +251,14 @@ class _GraphedShape:
         self.copied.record()
 
 
+def linear_grads(lin: nn.Linear, x: torch.Tensor, g: torch.Tensor, need_input: bool):
+    """AddmmBackward0 of ``addmm(lin.bias, x, lin.weight.t())`` (``F.linear`` on the rows
+    ``x``) for the output gradient ``g``: (the input's gradient, or None; the weight's;
+    the bias's), the kernels autograd calls, so the same bits (the steps by hand: here
+    and drl_engine/node_backward.py)."""
+    return (g.mm(lin.weight) if need_input else None), g.t().mm(x), g.sum(0)
+
+
 def _clip_grad_norm(params, max_norm: float) -> None:
     grads = [p.grad for p in params if p.grad is not None]
     if grads:
@@ -412,12 +420,10 @@ class DQNLearner(TargetNetworkLearner):
         g = x.new_zeros(x.shape).scatter_add_(1, index, g.to(x.dtype).unsqueeze(1))
         grads = [None] * (2 * len(layers))
         for i in range(len(layers) - 1, -1, -1):
-            grads[2 * i] = g.t().mm(inputs[i])
-            grads[2 * i + 1] = g.sum([0], keepdim=True).view(-1)
+            g_in, grads[2 * i], grads[2 * i + 1] = linear_grads(layers[i], inputs[i], g,
+                                                                 i > 0)
             if i:
-                g = _TANH_BACKWARD(g.mm(layers[i].weight), inputs[i])
-        for p, grad in zip(self._q_params, grads):
-            p.grad = grad                # where loss.backward() leaves them
+                g = _TANH_BACKWARD(g_in, inputs[i])
         self._update_with(grads)
         return loss
 
