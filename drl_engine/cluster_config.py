@@ -38,6 +38,9 @@ class NodeModelConfig:
     # train on every k-th tick only, each minibatch k times as many ticks (the one-row
     # mode's engine.train_every): one larger pass costs less than k small ones
     train_every: int = 1
+    # the minibatch drawn on the engine's torch device from a mirror of the ring, in one
+    # CUDA graph with the step (drl_engine/device_replay.py); False: numpy on the host
+    device_sampling: bool = False
     gamma: float = 0.0                # 0: the engine's [engine] gamma
     # replay ring and input statistics
     replay_mb: int = 256              # memory of the ring of PIs, in MiB

@@ -396,11 +396,16 @@ class Engine:
         steps = self.cfg.train_steps_per_tick if steps is None else steps
         losses = []
         batch = self._rows_batch if self.per_node else self._flat_batch
+        sampler = self._sampler if self.per_node else None
         for _ in range(steps):
-            arrays = batch(every)
-            if arrays is None:
+            if sampler is not None:                # cluster_engine.device_sampling
+                loss = sampler.learn(self.dqn, self.data, self.cfg.batch_size * every)
+            else:
+                arrays = batch(every)
+                loss = None if arrays is None else self.dqn.learn(*arrays)
+            if loss is None:
                 break
-            losses.append(self.dqn.learn(*arrays))
+            losses.append(loss)
             self.train_steps += 1
         if not losses:
             return None
@@ -530,6 +535,10 @@ class Engine:
                             self.nodes)
         self.in_dim = self.stack * len(self.pi_names)
         self.dqn = NodeDQN(self.in_dim, self.n_actions, dqn, model, self.device, self.seed)
+        self._sampler = None
+        if model.device_sampling:                 # the minibatch drawn on the device
+            from drl_engine.device_replay import DeviceSampler
+            self._sampler = DeviceSampler(self.device, self.seed)
         self._session: int | None = None
         self._seen = 0                          # reader mode: ticks of the session ingested
         self.control = RowController(dqn, model, self.params, self.nodes, self.seed)

@@ -352,17 +352,13 @@ class RowData:
         against the trust region. The bootstrap stays Q(s_{t+n}), whose return starts
         at r_{t+n+d}: nothing is counted twice."""
         rep = self.replay
-        if rep.last is None or self.mean is None or self.p_scale is None:
+        span = self.sample_span()
+        if span is None:
             return None
-        S, n, d = self.stack, self.n_step, self.shift
-        mf = self.mcfg.mean_field
-        # the rewards of t + d … t + d + n − 1 must be known (r of tick u needs tick u + 1)
-        lo, hi = rep.oldest + S - 1, rep.last - n - max(d, 1 if mf else 0)
-        if hi - lo + 1 < max(1, self.mcfg.learn_start):
-            return None
+        lo, hi, recent = span
+        n, d = self.n_step, self.shift
         picked: list[np.ndarray] = []
         got = 0
-        recent = max(lo, hi - self.mcfg.recent_ticks + 1)
         for _ in range(max_rounds):
             t = rng.integers(lo, hi + 1, 2 * batch)
             if self.mcfg.recent_fraction > 0:
@@ -380,13 +376,41 @@ class RowData:
             return None
         t = np.concatenate(picked)[:batch]
         B, N = len(t), self.nodes
-        M = N if not self.mcfg.loss_nodes or N <= self.mcfg.loss_nodes else self.mcfg.loss_nodes
+        M = self.batch_nodes()
         if M == N:
             nodes = np.broadcast_to(np.arange(N), (B, N))
         elif self.mcfg.node_pick == "redraw":
             nodes = pick_subsets(rng, B, N, M)
         else:
             nodes = np.argpartition(rng.random((B, N)), M, axis=1)[:, :M]
+        return self.batch_at(t, nodes)
+
+    def sample_span(self) -> tuple[int, int, int] | None:
+        """(lo, hi, recent): :meth:`sample` draws its ticks t from lo..hi (a share
+        ``recent_fraction`` from recent..hi) and keeps those whose n rewards are known;
+        None while it would not sample (no statistics or scale yet, fewer than
+        ``learn_start`` candidate ticks)."""
+        rep = self.replay
+        if rep.last is None or self.mean is None or self.p_scale is None:
+            return None
+        S, n, d = self.stack, self.n_step, self.shift
+        # the rewards of t + d … t + d + n − 1 must be known (r of tick u needs tick u + 1)
+        lo, hi = rep.oldest + S - 1, rep.last - n - max(d, 1 if self.mcfg.mean_field else 0)
+        if hi - lo + 1 < max(1, self.mcfg.learn_start):
+            return None
+        return lo, hi, max(lo, hi - self.mcfg.recent_ticks + 1)
+
+    def batch_nodes(self) -> int:
+        """M, the nodes per sampled tick: ``loss_nodes``, or all N when N ≤ it (or 0)."""
+        N, most = self.nodes, self.mcfg.loss_nodes
+        return N if not most or N <= most else most
+
+    def batch_at(self, t: np.ndarray, nodes: np.ndarray) -> NodeBatch:
+        """The minibatch of ticks ``t`` (B,) and nodes ``nodes`` (B, M), as :meth:`sample`
+        returns it (drl_engine/device_replay.py computes the same on a torch device)."""
+        rep = self.replay
+        S, n, d = self.stack, self.n_step, self.shift
+        B = len(t)
         s0, s1 = rep.slot(t), rep.slot(t + n)
         ret = n_step_returns(rep.r, t, n, self.gamma, shift=d, ring=True) / self.p_scale
         mask = rep.present[s0[:, None], nodes]
@@ -395,7 +419,7 @@ class RowData:
         valid = mask & next_mask & (acts >= 0)
         obs, next_obs = rep.window_pair(t, S, n, nodes, self._tick_features)
         abar = next_abar = None
-        if mf:        # t and t + n in one call (row by row the same numbers)
+        if self.mcfg.mean_field:        # t and t + n in one call (row by row the same numbers)
             abar, next_abar = np.split(rep.mean_field(np.concatenate([t, t + n]),
                                                       np.concatenate([nodes, nodes])), 2)
         return NodeBatch(obs=obs, mask=mask,

@@ -97,6 +97,14 @@ class TargetNetworkLearner:
             return self._graphs(arrays)
         return self.train_step(*self.to_tensors(*arrays))
 
+    def learn_sampled(self, sample, key) -> torch.Tensor:
+        """One minibatch drawn on the device by ``sample()`` (``train_step``'s arguments
+        as tensors; drl_engine/device_replay.py): on a CUDA device the draw and the step
+        replayed as one CUDA graph per ``key`` (``cfg.cuda_graph``), else run as written."""
+        if self._graphs is not None:
+            return self._graphs.sampled(key, lambda: self.train_step(*sample()))
+        return self.train_step(*sample())
+
     def to_tensors(self, *arrays):
         return tuple(None if a is None else
                      torch.as_tensor(np.ascontiguousarray(a), device=self.device)
@@ -198,12 +206,32 @@ class CUDAGraphStep:
                 return self.learner.train_step(*self.learner.to_tensors(*arrays))
             g = self.shapes[key] = _GraphedShape(arrays, self.learner.device)
         g.load(arrays)
+        return self._run(g, lambda: self.learner.train_step(*g.inputs))
+
+    def sampled(self, key, step) -> torch.Tensor:
+        """``step()``, a training step that draws its own minibatch on the device
+        (``cluster_engine.device_sampling``), replayed as one graph per ``key``: the
+        draw's random numbers come from the default CUDA generator, which a capture
+        registers (each replay draws fresh ones). A key of another generation of the
+        sampler's ring (its tensors reallocated) drops the graphs of the older ones."""
+        g = self.shapes.get(key)
+        if g is None:
+            for old in [k for k in self.shapes if k[0] == key[0] and k[1:] != key[1:]]:
+                del self.shapes[old]
+            if len(self.shapes) >= self.max_shapes:
+                return step()
+            g = self.shapes[key] = _Captured()
+        return self._run(g, step)
+
+    def _run(self, g: "_Captured", step) -> torch.Tensor:
+        """One update by ``step()``: warm-up calls eagerly on a side stream, then the
+        capture (which records, it does not run) and a replay."""
         if g.calls < self.warmup:              # eager, on a side stream
             g.calls += 1
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                loss = self.learner.train_step(*g.inputs)
+                loss = step()
             torch.cuda.current_stream().wait_stream(side)
             return loss
         if g.graph is None:                    # capture records, it does not run
@@ -211,7 +239,7 @@ class CUDAGraphStep:
             steps = opt.steps
             g.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.graph, capture_error_mode="thread_local"):
-                g.loss = self.learner.train_step(*g.inputs)
+                g.loss = step()
             opt.steps = steps
         g.graph.replay()
         self.learner.optimizer.steps += 1
@@ -219,11 +247,20 @@ class CUDAGraphStep:
         return g.loss.clone()                  # the next replay overwrites g.loss
 
 
-class _GraphedShape:
+class _Captured:
+    """One graph of :class:`CUDAGraphStep`: its calls so far, the graph once captured,
+    and the loss tensor a replay writes."""
+
+    def __init__(self):
+        self.calls, self.graph, self.loss = 0, None, None
+
+
+class _GraphedShape(_Captured):
     """One input shape's static buffers (a pinned host buffer and its device twin, one
     view per input, 64-byte aligned) and its graph."""
 
     def __init__(self, arrays, device: torch.device):
+        super().__init__()
         offsets, total = [], 0
         for a in arrays:
             offsets.append(total)
@@ -240,7 +277,6 @@ class _GraphedShape:
             self.host_views.append(raw[off:off + a.nbytes].view(a.dtype).reshape(a.shape))
             self.inputs.append(self.dev[off:off + a.nbytes].view(dtype).view(a.shape))
         self.copied = torch.cuda.Event()       # the last copy out of ``host`` is done
-        self.calls, self.graph, self.loss = 0, None, None
 
     def load(self, arrays) -> None:
         self.copied.synchronize()              # never overwrite a copy still in flight
