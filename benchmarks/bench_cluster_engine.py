@@ -18,7 +18,10 @@ Parts (one core: ``torch.set_num_threads(1)``, numpy's BLAS on one thread):
   tensors already on the device (``NodeDQN.train_step``), ``learn`` from the sampled
   arrays (transfer + step; on CUDA a graph replay), ``Engine.train(1)`` including
   sampling with ``engine.cuda_graph`` on and off, and ``act`` (every node's action for
-  one tick); on ``--device`` (cpu, cuda).
+  one tick); on ``--device`` (cpu, cuda). ``--device-sampling`` adds the same engines
+  with ``cluster_engine.device_sampling`` (the minibatch drawn on the device, in the
+  step's CUDA graph): the per-step copy of the ring's new rows, the draw alone, and
+  ``Engine.train(1)``.
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
   the replay writes run in a process of their own (``--writes process``, the default:
@@ -162,8 +165,39 @@ def _back_to_back_ms(fn, device, reps: int) -> float:
     return 1000.0 * (time.perf_counter() - a) / reps
 
 
+def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int,
+                          compile_step: bool, sets=()) -> None:
+    """``cluster_engine.device_sampling``: the minibatch drawn on the device
+    (drl_engine/device_replay.py), alone (eager, waited for) and in ``Engine.train(1)``,
+    whose graph captures the draw with the step, with the CUDA graph on and off."""
+    ds = [*sets, "cluster_engine.device_sampling=true"]
+    engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g, sets=ds)
+               for g in (True, False)}
+    if compile_step:
+        for e in engines.values():
+            e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
+    eng = engines[True]
+    batch = eng.cfg.batch_size
+    for _ in range(5):                               # warm-up; on CUDA: the capture
+        for e in engines.values():
+            e.train(1)
+    sampler = eng._sampler
+    _sync(eng.device)
+    prepare = _median_ms(lambda: sampler.prepare(eng.data, batch), eng.device, reps)
+    draw = _median_ms(lambda: sampler.batch(batch), eng.device, reps)
+    train = {g: _median_ms(lambda: e.train(1), e.device, reps) for g, e in engines.items()}
+    row = {g: _back_to_back_ms(lambda: e.train(1), e.device, reps)
+           for g, e in engines.items()}
+    graphed = f"; graph replays {eng.dqn._graphs.replays}" if eng.dqn._graphs else ""
+    print(f"    device sampling (ring of {eng.data.replay.capacity} ticks on {device}): "
+          f"prepare (copy the new rows) {prepare:.2f} ms, draw + gather (eager) "
+          f"{draw:.2f} ms, Engine.train(1) with sampling {train[True]:.2f} ms (cuda_graph "
+          f"off: {train[False]:.2f} ms); back to back, per call {row[True]:.2f} ms "
+          f"(cuda_graph off: {row[False]:.2f} ms){graphed}", flush=True)
+
+
 def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
-               sets=()) -> None:
+               sets=(), device_sampling: bool = False) -> None:
     """Where a training step's time goes: sampling (numpy), the step alone on tensors
     already on the device (as written, eager), ``learn`` from the sampled arrays (the
     transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
@@ -206,6 +240,8 @@ def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
               f"end), per call: Engine.train(1) with sampling {row[True]:.2f} ms "
               f"(cuda_graph off: {row[False]:.2f} ms), learn {learn_row:.2f} ms",
               flush=True)
+        if device_sampling:
+            _device_sampling_rows(n, device, loss_nodes, reps, compile_step, sets)
 
 
 WRITES = {"process": True, "sync": False}   # run_one's write_behind
@@ -275,11 +311,15 @@ def main() -> int:
     p.add_argument("--compile", action="store_true",
                    help="step: the loss (forward and backward) through torch.compile (a probe, "
                         "not the engine)")
+    p.add_argument("--device-sampling", action="store_true",
+                   help="step: also with cluster_engine.device_sampling (the minibatch drawn "
+                        "on the device, in the step's CUDA graph)")
     p.add_argument("--quick", action="store_true",
                    help="CI: the replay and step parts, small (no simulated hours)")
     args = p.parse_args()
     if args.quick:
         args.nodes, args.replay_ticks, args.step_nodes, args.reps = [8], 60, 64, 3
+        args.device_sampling = True
         if args.part == "all":
             args.part = "quick"
     # numpy's BLAS on one thread too, as capes converge-test (use_one_core) and the daemon
@@ -290,7 +330,8 @@ def main() -> int:
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
     if args.part in ("all", "quick", "step"):
-        bench_step(args.step_nodes, args.device, args.reps, args.compile, args.sets)
+        bench_step(args.step_nodes, args.device, args.reps, args.compile, args.sets,
+                   args.device_sampling)
     if args.part in ("all", "hour"):
         bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):

@@ -9,6 +9,7 @@ from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, with_preset
 from drl_engine.node_model import NodeDQN
 from drl_engine.qnet import DQNLearner
+from tests.test_device_replay import feed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -77,3 +78,60 @@ def test_loss_is_reported_one_call_late_without_waiting():
     assert learner.mean_loss([first]) is None           # nothing read yet
     second = learner.learn(*_node_batch(rng))
     assert learner.mean_loss([second]) == pytest.approx(float(first))
+
+
+def _sampling_engine(cuda_graph: bool, nodes: int = 64, ticks: int = 150):
+    """A per-node engine on CUDA with ``cluster_engine.device_sampling``, its ring filled
+    with the ragged ticks of tests/test_device_replay.py (gaps, a node absent, unknown
+    actions)."""
+    from drl_engine.config import RewardConfig
+    from drl_engine.engine import Engine
+    from storagegamesim.cluster import PI_NAMES, ClusterConfig
+    model = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8,
+                            cold_start="per_node", device_sampling=True)
+    eng = Engine.over_rows(_cfg(cuda_graph=cuda_graph), RewardConfig(), list(PI_NAMES),
+                           list(ClusterConfig().param_specs().values()), nodes,
+                           model=model, device="cuda", seed=0)
+    feed(eng, 0, ticks, seed=0)
+    return eng
+
+
+def test_device_sampled_graph_steps_change_the_weights_and_match_eager_steps():
+    """``cluster_engine.device_sampling``: the draw, gather and step captured in one
+    graph (CUDAGraphStep.sampled) run, and from the same CUDA generator state leave the
+    weights of eager steps on the same draws (a replay's random numbers are the eager
+    ones: the generator's offset advances alike), with new ticks ingested between steps
+    (the mirror's staged copies)."""
+    graphed, eager = _sampling_engine(True), _sampling_engine(False)
+    assert graphed.dqn._graphs is not None and eager.dqn._graphs is None
+    before = _params(graphed)
+    for eng in (graphed, eager):
+        torch.cuda.manual_seed(11)
+        for _ in range(6):
+            eng.train(1)
+        for t in range(150, 156):                # a tick, then a step, as the engine runs
+            feed(eng, t, t + 1, seed=t)
+            eng.train(1)
+        torch.cuda.synchronize()
+    assert graphed.train_steps == eager.train_steps == 12
+    assert graphed.dqn._graphs.replays == 12 - graphed.dqn._graphs.warmup
+    assert graphed.dqn.optimizer.steps == eager.dqn.optimizer.steps == 12
+    after = _params(graphed)
+    assert torch.isfinite(after).all() and not torch.equal(before, after)
+    torch.testing.assert_close(after, _params(eager), rtol=1e-4, atol=1e-6)
+
+
+def test_the_device_batch_on_cuda_is_the_numpy_batch():
+    """The sampler's torch ops on CUDA give :meth:`RowData.batch_at`'s numbers for the
+    ticks and nodes it drew."""
+    eng = _sampling_engine(False, nodes=40)
+    s = eng._sampler
+    assert s.prepare(eng.data, 64)
+    t, nodes, any_valid = s.draw(64)
+    got = s.gather(t, nodes, any_valid)
+    want = eng.data.batch_at(t.cpu().numpy(), nodes.cpu().numpy())
+    names = ("obs", "mask", "actions", "returns", "discounts", "next_obs", "next_mask",
+             "valid", "abar", "next_abar")
+    for name, a in zip(names, got):
+        np.testing.assert_allclose(a.cpu().numpy(), getattr(want, name), rtol=1e-5,
+                                   atol=1e-6, err_msg=name)

@@ -1,7 +1,9 @@
 #!/bin/bash
 # The GPU checks of issue 23, in one call on a lent CUDA machine (docs/results.md, "On a
 # GPU"): the CUDA-graph step's equality tests, the training-step benchmark at 1,000 nodes
-# (both node picks) and 64 nodes, and the torch.compile probe.
+# (both node picks) and 64 nodes, and the torch.compile probe; at 1,000 and 64 nodes and in
+# the probe also with cluster_engine.device_sampling (--device-sampling: the minibatch
+# drawn on the GPU inside the step's graph, beside the numpy rows of the same run).
 #   bash tools/gpu/check.sh OUTDIR [--hours]   (wheels for what the machine lacks in .whl/)
 # --hours adds one simulated hour each of the default game and the 64-node cluster on
 # cuda and on cpu.
@@ -14,11 +16,11 @@ fi
 export PYTHONUNBUFFERED=1
 bench="python3 benchmarks/bench_cluster_engine.py --part step --device cuda --reps 300"
 nvidia-smi -L; python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py 2>&1 | tail -3
-$bench 2>&1 | tee "$out/step-1000.txt"
+python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py tests/test_device_replay.py 2>&1 | tail -3
+$bench --device-sampling 2>&1 | tee "$out/step-1000.txt"
 $bench --set cluster_engine.node_pick=redraw 2>&1 | tee "$out/step-1000-redraw.txt"
-$bench --step-nodes 64 2>&1 | tee "$out/step-64.txt"
-timeout 240 $bench --step-nodes 64 --reps 100 --compile 2>&1 | grep -v "^W1\|^I1" | tee "$out/step-64-compile.txt"
+$bench --step-nodes 64 --device-sampling 2>&1 | tee "$out/step-64.txt"
+timeout 240 $bench --step-nodes 64 --reps 100 --compile --device-sampling 2>&1 | grep -v "^W1\|^I1" | tee "$out/step-64-compile.txt"
 if [ "${2:-}" = "--hours" ]; then
     for dev in cuda cpu; do
         /usr/bin/time -f "$dev hour (default game, seed 0, 10 %%): %e s wall, %U s user" \
