@@ -173,11 +173,14 @@ def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int,
     ds = [*sets, "cluster_engine.device_sampling=true"]
     engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g, sets=ds)
                for g in (True, False)}
-    if compile_step:
-        for e in engines.values():
-            e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
     eng = engines[True]
     batch = eng.cfg.batch_size
+    compiled = ""
+    if compile_step:             # the probe: the loss and the sampler's ops compiled too
+        for e in engines.values():
+            e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
+        compiled = [_compile_sampler(e._sampler, e.data, batch) for e in engines.values()]
+        compiled = f"; {compiled[0]} (probe)"
     for _ in range(5):                               # warm-up; on CUDA: the capture
         for e in engines.values():
             e.train(1)
@@ -190,10 +193,29 @@ def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int,
            for g, e in engines.items()}
     graphed = f"; graph replays {eng.dqn._graphs.replays}" if eng.dqn._graphs else ""
     print(f"    device sampling (ring of {eng.data.replay.capacity} ticks on {device}): "
-          f"prepare (copy the new rows) {prepare:.2f} ms, draw + gather (eager) "
+          f"prepare (copy the new rows) {prepare:.2f} ms, draw + gather (no graph) "
           f"{draw:.2f} ms, Engine.train(1) with sampling {train[True]:.2f} ms (cuda_graph "
           f"off: {train[False]:.2f} ms); back to back, per call {row[True]:.2f} ms "
-          f"(cuda_graph off: {row[False]:.2f} ms){graphed}", flush=True)
+          f"(cuda_graph off: {row[False]:.2f} ms){graphed}{compiled}", flush=True)
+
+
+def _compile_sampler(sampler, data, batch: int) -> str:
+    """The probe's ``torch.compile`` of the sampler's draw and gather (each tried once
+    here, outside any capture; one that fails to compile stays eager). Says which."""
+    sampler.prepare(data, batch)
+    done = []
+    for name in ("draw", "gather"):
+        fn = torch.compile(getattr(sampler, name), dynamic=False)
+        try:
+            t, nodes, ok = (fn if name == "draw" else sampler.draw)(batch)
+            if name == "gather":
+                fn(t, nodes, ok)
+        except Exception as e:           # a probe: report it, keep the eager op
+            done.append(f"{name} eager ({type(e).__name__})")
+            continue
+        setattr(sampler, name, fn)
+        done.append(f"{name} compiled")
+    return " and ".join(done)
 
 
 def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
@@ -241,7 +263,13 @@ def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
               f"(cuda_graph off: {row[False]:.2f} ms), learn {learn_row:.2f} ms",
               flush=True)
         if device_sampling:
-            _device_sampling_rows(n, device, loss_nodes, reps, compile_step, sets)
+            try:
+                _device_sampling_rows(n, device, loss_nodes, reps, compile_step, sets)
+            except Exception as e:       # the compile probe may fail to capture: say so
+                if not compile_step:
+                    raise
+                print(f"    device sampling with torch.compile failed: "
+                      f"{type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
 WRITES = {"process": True, "sync": False}   # run_one's write_behind
