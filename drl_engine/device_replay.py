@@ -39,9 +39,11 @@ class DeviceSampler:
     minibatches drawn there. :meth:`prepare` (host, before each step) copies what
     changed; :meth:`batch` (device ops only: capturable) draws one minibatch."""
 
-    def __init__(self, device, seed: int = 0):
+    def __init__(self, device, seed: int = 0, staged: bool | None = None):
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        # the new rows through one staged buffer (pinned on CUDA; None: on CUDA only)
+        self.staged = self.cuda if staged is None else staged
         # CUDA: the default generator (graph capture registers it; train seeds it with
         # the learner's torch.manual_seed); CPU: a generator of the engine's seed
         self.gen = None if self.cuda else torch.Generator().manual_seed(int(seed))
@@ -96,7 +98,7 @@ class DeviceSampler:
         self._stats_of = None
         self.synced = rep.last
         self.generation += 1
-        self._stage = _Stage(rep, self.device) if self.cuda else None
+        self._stage = _Stage(rep, self.device, self.cuda) if self.staged else None
         C, n, d = rep.capacity, data.n_step, data.shift
         S, A = data.stack, rep.n_actions
         self.shape = dict(C=C, N=rep.n, P=P, S=S, n=n, d=d, A=A, M=data.batch_nodes(),
@@ -112,20 +114,22 @@ class DeviceSampler:
         """Ring rows ``slots`` and the step's scalars to the device: on CUDA one staged
         copy from a pinned buffer, then one ``index_copy_`` a field."""
         k = len(slots)
-        if not self.cuda:
+        if not self.staged:
             idx = torch.from_numpy(slots)
             for name in _FIELDS:
                 self.ring[name].index_copy_(0, idx, torch.from_numpy(getattr(rep, name)[slots]))
             self.scalars.copy_(torch.from_numpy(scalars))
             return
         st = self._stage
-        self._copied.synchronize()               # never overwrite a copy in flight
+        if self._copied is not None:
+            self._copied.synchronize()           # never overwrite a copy in flight
         st.host["slots"][:k] = slots
         for name in _FIELDS:
             np.take(getattr(rep, name), slots, axis=0, out=st.host[name][:k])
         st.host["scalars"][:] = scalars
         st.dev.copy_(st.buf, non_blocking=True)
-        self._copied.record()
+        if self._copied is not None:
+            self._copied.record()
         idx = st.views["slots"][:k]
         for name in _FIELDS:
             self.ring[name].index_copy_(0, idx, st.views[name][:k])
@@ -230,7 +234,7 @@ class _Stage:
     """A pinned host buffer and its device twin for :data:`_STAGED_SLOTS` ring rows and
     the step's scalars, one 64-byte-aligned view a field."""
 
-    def __init__(self, rep, device):
+    def __init__(self, rep, device, pinned: bool = True):
         K = _STAGED_SLOTS
         spec = [("slots", np.int64, (K,)), ("scalars", np.float64, (_SCALARS,))] + \
             [(name, getattr(rep, name).dtype, (K,) + getattr(rep, name).shape[1:])
@@ -239,7 +243,7 @@ class _Stage:
         for _, dtype, shape in spec:
             offsets.append(total)
             total += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64
-        self.buf = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+        self.buf = torch.empty(total, dtype=torch.uint8, pin_memory=pinned)
         self.dev = torch.empty_like(self.buf, device=device)
         raw = self.buf.numpy()
         self.host, self.views = {}, {}
