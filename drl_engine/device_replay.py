@@ -147,9 +147,9 @@ class DeviceSampler:
         sh, r, sc = self.shape, self.ring["r"], self.scalars
         C = sh["C"]
         known = torch.isfinite(r)
-        ok = known.roll(-sh["d"])
-        for k in range(1, sh["n"]):              # slot s: rewards of s + d … s + d + n − 1
-            ok = ok & known.roll(-(sh["d"] + k))
+        d, n = sh["d"], sh["n"]
+        # slot s: the rewards of slots s + d … s + d + n − 1 (mod C) all known
+        ok = torch.cat([known, known[:d + n]]).unfold(0, n, 1)[d:d + C].all(dim=-1)
         lo = sc[0].long()
         j = self.offsets
         w = ok[(lo + j) % C] & (j < sc[1])
@@ -195,15 +195,16 @@ class DeviceSampler:
                                device=self.device)
         abar = next_abar = None
         if sh["mean_field"]:
-            abar, next_abar = (self._mean_field(s, nodes) for s in (s0, s1))
+            abar = self._mean_field(s0, acts)
+            next_abar = self._mean_field(s1, ring["actions"][s1[:, None], nodes].long())
         return (obs, mask, acts.clamp_min(0), returns, discounts, next_obs, next_mask,
                 valid, abar, next_abar)
 
-    def _mean_field(self, s: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-        """NodeReplay.mean_field at slots ``s`` (B,) for ``nodes`` (B, M): the others'
-        action shares, each node's own action (−1: none) taken out of the tick's counts."""
+    def _mean_field(self, s: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+        """NodeReplay.mean_field at slots ``s`` (B,) for the nodes whose own actions
+        there are ``own`` (B, M) (−1: none): the others' action shares, each node's own
+        action taken out of the tick's counts."""
         hist = self.ring["ahist"][s][:, None, :]                          # (B, 1, A)
-        own = self.ring["actions"][s[:, None], nodes].long()              # (B, M)
         others = hist - (own[..., None] == self.action_ids).to(hist.dtype)
         return others / others.sum(dim=-1, keepdim=True).clamp_min(1.0)
 
