@@ -6,7 +6,7 @@
 # drawn on the GPU inside the step's graph, beside the numpy rows of the same run).
 #   bash tools/gpu/check.sh OUTDIR [--hours]   (wheels for what the machine lacks in .whl/)
 # --hours adds one simulated hour each of the default game and the 64-node cluster on
-# cuda and on cpu.
+# cuda and on cpu, and the cluster's on cuda with cluster_engine.device_sampling.
 set -u
 out=${1:-/tmp/gpu-out}; mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -30,4 +30,8 @@ if [ "${2:-}" = "--hours" ]; then
             python3 -m capes converge-test --config configs/cluster-sim.toml --seeds 1 \
             --jobs 1 --device $dev --json "$out/cluster-$dev.json" --quiet 2>&1 | tail -1
     done
+    /usr/bin/time -f "cuda hour (cluster-sim 64 nodes, seed 0, device_sampling): %e s wall, %U s user" \
+        python3 -m capes converge-test --config configs/cluster-sim.toml --seeds 1 --jobs 1 \
+        --device cuda --set cluster_engine.device_sampling=true \
+        --json "$out/cluster-cuda-ds.json" --quiet 2>&1 | tail -1
 fi
