@@ -17,10 +17,10 @@ what its rejection draws converge to), by the inverse of the weights' cumulative
 (no rejection loop, no ``nonzero``, no host read); each tick's M nodes a uniform random
 subset (the smallest M of N uniforms). Given the same ticks and nodes the batch is the
 numpy path's (:meth:`RowData.batch_at`; tests/test_device_replay.py). Differences: the
-random numbers are torch's (another stream), the batch has B ticks drawn with
-replacement even when few ticks are valid (numpy's gives up after 20 rounds of draws
-with a shorter one), and with no valid tick at all the step runs on a batch whose
-transitions all count zero. Per step it reads the whole ring once (O(capacity): the
+random numbers are torch's (another stream: the engine's numpy generator is not drawn
+from, and a checkpoint does not keep this one), a batch always has B ticks (numpy's
+gives up after 20 rounds of draws with a shorter one when few ticks are valid), and with
+no valid tick at all the step runs on a batch whose transitions all count zero. Per step it reads the whole ring once (O(capacity): the
 weights and their cumulative sum), a few kernels over ~10⁴–10⁶ elements.
 """
 from __future__ import annotations
