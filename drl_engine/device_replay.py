@@ -20,8 +20,9 @@ numpy path's (:meth:`RowData.batch_at`; tests/test_device_replay.py). Difference
 random numbers are torch's (another stream: the engine's numpy generator is not drawn
 from, and a checkpoint does not keep this one), a batch always has B ticks (numpy's
 gives up after 20 rounds of draws with a shorter one when few ticks are valid), and with
-no valid tick at all the step runs on a batch whose transitions all count zero. Per step it reads the whole ring once (O(capacity): the
-weights and their cumulative sum), a few kernels over ~10⁴–10⁶ elements.
+no valid tick at all the step runs on a batch whose transitions all count zero. Per step it weighs every tick of the span (the weights and
+their cumulative sum over a power of two ≥ the span's ticks, up to the ring's capacity:
+a graph of each size, ~log₂ of the ring's ticks of them over a ring's life).
 """
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ class DeviceSampler:
             self._stats_of = data.mean
         # tick u's ingest writes slot u, the slot of u − 1 (its action, reward) and
         # clears the slots of a gap between them: the ticks from the last one synced on
+        # the draw's static span: a power of two ≥ the span, at most the ring (a new
+        # graph each time it doubles, not one op over the whole ring every step)
+        self.window = min(rep.capacity, max(64, 1 << (total - 1).bit_length()))
         ticks = np.arange(max(self.synced, rep.last - rep.capacity + 1), rep.last + 1)
         for i in range(0, len(ticks), _STAGED_SLOTS):
             self._copy_rows(rep, rep.slot(ticks[i:i + _STAGED_SLOTS]), scalars)
@@ -103,7 +107,8 @@ class DeviceSampler:
         S, A = data.stack, rep.n_actions
         self.shape = dict(C=C, N=rep.n, P=P, S=S, n=n, d=d, A=A, M=data.batch_nodes(),
                           mean_field=data.mcfg.mean_field, gamma=data.gamma)
-        self.offsets = torch.arange(C, device=dev)                      # j: tick lo + j
+        self.offsets = torch.arange(C + d + n, device=dev)              # j: tick lo + j
+        self.window = 0
         self.back = torch.arange(S - 1, -n - 1, -1, device=dev)         # the window rows
         self.ahead = d + torch.arange(n, device=dev)                    # the rewards
         self.powers = torch.as_tensor(data.gamma ** np.arange(n), device=dev)
@@ -136,24 +141,24 @@ class DeviceSampler:
         self.scalars.copy_(st.views["scalars"])
 
     def key(self, batch: int) -> tuple:
-        """The graph key of a step of ``batch`` ticks on this ring's tensors."""
-        return ("device_sampling", batch, self.generation)
+        """The graph key of a step of ``batch`` ticks on this ring's tensors and span
+        (its last item: a newer one makes the graphs of the older ones stale)."""
+        return ("device_sampling", batch, (self.generation, self.window))
 
     # -- device side: torch ops of static shapes, no host read ----------------------------
     def draw(self, batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(t (B,), nodes (B, M), any): ticks drawn with the numpy path's law among the
         valid ones, each tick's M nodes a uniform subset; ``any`` (0-d bool) false when
         no tick was valid (then t is lo and every transition counts zero)."""
-        sh, r, sc = self.shape, self.ring["r"], self.scalars
-        C = sh["C"]
-        known = torch.isfinite(r)
-        d, n = sh["d"], sh["n"]
-        # slot s: the rewards of slots s + d … s + d + n − 1 (mod C) all known
-        ok = torch.cat([known, known[:d + n]]).unfold(0, n, 1)[d:d + C].all(dim=-1)
+        sh, sc, W = self.shape, self.scalars, self.window
+        C, d, n = sh["C"], sh["d"], sh["n"]
         lo = sc[0].long()
-        j = self.offsets
-        w = ok[(lo + j) % C] & (j < sc[1])
-        w = w * (sc[3] + sc[4] * (j >= sc[2]))                          # float64 (C,)
+        # offset j: tick lo + j, whose rewards are those of ticks lo + j + d … + n − 1
+        known = torch.isfinite(self.ring["r"][(lo + self.offsets[:W + d + n]) % C])
+        ok = known.unfold(0, n, 1)[d:d + W].all(dim=-1)                 # (W,)
+        j = self.offsets[:W]
+        w = ok & (j < sc[1])
+        w = w * (sc[3] + sc[4] * (j >= sc[2]))                          # float64 (W,)
         cum = w.cumsum(0)
         total = cum[-1:]
         u = torch.rand(batch, dtype=torch.float64, device=self.device,

@@ -212,9 +212,9 @@ class CUDAGraphStep:
         """``step()``, a training step that draws its own minibatch on the device
         (``cluster_engine.device_sampling``), replayed as one graph per ``key``: the
         draw's random numbers come from the default CUDA generator, which a capture
-        registers (each replay draws fresh ones). ``key`` ends with the generation of
-        the sampler's ring: a newer one (its tensors reallocated) drops the graphs that
-        read the older tensors."""
+        registers (each replay draws fresh ones). ``key`` ends with the sampler's
+        generation (its ring's tensors, its span's size): a newer one drops the graphs
+        of the older ones, which read stale tensors or too short a span."""
         g = self.shapes.get(key)
         if g is None:
             for old in [k for k in self.shapes if k[0] == key[0] and k[-1] != key[-1]]:
