@@ -3,13 +3,26 @@
 When the objective's ``best_window``-tick level stays below ``rollback_fraction`` of the
 best-known level (``drl_engine.best_known``) for ``rollback_ticks`` ticks, the next
 action puts every row's dynamic knobs back on the best-known setting at once
-(``Decision.rolled_back``) and holds them there for ``settle_ticks`` + ``best_window``
-ticks to measure it; still below then, that best is no longer reachable (a change the
-detector missed, or a transient): it is dropped and counted (``stale_bests``).
+(``Decision.rolled_back``) and holds them there to measure it; still below then, that
+best is no longer reachable (a change the detector missed, or a transient): it is
+dropped and counted (``stale_bests``).
+
+The measure starts only once the rolled-back setting is in effect: once every present
+row's knob PIs (the values the nodes report) are on it, on the knobs' step grid. The
+hold then lasts ``settle_ticks`` + ``best_window`` ticks from there. In simulated time
+the setting shows up on the next tick, so this is the fixed hold it always was; on a
+live cluster under load an action reaches the nodes ticks late (the engine's loop,
+the control plane and the agents all wait for CPU), and a window measured at the old,
+bad setting dropped a good best: a cascade of rollbacks and ever lower bests lost a
+CI demo on 2 loaded cores. A setting that has not shown up after ``rollback_ticks``
+ticks ends the hold with no verdict (``unconfirmed``): the best is kept, for it was
+never measured.
 """
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 log = logging.getLogger("capes.engine")
 
@@ -19,22 +32,37 @@ class Rollback:
         self.mcfg, self.settle_ticks = model, settle_ticks
         self.below = 0                          # ticks in a row below the fraction
         self.due = False                        # the next act rolls back
-        self.hold_until: int | None = None      # after a rollback: hold until this tick
+        self.hold_until: int | None = None      # measured: hold until this tick
+        self.target: np.ndarray | None = None   # (N, K) grid indices rolled back to ...
+        self.cells: np.ndarray | None = None    # ... on these (row, knob) cells
+        self.since: int | None = None           # the tick of the rollback awaiting them
         self.rollback_ticks: list[int] = []
         self.stale_bests = 0                    # bests dropped: a rollback did not help
+        self.unconfirmed = 0                    # rollbacks whose setting never showed up
 
     def reset(self) -> None:
         """A new workload (or a best handed over): nothing pending."""
         self.below, self.due, self.hold_until = 0, False, None
+        self.target = self.cells = self.since = None
+
+    @property
+    def waiting(self) -> bool:
+        """Rolled back, the setting not seen in effect yet."""
+        return self.since is not None
 
     def holding(self, tick: int) -> bool:
-        """Measuring the rolled-back setting: no moves, no probes."""
-        return self.hold_until is not None and tick < self.hold_until
+        """Waiting for the rolled-back setting or measuring it: no moves, no probes."""
+        return self.waiting or (self.hold_until is not None and tick < self.hold_until)
 
-    def watch(self, tick: int, best) -> None:
+    def watch(self, tick: int, best, knobs=None, present=None, grid=None) -> None:
         """Count the ticks in a row that ``best``'s level (a
         :class:`~drl_engine.best_known.PeakTracker`) stays below the floor; set ``due``
-        after ``rollback_ticks`` of them; after a hold, drop a best still below."""
+        after ``rollback_ticks`` of them; after a rollback, wait until the nodes'
+        ``knobs`` (N, K) PIs at ``tick`` are on its setting, hold, and drop a best still
+        below."""
+        if self.waiting:
+            self._await(tick, knobs, present, grid)
+            return
         f = self.mcfg.rollback_fraction
         if not f or best.best_level is None or best.level is None or best.best_idx is None:
             self.below = 0
@@ -57,10 +85,36 @@ class Rollback:
         self.below = 0
         self.due = True
 
-    def start(self, tick: int) -> None:
-        """The rollback is applied at ``tick``: hold, and count it."""
+    def _await(self, tick: int, knobs, present, grid) -> None:
+        """The hold's measure starts once the rolled-back setting is in effect."""
+        if knobs is None or self.target is None or self.target.shape != np.shape(knobs):
+            seen = True                     # nothing to read back: the fixed hold
+        else:
+            cells = self.cells & np.asarray(present, bool)[:, None]
+            v = np.asarray(knobs, np.float64)
+            ok = np.isfinite(v)
+            on = ok & (grid.index(np.where(ok, v, grid.lo)) == self.target)
+            seen = bool(on[cells].all())
+        if seen:
+            self.since = self.target = self.cells = None
+            self.hold_until = tick + self.settle_ticks + self.mcfg.best_window
+            return
+        if tick - self.since >= self.mcfg.rollback_ticks:
+            log.info("tick %d: the setting rolled back to at tick %d is not in effect "
+                     "yet: no verdict, the best is kept", tick, self.since)
+            self.since = self.target = self.cells = None
+            self.below = 0
+            self.unconfirmed += 1
+
+    def start(self, tick: int, target: np.ndarray | None = None,
+              cells: np.ndarray | None = None) -> None:
+        """The rollback to the grid indices ``target`` (N, K) on ``cells`` (N, K) is
+        applied at ``tick``: wait for it, hold, and count it."""
         self.due = False
-        self.hold_until = tick + self.settle_ticks + self.mcfg.best_window + 1
+        self.hold_until = None
+        self.since = tick
+        self.target = None if target is None else np.asarray(target, np.int64).copy()
+        self.cells = None if cells is None else np.asarray(cells, bool).copy()
         self.rollback_ticks.append(tick)
 
 

@@ -33,6 +33,7 @@ STATE = {
                                 "level")},
     "_best_from": ("best", "best_from"), "below": ("rollback", "below"),
     "_rollback_due": ("rollback", "due"), "_hold_until": ("rollback", "hold_until"),
+    **{f"_rollback_{a}": ("rollback", a) for a in ("target", "cells", "since")},
     **{k: ("probes", a) for k, a in row_probes.STATE.items()},
     "guarded": (None, "guarded")}
 
@@ -101,10 +102,11 @@ class RowController:
 
     def roll_back(self, tick: int, cur: np.ndarray, present: np.ndarray) -> np.ndarray:
         """Every present row's dynamic knobs back to the best-known setting at once
-        (probes end); counted in ``rollback.rollback_ticks``."""
-        self.rollback.start(tick)
+        (probes end); counted in ``rollback.rollback_ticks``. The hold's measure waits
+        for the nodes' knob PIs to show it (``drl_engine.rollback``)."""
         best = self.grid.values(self.best.best_idx)
         move = present[:, None] & self.dynamic[None, :]
+        self.rollback.start(tick, self.best.best_idx, move)
         values = np.where(move, best, cur)
         self.probes.knob[:] = -1
         level = self.best.level
