@@ -730,9 +730,10 @@ class Engine:
             self.action_ticks += 1
             return self._decision(tick, none, values, eps, np.zeros(self.nodes, bool), None,
                                   rolled_back=True)
-        if control.rollback.holding(tick):
-            self.action_ticks += 1                       # measuring the rolled-back setting
-            return self._decision(tick, none, cur, eps, np.zeros(self.nodes, bool), None)
+        if control.rollback.holding(tick):      # walking back, or measuring the setting
+            self.action_ticks += 1
+            values = control.walk_back(cur) if self.mcfg.rollback_walk else cur
+            return self._decision(tick, none, values, eps, np.zeros(self.nodes, bool), None)
         explore, acts = control.explore(idx, eps, self.rng)
         q_max = None
         greedy = ~explore & present

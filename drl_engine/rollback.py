@@ -1,22 +1,27 @@
 """Rollback to the best-known setting when the objective stays below it.
 
 When the objective's ``best_window``-tick level stays below ``rollback_fraction`` of the
-best-known level (``drl_engine.best_known``) for ``rollback_ticks`` ticks, the next
-action puts every row's dynamic knobs back on the best-known setting at once
-(``Decision.rolled_back``) and holds them there to measure it; still below then, that
-best is no longer reachable (a change the detector missed, or a transient): it is
-dropped and counted (``stale_bests``).
+best-known level (``drl_engine.best_known``) for ``rollback_ticks`` ticks, the engine
+puts every row's dynamic knobs back on the best-known setting (``Decision.rolled_back``)
+and holds them there to measure it; still below then, that best is no longer reachable
+(a change the detector missed, or a transient): it is dropped and counted
+(``stale_bests``).
 
-The measure starts only once the rolled-back setting is in effect: once every present
-row's knob PIs (the values the nodes report) are on it, on the knobs' step grid. The
-hold then lasts ``settle_ticks`` + ``best_window`` ticks from there. In simulated time
-the setting shows up on the next tick, so this is the fixed hold it always was; on a
-live cluster under load an action reaches the nodes ticks late (the engine's loop,
-the control plane and the agents all wait for CPU), and a window measured at the old,
-bad setting dropped a good best: a cascade of rollbacks and ever lower bests lost a
-CI demo on 2 loaded cores. A setting that has not shown up after ``rollback_ticks``
-ticks ends the hold with no verdict (``unconfirmed``): the best is kept, for it was
-never measured.
+How the setting goes back (``rollback_walk``): by default a walk, each row moving one
+knob by at most ``actions.MAX_STEPS`` steps a tick, the interface daemon's per-node step
+rule (``interface_daemon.action_checker``); the jump of every knob at once (the ablation,
+``rollback_walk = false``) is refused by a live daemon whenever a row must move two
+knobs, and the hold then measured the bad setting it was meant to leave: the good best
+was dropped, a new one set at the bad level, and the cascade of rollbacks and ever lower
+bests lost a CI demo.
+
+When the measure starts: once every present row's knob PIs (the values the nodes report)
+are on the setting, on the knobs' step grid; the hold then lasts ``settle_ticks`` +
+``best_window`` ticks from there. In simulated time a jump shows up on the next tick: the
+fixed hold it always was. On a live cluster an action reaches the nodes late (the control
+plane and the agents wait for CPU under load) or never (refused): a setting not in effect
+``rollback_ticks`` ticks after its last move (the walk's length allowed for) ends the
+hold with no verdict (``unconfirmed``), the best kept, for it was never measured.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class Rollback:
         self.target: np.ndarray | None = None   # (N, K) grid indices rolled back to ...
         self.cells: np.ndarray | None = None    # ... on these (row, knob) cells
         self.since: int | None = None           # the tick of the rollback awaiting them
+        self.deadline: int | None = None        # ... given up at this tick
         self.rollback_ticks: list[int] = []
         self.stale_bests = 0                    # bests dropped: a rollback did not help
         self.unconfirmed = 0                    # rollbacks whose setting never showed up
@@ -43,7 +49,7 @@ class Rollback:
     def reset(self) -> None:
         """A new workload (or a best handed over): nothing pending."""
         self.below, self.due, self.hold_until = 0, False, None
-        self.target = self.cells = self.since = None
+        self.target = self.cells = self.since = self.deadline = None
 
     @property
     def waiting(self) -> bool:
@@ -96,23 +102,23 @@ class Rollback:
             on = ok & (grid.index(np.where(ok, v, grid.lo)) == self.target)
             seen = bool(on[cells].all())
         if seen:
-            self.since = self.target = self.cells = None
+            self.reset()
             self.hold_until = tick + self.settle_ticks + self.mcfg.best_window
             return
-        if tick - self.since >= self.mcfg.rollback_ticks:
+        if tick >= self.deadline:
             log.info("tick %d: the setting rolled back to at tick %d is not in effect "
                      "yet: no verdict, the best is kept", tick, self.since)
-            self.since = self.target = self.cells = None
-            self.below = 0
+            self.reset()
             self.unconfirmed += 1
 
     def start(self, tick: int, target: np.ndarray | None = None,
-              cells: np.ndarray | None = None) -> None:
-        """The rollback to the grid indices ``target`` (N, K) on ``cells`` (N, K) is
-        applied at ``tick``: wait for it, hold, and count it."""
+              cells: np.ndarray | None = None, walk_ticks: int = 0) -> None:
+        """The rollback to the grid indices ``target`` (N, K) on ``cells`` (N, K) starts
+        at ``tick`` (a walk of ``walk_ticks`` ticks): wait for it, hold, and count it."""
         self.due = False
         self.hold_until = None
         self.since = tick
+        self.deadline = tick + walk_ticks + self.mcfg.rollback_ticks
         self.target = None if target is None else np.asarray(target, np.int64).copy()
         self.cells = None if cells is None else np.asarray(cells, bool).copy()
         self.rollback_ticks.append(tick)

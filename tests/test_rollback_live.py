@@ -12,6 +12,7 @@ import numpy as np
 
 from capes.common.config import build
 from capes.common.params import ParameterSpec
+from interface_daemon.action_checker import ActionChecker, Verdict
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.engine import Engine
@@ -43,9 +44,16 @@ class LateNodes:
     read at the window in effect ``SETTLE`` ticks earlier. ``stuck``: nodes whose
     applier refuses every value."""
 
-    def __init__(self, lag: int, peak=20, good=100.0, bad=60.0, gone_at=None, stuck=()):
+    def __init__(self, lag: int, peak=20, good=100.0, bad=60.0, gone_at=None, stuck=(),
+                 step_rule=False):
         self.lag, self.peak, self.good, self.bad = lag, peak, good, bad
         self.gone_at, self.stuck = gone_at, set(stuck)
+        # the interface daemon's per-node step rule: one knob of a row a tick, by at most
+        # MAX_STEPS steps; an action that breaks it is refused whole
+        self.checker = ActionChecker([dataclasses.replace(p, name=f"n{i}/{p.name}")
+                                      for i in range(NODES) for p in specs()]) \
+            if step_rule else None
+        self.refused = 0
         self.knobs = np.tile([float(peak), 100.0], (NODES, 1))
         self.history = deque([self.knobs.copy()] * (SETTLE + 1), maxlen=SETTLE + 1)
         self.pending: deque = deque()       # (tick it lands, values)
@@ -55,8 +63,18 @@ class LateNodes:
         """An operator's (or an earlier action's) values, in effect at once."""
         self.knobs = np.asarray(values, float).copy()
 
-    def send(self, tick: int, values: np.ndarray) -> None:
-        self.pending.append((tick + 1 + self.lag, np.asarray(values, float).copy()))
+    def send(self, tick: int, values: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+        """The control plane takes ``values`` (or refuses them: ``accepted`` stays);
+        what it accepted reaches the nodes ``lag`` ticks later."""
+        values = np.asarray(values, float).copy()
+        if self.checker is not None:
+            names = self.checker.order
+            flat = lambda v: dict(zip(names, np.asarray(v, float).ravel().tolist()))  # noqa: E731
+            if not self.checker.check_rows(Verdict(flat(values)), flat(accepted)).ok:
+                self.refused += 1
+                values = np.asarray(accepted, float).copy()
+        self.pending.append((tick + 1 + self.lag, values))
+        return values
 
     def pis(self, tick: int) -> np.ndarray:
         while self.pending and self.pending[0][0] <= tick:
@@ -73,15 +91,15 @@ class LateNodes:
         return x
 
 
-def at_a_bad_setting_until_rollback(nodes: LateNodes):
-    """The best (window 20) set over 30 ticks, then the nodes at window 26 until the
-    level has stayed below 90 % of it for rollback_ticks: the rollback's tick."""
-    eng = engine()
+def at_a_bad_setting_until_rollback(nodes: LateNodes, bad=(26.0, 100.0), **model):
+    """The best (window 20, rate limit 100) set over 30 ticks, then the nodes at ``bad``
+    until the level has stayed below 90 % of it for rollback_ticks: the rollback's tick."""
+    eng = engine(**model)
     for t in range(30):
         eng.ingest(t, nodes.pis(t))
     assert eng.control.best.best_idx[:, 0].tolist() == [19] * NODES     # window 20
     best_tick = eng.control.best.best_tick
-    nodes.set(np.tile([26.0, 100.0], (NODES, 1)))
+    nodes.set(np.tile(bad, (NODES, 1)))
     t = 30
     while not eng.control.rollback.due:
         eng.ingest(t, nodes.pis(t))
@@ -99,8 +117,7 @@ def run_live(eng: Engine, nodes: LateNodes, start: int, ticks: int) -> list:
         if t > start:
             eng.ingest(t, nodes.pis(t))
         d = eng.act(current=accepted)
-        accepted = d.values.copy()
-        nodes.send(t, d.values)
+        accepted = nodes.send(t, d.values, accepted)
         decisions.append(d)
     return decisions
 
@@ -152,3 +169,34 @@ def test_a_setting_that_never_shows_up_ends_the_hold_with_no_verdict():
     # waited rollback_ticks ticks without a move, then acts again
     waited = [d for d in decisions[1:] if d.tick < tick + eng.mcfg.rollback_ticks]
     assert all((d.row_actions == 0).all() for d in waited)
+
+
+def test_the_rollback_walks_back_within_the_daemons_step_rule():
+    """Both knobs of every row off the best (window 26, rate limit 60: 60 % of it): the
+    interface daemon refuses a jump of two knobs of a row, so the rollback walks back a
+    knob a tick, is never refused, and the best, measured there, is kept."""
+    nodes = LateNodes(lag=1, step_rule=True)
+    eng, tick, _ = at_a_bad_setting_until_rollback(nodes, bad=(26.0, 60.0))
+    decisions = run_live(eng, nodes, tick, 3 * (SETTLE + WINDOW) + 4)
+    rb = eng.control.rollback
+    assert nodes.refused == 0 and decisions[0].rolled_back
+    assert rb.stale_bests == 0 and rb.unconfirmed == 0
+    assert eng.control.best.best_idx[:, 0].tolist() == [19] * NODES
+    # window 26 -> 20 (6 steps) and rate limit 60 -> 100 (4 steps): two ticks, then held
+    assert [d.values[0].tolist() for d in decisions[:2]] in ([[20, 60], [20, 100]],
+                                                             [[26, 100], [20, 100]])
+    assert (nodes.knobs == [20, 100]).all()
+
+
+def test_the_jump_a_daemon_refuses_measures_nothing_and_keeps_the_best():
+    """The ablation (``rollback_walk = false``) jumps both knobs of each row at once: the
+    daemon refuses it, the setting never shows up, and the hold ends with no verdict
+    instead of dropping the best on a measure of the setting it failed to leave."""
+    nodes = LateNodes(lag=1, step_rule=True)
+    eng, tick, _ = at_a_bad_setting_until_rollback(nodes, bad=(26.0, 60.0),
+                                                   rollback_walk=False)
+    run_live(eng, nodes, tick, eng.mcfg.rollback_ticks + 2)
+    rb = eng.control.rollback
+    assert nodes.refused >= 1 and (nodes.knobs == [26, 60]).all()
+    assert rb.stale_bests == 0 and rb.unconfirmed == 1
+    assert eng.control.best.best_idx is not None
