@@ -134,11 +134,13 @@ class RowController:
             return cur
         idx = self.grid.index(cur)
         diff = np.where(rb.cells, rb.target - idx, 0)
-        k = np.argmax(np.abs(diff) / np.maximum(self.n_steps, 1), axis=1)
-        rows = np.arange(len(idx))
+        rows = np.flatnonzero(diff.any(axis=1))
+        k = np.argmax(np.abs(diff[rows]) / np.maximum(self.n_steps, 1), axis=1)
         d = diff[rows, k]
-        idx[rows, k] += np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
-        return np.where(diff.any(axis=1)[:, None], self.grid.values(idx), cur)
+        to = idx[rows, k] + np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
+        out = cur.copy()          # the row's other knobs as they are, even off the grid
+        out[rows, k] = np.minimum(self.lo[k] + to * self.step[k], self.hi[k])
+        return out
 
     def explore(self, idx: np.ndarray, eps: float, rng) -> tuple[np.ndarray, np.ndarray]:
         """Which rows explore this tick and their actions (``drl_engine.row_probes``)."""
