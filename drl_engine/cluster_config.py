@@ -106,6 +106,11 @@ class NodeModelConfig:
     # (dynamic) knobs go back to the best-known setting at once (0: never)
     rollback_fraction: float = 0.9
     rollback_ticks: int = 60
+    # ... walked back, one knob of a row by at most actions.MAX_STEPS steps a tick (the
+    # interface daemon's per-node step rule, which refuses a jump of two knobs of a row:
+    # the hold then measured the bad setting and dropped the good best); false: at once
+    # (the ablation; drl_engine/rollback.py)
+    rollback_walk: bool = True
 
     # upper bounds: beyond these a value is a typo (a network or a ring this large would
     # exhaust memory at start instead of failing here with the key's name)

@@ -683,7 +683,9 @@ class Engine:
             self._alarm(tick)
         if control.best.track(rep, tick):
             self._forget_best(tick)
-        control.rollback.watch(int(tick), control.best)
+        s = rep.slot(tick)
+        control.rollback.watch(int(tick), control.best, rep.knobs[s], rep.present[s],
+                               control.grid)
 
     def _alarm(self, tick: int) -> None:
         alarms = self.control.alarm_ticks
@@ -737,9 +739,10 @@ class Engine:
             self.action_ticks += 1
             return self._decision(tick, none, values, eps, np.zeros(self.nodes, bool), None,
                                   rolled_back=True)
-        if control.rollback.holding(tick):
-            self.action_ticks += 1                       # measuring the rolled-back setting
-            return self._decision(tick, none, cur, eps, np.zeros(self.nodes, bool), None)
+        if control.rollback.holding(tick):      # walking back, or measuring the setting
+            self.action_ticks += 1
+            values = control.walk_back(cur) if self.mcfg.rollback_walk else cur
+            return self._decision(tick, none, values, eps, np.zeros(self.nodes, bool), None)
         explore, acts = control.explore(idx, eps, self.rng)
         q_max = None
         greedy = ~explore & present
@@ -816,6 +819,7 @@ class Engine:
                 "alarm_ticks": list(control.alarm_ticks),
                 "rollback_ticks": list(control.rollback.rollback_ticks),
                 "stale_bests": control.rollback.stale_bests,
+                "unconfirmed_rollbacks": control.rollback.unconfirmed,
                 "rng": self.rng.bit_generator.state,
                 "cold_start": None if control.cold is None else control.cold.state(),
                 "handed_over_at": control.handed_over_at,
@@ -849,6 +853,7 @@ class Engine:
         control.alarm_ticks = list(state.get("alarm_ticks", []))
         control.rollback.rollback_ticks = list(state.get("rollback_ticks", []))
         control.rollback.stale_bests = int(state.get("stale_bests", 0))
+        control.rollback.unconfirmed = int(state.get("unconfirmed_rollbacks", 0))
         self.rng.bit_generator.state = state["rng"]
         control.handed_over_at = state.get("handed_over_at")
         if control.cold is not None:     # a resumed engine never starts its search over
@@ -873,6 +878,7 @@ class Engine:
                 "rollbacks": len(control.rollback.rollback_ticks),
                 "rollback_ticks": list(control.rollback.rollback_ticks),
                 "stale_bests": control.rollback.stale_bests,
+                "unconfirmed_rollbacks": control.rollback.unconfirmed,
                 "alarm_ticks": list(control.alarm_ticks), "weights": self.weights,
                 "handed_over_at": control.handed_over_at,
                 "replay_capacity_ticks": self.data.replay.capacity}

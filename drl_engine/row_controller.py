@@ -16,6 +16,7 @@ import logging
 
 import numpy as np
 
+from capes.common import actions
 from capes.common.step_grid import StepGrid
 from drl_engine import checkpoint, row_probes, trust_region
 from drl_engine.best_known import PeakTracker
@@ -33,6 +34,7 @@ STATE = {
                                 "level")},
     "_best_from": ("best", "best_from"), "below": ("rollback", "below"),
     "_rollback_due": ("rollback", "due"), "_hold_until": ("rollback", "hold_until"),
+    **{f"_rollback_{a}": ("rollback", a) for a in ("target", "cells", "since", "deadline")},
     **{k: ("probes", a) for k, a in row_probes.STATE.items()},
     "guarded": (None, "guarded")}
 
@@ -100,12 +102,19 @@ class RowController:
             self.rollback.below = 0
 
     def roll_back(self, tick: int, cur: np.ndarray, present: np.ndarray) -> np.ndarray:
-        """Every present row's dynamic knobs back to the best-known setting at once
-        (probes end); counted in ``rollback.rollback_ticks``."""
-        self.rollback.start(tick)
-        best = self.grid.values(self.best.best_idx)
+        """Every present row's dynamic knobs back to the best-known setting, walked
+        (``rollback_walk``: :meth:`walk_back`) or at once (probes end); counted in
+        ``rollback.rollback_ticks``. The hold's measure waits for the nodes' knob PIs
+        to show it (``drl_engine.rollback``)."""
+        target = self.best.best_idx
         move = present[:, None] & self.dynamic[None, :]
-        values = np.where(move, best, cur)
+        walk = 0
+        if self.mcfg.rollback_walk:     # the longest row's walk, in ticks
+            far = np.where(move, np.abs(target - self.grid.index(cur)), 0)
+            walk = int((-(-far // actions.MAX_STEPS)).sum(axis=1).max(initial=0))
+        self.rollback.start(tick, target, move, walk)
+        values = self.walk_back(cur) if self.mcfg.rollback_walk else \
+            np.where(move, self.grid.values(target), cur)
         self.probes.knob[:] = -1
         level = self.best.level
         log.info("rollback at tick %d (rollback %d): the objective's level %.4g stayed "
@@ -114,6 +123,24 @@ class RowController:
                  100 * self.mcfg.rollback_fraction, self.best.best_level,
                  self.mcfg.rollback_ticks)
         return values
+
+    def walk_back(self, cur: np.ndarray) -> np.ndarray:
+        """One tick of the walk to the setting rolled back to: in each row not on it,
+        the knob farthest from it (relative to its range) moved towards it by up to
+        ``actions.MAX_STEPS`` steps, as the interface daemon's per-node step rule allows
+        (one knob of a row a tick); ``cur`` once every row is there."""
+        rb = self.rollback
+        if rb.target is None:
+            return cur
+        idx = self.grid.index(cur)
+        diff = np.where(rb.cells, rb.target - idx, 0)
+        rows = np.flatnonzero(diff.any(axis=1))
+        k = np.argmax(np.abs(diff[rows]) / np.maximum(self.n_steps, 1), axis=1)
+        d = diff[rows, k]
+        to = idx[rows, k] + np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
+        out = cur.copy()          # the row's other knobs as they are, even off the grid
+        out[rows, k] = np.minimum(self.lo[k] + to * self.step[k], self.hi[k])
+        return out
 
     def explore(self, idx: np.ndarray, eps: float, rng) -> tuple[np.ndarray, np.ndarray]:
         """Which rows explore this tick and their actions (``drl_engine.row_probes``)."""

@@ -69,7 +69,7 @@ def test_demo_with_several_nodes_tunes_each_nodes_knobs_and_status_lists_them(tm
             proc.kill()
     assert out.exists(), err[-3000:]
     result = json.loads(out.read_text())
-    assert proc.returncode == 0 and result["won"], err[-3000:]
+    assert proc.returncode == 0 and result["won"], err[-3000:] + _engine_story(work)
     assert "on every node" in err
     daemon = result["daemon"]
     assert not daemon["drops"] and daemon["actions"].get("acked", 0) > 0
@@ -78,6 +78,21 @@ def test_demo_with_several_nodes_tunes_each_nodes_knobs_and_status_lists_them(tm
     assert all(code == 0 for code in result["exit_codes"].values()), result["exit_codes"]
     assert len(result["exit_codes"]) == 3 * 3 + 2        # per node: sim, monitor, control
     assert not [p for p in psutil.process_iter() if _cwd(p) == str(work)]
+
+
+def _engine_story(work) -> str:
+    """What a lost multi-node demo needs to be told apart: the engine's hand-over,
+    rollbacks and dropped bests, and the actions the daemon refused."""
+    lines = []
+    for name, keys in (("drl-engine", ("hands over", "rollback", "best is dropped",
+                                       "not in effect", "workload change")),
+                       ("interface-daemon", ("not applied",))):
+        try:
+            text = (work / "logs" / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            continue
+        lines += [line for line in text.splitlines() if any(k in line for k in keys)]
+    return "\n" + "\n".join(lines[-40:])
 
 
 def test_per_node_deployment_gives_each_node_its_own_knobs_and_refuses_other_configs():
