@@ -67,8 +67,8 @@ class DQNConfig:
     kernel_steps: float = 1.5          # smoothing of the per-setting means, in steps
     lcb_kappa: float = 0.5             # best = highest mean − κ standard errors
     lcb_pooled_noise: bool = False     # ... each setting's variance at least the variance
-                                       # pooled within settings (round 10: a setting seen
-                                       # with little spread is not thereby certain)
+                                       # pooled within settings (round 10: measured a tie,
+                                       # off in both presets; docs/recall.md)
     best_min_samples: int = 3          # (kernel-weighted) samples before a setting counts
     best_refresh_ticks: int = 3        # recompute the best-known setting this often
     probe_local_steps: float = 3.0     # spread of local probe targets around the best, steps
@@ -228,9 +228,7 @@ PRESETS: dict[str, dict] = {
                 "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,
                 "q_scope": "new_contexts",
                 # issue 25 round 8: a new workload's first probe re-aimed on its walk
-                "context_replan": True,
-                # issue 25 round 10: the best-known setting's LCB with a noise floor
-                "lcb_pooled_noise": True},
+                "context_replan": True},
 }
 
 
