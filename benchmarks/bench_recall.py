@@ -24,7 +24,9 @@ first visit too) and their ``…-noq`` ablations; round 8's: ``no-replan``
 (``engine.context_replan=false``: a new workload's first probe keeps its uniform
 target); round 9's: ``no-replan-noq`` (both off: the network's share as it was before
 the re-aim) and ``infer-local`` (``engine.context_infer_local=true``: probes stay local
-around where the network's walk ended). ``--init-model``: every arm starts from that checkpoint's network, its memory
+around where the network's walk ended); round 10's: ``pooled``
+(``engine.lcb_pooled_noise=true``: each setting's variance in the best-known setting's
+bound at least the variance pooled within settings). ``--init-model``: every arm starts from that checkpoint's network, its memory
 empty, and is named ``…+init`` (``--save-model`` keeps one session's checkpoint for
 it; ``known1`` then walks where a network trained on earlier sessions points at every
 new workload but the first). Games: ``recurring`` and ``stationary``
@@ -86,7 +88,9 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "no-replan": ["engine.context_replan=false"],
         # round 9: the network's share without the re-aim
         "no-replan-noq": ["engine.context_replan=false", "engine.use_q_network=false"],
-        "infer-local": ["engine.context_infer_local=true"]}
+        "infer-local": ["engine.context_infer_local=true"],
+        # round 10: the best-known setting's bound with the pooled noise floor
+        "pooled": ["engine.lcb_pooled_noise=true"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

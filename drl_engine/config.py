@@ -66,6 +66,9 @@ class DQNConfig:
                                        # simulated hour's CPU, its answer changes rarely)
     kernel_steps: float = 1.5          # smoothing of the per-setting means, in steps
     lcb_kappa: float = 0.5             # best = highest mean − κ standard errors
+    lcb_pooled_noise: bool = False     # ... each setting's variance at least the variance
+                                       # pooled within settings (round 10: measured a tie,
+                                       # off in both presets; docs/recall.md)
     best_min_samples: int = 3          # (kernel-weighted) samples before a setting counts
     best_refresh_ticks: int = 3        # recompute the best-known setting this often
     probe_local_steps: float = 3.0     # spread of local probe targets around the best, steps

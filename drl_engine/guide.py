@@ -15,7 +15,9 @@ replay DB) and changes *which* actions are taken:
   on the step grid) the guide keeps the sum and count; a setting's score is the
   kernel-smoothed mean over its neighbours (Gaussian, ``kernel_steps`` steps wide) minus
   ``lcb_kappa`` standard errors — a lower confidence bound, so one lucky noisy sample
-  does not become "the best".
+  does not become "the best"; with ``lcb_pooled_noise`` each setting's variance is at
+  least the one pooled within settings, so a setting whose few samples agree is not
+  thereby certain.
 * **Probes.** An exploration decision starts a probe: a target setting, walked to by
   moves of up to ``action_steps`` steps per tick (temporally extended exploration, after
   Dabney et al.'s εz-greedy; two steps halve the walk, which was most of the early
@@ -297,6 +299,8 @@ class Guide:
             s, sq, n = w @ stats[:, 0], w @ stats[:, 1], w @ stats[:, 2]
         mean = s / n
         var = np.maximum(sq / n - mean ** 2, 0.0)
+        if self.cfg.lcb_pooled_noise:
+            var = np.maximum(var, self._pooled_variance())
         lcb = mean - self.cfg.lcb_kappa * np.sqrt(var / np.maximum(n, 1.0))
         lcb[n < self.cfg.best_min_samples] = -np.inf
         if not np.isfinite(lcb).any():
@@ -305,6 +309,16 @@ class Guide:
         self._best_at = now
         self.had_best = True
         return self.best
+
+    def _pooled_variance(self) -> float:
+        """The objective's variance within settings, pooled over every setting credited
+        more than once (0 while none is): the floor of each setting's variance in the
+        best-known setting's bound (``lcb_pooled_noise``). A setting whose samples barely
+        spread (a binding rate limit's level, or a few samples that happen to agree)
+        would otherwise have a bound at its mean and beat better settings measured
+        with the noise every setting has."""
+        within = _within_variance(*self._cells()[1:])
+        return 0.0 if within is None else within
 
     def _smooth_dense(self):
         """The Gaussian-kernel sums of every cell, one axis at a time."""
@@ -382,9 +396,8 @@ class Guide:
         keys, s, sq, n = _coarsen(keys.astype(np.float64), s, sq, n, self.MODEL_MAX_CELLS)
         mean = s / n
         y0, ysd = mean.mean(), mean.std()
-        repeats = n.sum() - len(n)
-        within = (max((sq - s * s / n).sum(), 0.0) / repeats if repeats > 0
-                  else ysd * ysd)
+        within = _within_variance(s, sq, n)
+        within = ysd * ysd if within is None else within
         ysd = ysd if ysd > 0 else (np.sqrt(within) or 1.0)
         scale = np.maximum(self.n_steps, 1) * self.cfg.model_length
         x = keys / scale
@@ -597,6 +610,13 @@ def _coarsen(keys, s, sq, n, most: int):
         pos = np.stack([np.bincount(inv, keys[:, j] * n, m) for j in range(keys.shape[1])], 1)
         out = pos / agg[2][:, None], agg[0], agg[1], agg[2]
     return out
+
+
+def _within_variance(s, sq, n) -> float | None:
+    """The variance within cells, pooled (sums, sums of squares and counts per cell);
+    None while no cell has two samples."""
+    repeats = n.sum() - len(n)
+    return max((sq - s * s / n).sum(), 0.0) / repeats if repeats > 0 else None
 
 
 @functools.lru_cache(maxsize=8)
