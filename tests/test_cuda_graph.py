@@ -9,7 +9,7 @@ from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, with_preset
 from drl_engine.node_model import NodeDQN
 from drl_engine.qnet import DQNLearner
-from tests.test_device_replay import feed
+from test_device_replay import feed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

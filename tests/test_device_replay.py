@@ -15,7 +15,7 @@ import torch
 from capes.experiments.cluster_test import run_one
 from drl_engine.device_replay import DeviceSampler
 from drl_engine.node_replay import NodeReplay
-from tests.test_cluster_engine import FAST_MODEL, PI_NAMES, cfg_short, engine
+from test_cluster_engine import FAST_MODEL, PI_NAMES, cfg_short, engine
 
 @pytest.fixture(autouse=True)
 def one_thread():
