@@ -206,8 +206,9 @@ class LiveStepRule:
         self.examples: list[str] = []
 
     def check(self, tick: int, before: np.ndarray, after: np.ndarray,
-              present: np.ndarray) -> None:
-        """One action: ``before``/``after`` (N, K) knob values, rows ``present``."""
+              present: np.ndarray) -> bool:
+        """One action: ``before``/``after`` (N, K) knob values, rows ``present``; True
+        when a live daemon would refuse it."""
         moved = present & (before != after).any(axis=1)
         bad = 0
         for r in np.flatnonzero(moved):
@@ -223,6 +224,7 @@ class LiveStepRule:
                     self.examples.append(f"tick {tick} row {r}: {why}")
         self.rows += bad
         self.refused += bad > 0
+        return bad > 0
 
 
 class ClusterSource:
@@ -239,8 +241,9 @@ class ClusterSource:
 
     def __init__(self, sim: ClusterSim, writer: ReplayWriter, session: int,
                  feed: Engine | None = None, tell_phases: bool = False,
-                 behind: WriteProcess | None = None):
+                 behind: WriteProcess | None = None, refuse_live: bool = False):
         self.sim, self.writer, self.session, self.feed = sim, writer, session, feed
+        self.refuse_live = refuse_live
         self.behind = behind
         self.tell = tell_phases
         index = {name: i for i, name in enumerate(sim.node_names)}
@@ -300,8 +303,10 @@ class ClusterSource:
         if decision.rows:
             vals = decision.values
             before = np.column_stack([getattr(self.sim, n) for n in self.knob_names])
-            self.step_rule.check(self.sim.ticks, before[self.order].astype(np.float64),
-                                 np.asarray(vals, np.float64), self.sim.present[self.order])
+            if self.step_rule.check(self.sim.ticks, before[self.order].astype(np.float64),
+                                    np.asarray(vals, np.float64),
+                                    self.sim.present[self.order]) and self.refuse_live:
+                return                       # as a live daemon: nothing of it applied
             self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)},
                                 nodes=self.order)
             return
@@ -318,11 +323,14 @@ TRACE_KEYS = ("true_objective", "relative", "epsilon", "loss", "window_mean",
 def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str = "auto",
             init_model: str | None = None, save_model: str | None = None,
             keep_trace: bool = False, device: str = "cpu", db_path: str | None = None,
-            tuner_options: dict | None = None, write_behind: bool = True) -> dict:
+            tuner_options: dict | None = None, write_behind: bool = True,
+            refuse_live: bool = False) -> dict:
     """Play one hour (the config's ``time_limit_ticks``); the same seed gives the same
     result. Returns a JSON-ready dict. ``write_behind``: with ``feed="rows"``, commit the
     PI rows in a process of their own (True, :class:`WriteProcess`: the report then has
-    ``writer_cpu_s``) or on the main thread (False); the same DB each way."""
+    ``writer_cpu_s``) or on the main thread (False); the same DB each way.
+    ``refuse_live``: an action a live daemon would refuse (``refused_live``) is not
+    applied, as live (the engine reads the nodes' values back)."""
     ccfg = cfg.cluster
     sim_seed, engine_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
     optima = phase_optima(ccfg, ccfg.best_static)
@@ -352,7 +360,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
         rows_fed = is_engine and feed == "rows"
         behind = WriteProcess(path, session) if rows_fed and write_behind else None
         source = ClusterSource(sim, writer, session.id, feed=player if rows_fed else None,
-                               tell_phases=not is_engine, behind=behind)
+                               tell_phases=not is_engine, behind=behind,
+                               refuse_live=refuse_live)
         trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
         best = [o.objective for o in optima]
         starts = phase_starts(ccfg.phases)
@@ -405,7 +414,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                    rollbacks=len(player.control.rollback.rollback_ticks),
                    rollback_ticks=list(player.control.rollback.rollback_ticks),
                    stale_bests=player.control.rollback.stale_bests,
-                   refused_live=source.step_rule.refused,
+                   refused_live=source.step_rule.refused, refuse_live=refuse_live,
                    refused_live_rows=source.step_rule.rows,
                    refused_live_examples=source.step_rule.examples,
                    handed_over_at=player.control.handed_over_at,
