@@ -144,3 +144,35 @@ def test_the_cluster_harness_counts_what_a_live_daemon_would_refuse(walk):
     else:
         assert r["refused_live"] >= 1 and r["refused_live_rows"] >= r["refused_live"]
         assert "per-node action" in r["refused_live_examples"][0]
+
+
+@pytest.mark.parametrize("refuse", [True, False])
+def test_the_harness_leaves_a_refused_action_unapplied_when_asked(tmp_path, refuse):
+    """``refuse_live``: an action moving both knobs of a node is counted and, as a live
+    daemon would, not applied; a legal one (one knob, <= MAX_STEPS steps) is applied."""
+    from capes.common import actions
+    from capes.common.replay_db import ReplayWriter, SessionInfo
+    from capes.experiments.cluster_test import ClusterSource, load_config
+    from drl_engine.decision import Decision
+    from storagegamesim.cluster import ClusterSim
+    ccfg = load_config(None, ["cluster.nodes=2"]).cluster
+    sim = ClusterSim(ccfg, seed=0, judge=False)
+    writer = ReplayWriter(tmp_path / "replay.db")
+    session = writer.begin_session(SessionInfo(
+        pi_names=list(ccfg.pi_names()), node_names=list(sim.node_names),
+        params=list(ccfg.param_specs().values())))
+    source = ClusterSource(sim, writer, session.id, refuse_live=refuse)
+    names = source.knob_names
+    knobs = lambda: np.column_stack([getattr(sim, n) for n in names]).astype(float)  # noqa: E731
+    step = np.array([ccfg.param_specs()[n].step for n in names])
+    w = names.index("window")
+    start = knobs()
+    one, two = np.eye(2)[w], np.ones(2)              # window alone; both knobs
+    both = start + step * np.stack([actions.MAX_STEPS * one, -two])   # node 1: refused
+    source.apply(Decision(1, actions.ROWS, both, 0.0, False, None, row_actions=np.zeros(2)))
+    assert source.step_rule.refused == 1 and source.step_rule.rows == 1, source.step_rule.examples
+    assert np.array_equal(knobs(), start if refuse else both)
+    legal = knobs() + step * np.stack([0 * one, actions.MAX_STEPS * one])
+    source.apply(Decision(2, actions.ROWS, legal, 0.0, False, None, row_actions=np.zeros(2)))
+    assert source.step_rule.refused == 1 and np.array_equal(knobs(), legal)
+    writer.close()
