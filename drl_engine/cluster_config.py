@@ -109,7 +109,8 @@ class NodeModelConfig:
     # ... walked back, one knob of a row by at most actions.MAX_STEPS steps a tick (the
     # interface daemon's per-node step rule, which refuses a jump of two knobs of a row:
     # the hold then measured the bad setting and dropped the good best); false: at once
-    # (the ablation; drl_engine/rollback.py)
+    # (the ablation; drl_engine/rollback.py); the same for the recall of a known
+    # workload and the group search's moves (drl_engine/row_context.py)
     rollback_walk: bool = True
 
     # upper bounds: beyond these a value is a typo (a network or a ring this large would

@@ -730,8 +730,8 @@ class Engine:
                 return self._decision(tick, np.where(moved, code, 0).astype(np.int16),
                                       values, eps, present.copy(), None)
         recalled = None if self.row_context is None else \
-            self.row_context.recall(cur, present, control.grid, control.dynamic)
-        if recalled is not None:             # [row context hook] returns: set at once
+            self.row_context.recall(cur, present, control, int(tick), self.mcfg.rollback_walk)
+        if recalled is not None:             # [row context hook] set at once, or searching
             self.action_ticks += 1
             return self._decision(tick, none, recalled, eps, np.zeros(self.nodes, bool), None)
         if control.rollback.due:
@@ -775,6 +775,8 @@ class Engine:
         acts = np.where(present, acts, 0).astype(np.int64)
         acts = control.guard(idx, acts, explore)
         values = control.apply(cur, acts)
+        if self.row_context is not None:     # [row context hook] walking rows' step
+            values = self.row_context.walk(values, cur, present, control, int(tick))
         self.action_ticks += 1
         return self._decision(tick, acts.astype(np.int16), values, eps, explore & present,
                               q_max)

@@ -16,15 +16,24 @@ signature):
   visit's best), then forgotten (levels of another mix of workloads do not compare),
   and the change detector starts afresh (the change is known; its alarm would forget
   what is recalled next);
-* a row that **returns** to a context with a stored setting is set to it at once (all
-  its dynamic knobs in one tick, as a rollback does) and holds it
+* a row that **returns** to a context with a stored setting walks to it (one knob a
+  tick, by at most ``actions.MAX_STEPS`` steps: the interface daemon's per-node step
+  rule, as the rollback's walk, ``RowController.walk_to``) and, once there, holds it
   ``context_hold_ticks`` without probes or greedy moves: the recalled setting is used
-  before it is questioned;
+  before it is questioned. ``cluster_engine.rollback_walk = false`` (the ablation) sets
+  it at once, every knob in one tick, the hold counted from the change: a live daemon
+  refuses that action whenever a row must move two knobs (or one by more than
+  ``MAX_STEPS``), and the row would hold the setting it meant to leave. A walk that has
+  not arrived ``rollback_ticks`` ticks after its length (a node that refuses the
+  values) is given up (``recall_unreached``);
 * a row that enters a **new** context explores as after an alarm (ε raised for the
   cluster); rows that did not change, and returning rows, hold meanwhile, so only what
   is new is explored. When no row is new, ε is not raised (``cluster_engine.
   return_epsilon = true`` raises it, so that the recalled setting is searched around
   after the hold: no gain measured, ``docs/recall.md``, cluster variant).
+
+The group search's settings (``cluster_engine.context_search``) are walked to the same
+way, the trial's measure starting once the rows are there.
 
 Signature PIs must be named (``engine.context_pis``): a node's own latency or queue
 depth moves with its knobs, so the one-row default (every PI that is neither the
@@ -183,6 +192,10 @@ class RowContexts:
         self._search_rows: set[int] = set()             # ... over the groups of these
         self.searches = 0
         self._final: np.ndarray | None = None           # a search's last setting to apply
+        # rows walking to a setting (rollback_walk): row -> (grid indices, tick the walk
+        # started, tick it is given up, "recall" or "search")
+        self.walking: dict[int, tuple[np.ndarray, int, int, str]] = {}
+        self.unreached = 0                              # walks given up
         self.grow(rows)
 
     @classmethod
@@ -231,6 +244,7 @@ class RowContexts:
             if self._snapshot is not None and r < len(self._snapshot):
                 self.memory[r][left] = self._snapshot[r].copy()
             self.target.pop(r, None)
+            self.walking.pop(r, None)
             known = self.memory[r].get(ctx)
             if known is None:
                 new_rows.append(r)
@@ -241,11 +255,12 @@ class RowContexts:
                 self.returns += 1
         self.switch_ticks.append(int(tick))
         if control.cold is not None and control.cold.active:
-            self.target = {}
+            self.target, self.walking = {}, {}
             return                                     # the cold start owns the setting
         if self._event_rows < min(self.MIN_ROWS, self.rows):
             return                                     # one row: its recall alone
         self._final = None
+        self.walking = {r: w for r, w in self.walking.items() if w[3] != "search"}
         control.forget(tick)
         control.new_detector()
         self._last_best = None                         # the next visit's own from here
@@ -266,12 +281,14 @@ class RowContexts:
         """Start the scheduled search, or advance the running one by this tick."""
         rep, control = engine.data.replay, engine.control
         if self.search is not None:
+            if self._search_walk():
+                return                               # its setting not reached yet
             self.search.observe(rep, tick)
             if self.search.done:
                 self._end_search(engine, tick, undo=True)
             return
-        if self._search_at is None or tick < self._search_at:
-            return
+        if self._search_at is None or tick < self._search_at or self.walking:
+            return                                   # (returning rows walk there first)
         self._search_at = None
         s = rep.slot(tick)
         present = rep.present[s]
@@ -314,10 +331,24 @@ class RowContexts:
         rows = present[:, None] & dynamic[None, :]
         return np.where(rows, grid.values(np.where(rows, pending, idx)), cur)
 
-    def recall(self, cur: np.ndarray, present: np.ndarray, grid, dynamic: np.ndarray
-               ) -> np.ndarray | None:
-        """The values with every returning row at its recalled setting (None: no row to
-        set), or the group search's. Knobs that are not dynamic keep their values."""
+    def recall(self, cur: np.ndarray, present: np.ndarray, control, tick: int,
+               walk: bool = True) -> np.ndarray | None:
+        """The values for this tick when the contexts decide them (None: the engine's
+        usual action, the walking rows held and moved by :meth:`walk`). ``walk``
+        (``rollback_walk``): returning rows and the group search's settings are walked
+        to; else every returning row is set at once to its recalled setting, or the
+        group search's setting is. Knobs that are not dynamic keep their values."""
+        grid, dynamic = control.grid, control.dynamic
+        if walk:
+            self._start_walks(self.target, cur, present, control, tick, "recall")
+            self.target = {}
+            pending = self._final if self.search is None else self.search.take()
+            self._final = None
+            if pending is not None:
+                self._start_walks(dict(enumerate(pending)), cur, present, control, tick,
+                                  "search")
+            return None if self.search is None else self.walk(cur, cur, present, control,
+                                                               tick)
         if not self.target:
             return self._search_values(cur, present, grid, dynamic)
         target, self.target = self.target, {}
@@ -331,11 +362,79 @@ class RowContexts:
         out[rows] = grid.values(idx)[rows]
         return out
 
+    def _search_walk(self) -> bool:
+        """Rows still walking to the group search's setting."""
+        return any(w[3] == "search" for w in self.walking.values())
+
+    def _measure_from(self, tick: int) -> None:
+        """The search's setting is in effect from ``tick`` (its last step sent on the
+        tick before): its measure counts from there, as if set at once then."""
+        self.search.t0 = max(self.search.t0, tick - 1)
+
+    def _start_walks(self, targets: dict, cur, present, control, tick: int, kind: str):
+        """Rows in ``targets`` (row -> grid indices) start walking there; given up after
+        the walk's length plus ``rollback_ticks``."""
+        rows = [r for r in targets if r < len(cur) and present[r]]
+        if not rows:
+            return
+        target, cells = self._walk_arrays(cur, control, {r: targets[r] for r in rows})
+        until = tick + control.walk_ticks(cur, target, cells) + control.mcfg.rollback_ticks
+        for r in rows:
+            self.walking[r] = (np.asarray(targets[r], np.int64).copy(), int(tick), until,
+                               kind)
+
+    def _walk_arrays(self, cur, control, targets: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(N, K) grid indices and cells of ``targets`` (row -> indices), the dynamic
+        knobs of those rows."""
+        idx = control.grid.index(cur)
+        cells = np.zeros(idx.shape, bool)
+        for r, t in targets.items():
+            idx[r] = np.where(control.dynamic, t, idx[r])
+            cells[r] = control.dynamic
+        return idx, cells
+
+    def walk(self, values: np.ndarray, cur: np.ndarray, present: np.ndarray, control,
+             tick: int) -> np.ndarray:
+        """``values`` with each walking row (held: ``values`` has it at ``cur``) one
+        tick further on its walk (``RowController.walk_to``). A row whose knobs ``cur``
+        show the setting has arrived: a returning row's hold starts there (when its
+        change made one); a walk past its deadline is given up."""
+        if not self.walking:
+            return values
+        here = {r: w[0] for r, w in self.walking.items() if r < len(cur) and present[r]}
+        target, cells = self._walk_arrays(cur, control, here)
+        on = (control.grid.index(cur) == target) | ~cells
+        for r in list(self.walking):
+            t, since, until, kind = self.walking[r]
+            if r in here and on[r].all():
+                del self.walking[r]
+                if kind == "recall" and self.hold_until[r] > since:
+                    self.hold_until[r] = tick + self.cfg.context_hold_ticks
+                elif kind == "search" and self.search is not None:
+                    self._measure_from(tick)
+            elif tick >= until:
+                del self.walking[r]
+                self.unreached += 1
+                if kind == "search" and self.search is not None:
+                    self._measure_from(tick)
+                log.info("tick %d: row %d's walk to its %s setting (since tick %d) "
+                         "has not arrived: given up", tick, r, kind, since)
+        if not self.walking:
+            return values
+        stepped = control.walk_to(cur, target, cells)
+        rows = [r for r in self.walking if r in here]
+        out = values.copy()
+        out[rows] = stepped[rows]
+        return out
+
     def holding(self, tick: int) -> np.ndarray:
-        """Rows that hold their setting this tick (no probe, no greedy move)."""
+        """Rows that hold their setting this tick (no probe, no greedy move), the
+        walking ones too (:meth:`walk` moves them)."""
         if self.search is not None:
             return np.ones(len(self.hold_until), bool)
-        return self.hold_until > tick
+        held = self.hold_until > tick
+        held[[r for r in self.walking if r < len(held)]] = True
+        return held
 
     # -- checkpoints ----------------------------------------------------------------------
     KEPT = ("memory", "hold_until", "switch_ticks", "returns", "news", "searches",
@@ -360,7 +459,7 @@ class RowContexts:
     def counters(self) -> dict:
         return {"context_switch_ticks": len(self.switch_ticks),
                 "context_returns": self.returns, "context_news": self.news,
-                "context_searches": self.searches,
+                "context_searches": self.searches, "recall_unreached": self.unreached,
                 "contexts_per_row": float(np.mean(self.signatures.counts()))}
 
 

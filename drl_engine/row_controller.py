@@ -108,10 +108,7 @@ class RowController:
         to show it (``drl_engine.rollback``)."""
         target = self.best.best_idx
         move = present[:, None] & self.dynamic[None, :]
-        walk = 0
-        if self.mcfg.rollback_walk:     # the longest row's walk, in ticks
-            far = np.where(move, np.abs(target - self.grid.index(cur)), 0)
-            walk = int((-(-far // actions.MAX_STEPS)).sum(axis=1).max(initial=0))
+        walk = self.walk_ticks(cur, target, move) if self.mcfg.rollback_walk else 0
         self.rollback.start(tick, target, move, walk)
         values = self.walk_back(cur) if self.mcfg.rollback_walk else \
             np.where(move, self.grid.values(target), cur)
@@ -125,15 +122,19 @@ class RowController:
         return values
 
     def walk_back(self, cur: np.ndarray) -> np.ndarray:
-        """One tick of the walk to the setting rolled back to: in each row not on it,
-        the knob farthest from it (relative to its range) moved towards it by up to
-        ``actions.MAX_STEPS`` steps, as the interface daemon's per-node step rule allows
-        (one knob of a row a tick); ``cur`` once every row is there."""
+        """One tick of the walk to the setting rolled back to (:meth:`walk_to`); ``cur``
+        once every row is there."""
         rb = self.rollback
-        if rb.target is None:
-            return cur
+        return cur if rb.target is None else self.walk_to(cur, rb.target, rb.cells)
+
+    def walk_to(self, cur: np.ndarray, target: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        """One tick of a walk to the grid indices ``target`` (N, K) on ``cells`` (N, K):
+        in each row not on it, the knob farthest from it (relative to its range) moved
+        towards it by up to ``actions.MAX_STEPS`` steps, as the interface daemon's
+        per-node step rule allows (one knob of a row a tick). The rollback's walk and the
+        recall's of a known workload (``drl_engine.row_context``)."""
         idx = self.grid.index(cur)
-        diff = np.where(rb.cells, rb.target - idx, 0)
+        diff = np.where(cells, target - idx, 0)
         rows = np.flatnonzero(diff.any(axis=1))
         k = np.argmax(np.abs(diff[rows]) / np.maximum(self.n_steps, 1), axis=1)
         d = diff[rows, k]
@@ -141,6 +142,11 @@ class RowController:
         out = cur.copy()          # the row's other knobs as they are, even off the grid
         out[rows, k] = np.minimum(self.lo[k] + to * self.step[k], self.hi[k])
         return out
+
+    def walk_ticks(self, cur: np.ndarray, target: np.ndarray, cells: np.ndarray) -> int:
+        """The longest row's walk (:meth:`walk_to`) to ``target`` on ``cells``, in ticks."""
+        far = np.where(cells, np.abs(target - self.grid.index(cur)), 0)
+        return int((-(-far // actions.MAX_STEPS)).sum(axis=1).max(initial=0))
 
     def explore(self, idx: np.ndarray, eps: float, rng) -> tuple[np.ndarray, np.ndarray]:
         """Which rows explore this tick and their actions (``drl_engine.row_probes``)."""

@@ -51,9 +51,13 @@ def play(cfg, seed=0):
         yield sim.ticks, eng, best, d
 
 
-def test_a_return_sets_every_node_back_to_its_setting_of_the_last_visit():
-    last_best = left_with = recalled = None
-    for tick, eng, best, d in play(short_cfg()):
+def returned(cfg):
+    """Play the short game: the first visit's best-known setting as values (the nodes'
+    setting when they left it), the values each decision set from the return on, the
+    engine."""
+    last_best = left_with = None
+    after = []
+    for tick, eng, best, d in play(cfg):
         rc = eng.row_context
         if left_with is None:
             if best is not None:                   # the first visit's best-known setting
@@ -61,12 +65,33 @@ def test_a_return_sets_every_node_back_to_its_setting_of_the_last_visit():
             if rc.switch_ticks:                    # left the first checkpoint
                 assert 200 <= tick < 210 and last_best is not None
                 left_with = eng.control.grid.values(last_best)
-        if tick > 320 and recalled is None and d is not None and rc.returns >= 8:
-            recalled = d.values                    # the first decision after the return
-    assert left_with is not None and recalled is not None
+        if tick > 320 and d is not None and rc.returns >= 8:
+            after.append((d.values, dict(rc.walking)))
+    assert left_with is not None and after
     assert rc.returns >= 8 and rc.switch_ticks[-1] < 330    # every node, within 10 ticks
-    # each node at once at the setting it had in the first visit's best-known setting
-    assert np.array_equal(recalled, left_with)
+    return left_with, after, eng
+
+
+def test_a_return_walks_every_node_back_to_its_setting_of_the_last_visit():
+    """Each node walks to the setting it had in the first visit's best-known setting, a
+    knob of a row by at most MAX_STEPS steps a tick (the interface daemon's per-node step
+    rule), and holds it there."""
+    from capes.common import actions
+    left_with, after, eng = returned(short_cfg())
+    grid = eng.control.grid
+    steps = [np.abs(grid.index(b) - grid.index(a)) for (a, _), (b, _) in
+             zip(after, after[1:])]
+    walked = next(i for i, (_, walking) in enumerate(after) if not walking)
+    assert 0 < walked < 20                         # the far knobs took several ticks
+    for s in steps[:walked]:
+        assert ((s > 0).sum(axis=1) <= 1).all() and (s <= actions.MAX_STEPS).all()
+    assert np.array_equal(after[walked][0], left_with)
+    assert eng.row_context.unreached == 0
+
+
+def test_the_ablation_sets_every_node_back_at_once():
+    left_with, after, _ = returned(short_cfg(["cluster_engine.rollback_walk=false"]))
+    assert np.array_equal(after[0][0], left_with)   # the first decision after the return
 
 
 def test_without_named_signature_pis_or_with_the_switch_off_it_plays_as_before():
@@ -151,7 +176,7 @@ def test_a_restarted_engine_recalls_what_its_nodes_saw_before_the_restart(tmp_pa
         return Engine.over_rows(cfg.engine, cfg.reward, list(ccfg.pi_names()),
                                 list(ccfg.param_specs().values()), ccfg.nodes,
                                 model=cfg.model, seed=0)
-    eng, others, first = engine(), [], {}
+    eng, others, first, original = engine(), [], {}, {}
     while sim.ticks < 340:
         sim.tick()
         pis = sim.pis()
@@ -165,19 +190,17 @@ def test_a_restarted_engine_recalls_what_its_nodes_saw_before_the_restart(tmp_pa
             others[0].load(path)
         if others and not first and others[0].row_context.target:
             first = dict(others[0].row_context.target)   # the return, recalled
+            original = dict(eng.row_context.target)      # ... by the original
         d = eng.act()
         if d is not None:
-            if first and "values" not in first:
-                first["values"] = d.values             # the original's recalled setting
             sim.set_params(**{n: d.values[:, k] for k, n in enumerate(knobs)})
         eng.train()
     restarted, fresh = others
     assert restarted.row_context.returns == eng.row_context.returns >= 8
     assert fresh.row_context.returns == 0 and not fresh.row_context.target   # no recall
-    values = first.pop("values")
-    assert len(first) >= 8
+    assert len(first) >= 8 and first.keys() == original.keys()
     for r, idx in first.items():     # each returning node recalled as without the restart
-        assert np.array_equal(restarted.control.grid.values(idx[None])[0], values[r])
+        assert np.array_equal(idx, original[r])
 
 
 def test_the_group_search_moves_each_signature_group_as_one_to_its_optimum():

@@ -32,6 +32,13 @@ costs ~4-8 ms a tick in its per-row decode loop (``benchmarks/bench_cluster_engi
 --part replay``; it was ~50 ms and growing after 600 ticks while its sizing query
 scanned the whole index).
 
+``refused_live``: the engine's per-node actions that a live interface daemon would
+refuse under its per-node step rule (:class:`LiveStepRule`, the daemon's own
+``ActionChecker.check_rows``: a row moves one knob by at most ``MAX_STEPS`` steps a
+tick); the simulator applies them anyway, so this counts a bug class the simulated
+cluster would otherwise hide (a rollback or recall that jumps every knob at once works
+here and is refused live).
+
 For the engine the report also has its rollbacks to the best-known setting
 (``rollbacks``, ``rollback_ticks``, ``stale_bests``; ``RB/h`` in the table) and the
 recommendations for knobs whose cost category keeps them from being tuned online.
@@ -53,6 +60,7 @@ import numpy as np
 
 from capes.common import config as cfgmod
 from capes.common.one_core import use_one_core
+from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.engine import Engine
@@ -65,6 +73,7 @@ from capes.experiments.recall_scoring import (cluster_workloads, recall_summary,
                                               score_classes, with_visits)
 from capes.common.shipped_configs import config_path
 from capes.settings import is_cluster_config  # noqa: F401  (re-exported)
+from interface_daemon.action_checker import ActionChecker, Verdict
 
 DEFAULT_CONFIG = config_path("cluster-sim")
 DETECT_WINDOW = 300          # an alarm within this many ticks of a phase start detects it
@@ -178,6 +187,46 @@ def _write_process_main(path: str, session: SessionInfo, conn) -> None:
         conn.send((busy, time.process_time() - cpu, error))
 
 
+class LiveStepRule:
+    """Counts the per-node actions a live interface daemon would refuse: each present
+    row's change checked by the daemon's :meth:`ActionChecker.check_rows` (one row's
+    knobs as ``<node>/<knob>``; an action is refused whole when one row breaks the
+    rule). Verdicts are cached by (values before, values after) of a row: on the step
+    grids the same few moves recur, so an hour of 64 nodes costs little."""
+
+    EXAMPLES = 3                 # reasons kept for the report
+
+    def __init__(self, specs: list[ParameterSpec]):
+        self.checker = ActionChecker([dataclasses.replace(p, name=f"node/{p.name}")
+                                      for p in specs])
+        self.names = self.checker.order
+        self.cache: dict[tuple, str | None] = {}
+        self.refused = 0             # actions refused
+        self.rows = 0                # rows breaking the rule, over all actions
+        self.examples: list[str] = []
+
+    def check(self, tick: int, before: np.ndarray, after: np.ndarray,
+              present: np.ndarray) -> bool:
+        """One action: ``before``/``after`` (N, K) knob values, rows ``present``; True
+        when a live daemon would refuse it."""
+        moved = present & (before != after).any(axis=1)
+        bad = 0
+        for r in np.flatnonzero(moved):
+            key = (*before[r].tolist(), *after[r].tolist())
+            if key not in self.cache:
+                v = self.checker.check_rows(Verdict(dict(zip(self.names, key[len(key) // 2:]))),
+                                            dict(zip(self.names, key[:len(key) // 2])))
+                self.cache[key] = v.reason
+            why = self.cache[key]
+            if why is not None:
+                bad += 1
+                if len(self.examples) < self.EXAMPLES:
+                    self.examples.append(f"tick {tick} row {r}: {why}")
+        self.rows += bad
+        self.refused += bad > 0
+        return bad > 0
+
+
 class ClusterSource:
     """The simulator as the tick loop's source: each tick every node's PIs are written
     (one row per node) and committed, and, with ``feed``, handed to the engine; an action
@@ -192,8 +241,9 @@ class ClusterSource:
 
     def __init__(self, sim: ClusterSim, writer: ReplayWriter, session: int,
                  feed: Engine | None = None, tell_phases: bool = False,
-                 behind: WriteProcess | None = None):
+                 behind: WriteProcess | None = None, refuse_live: bool = False):
         self.sim, self.writer, self.session, self.feed = sim, writer, session, feed
+        self.refuse_live = refuse_live
         self.behind = behind
         self.tell = tell_phases
         index = {name: i for i, name in enumerate(sim.node_names)}
@@ -204,6 +254,7 @@ class ClusterSource:
         self.true_obj: list[float] = []
         self.true_nodes: list[np.ndarray] = []   # per node, for the per-class scores
         self.knob_names = list(sim.config.param_specs())       # action order
+        self.step_rule = LiveStepRule(list(sim.config.param_specs().values()))
         self.write_s = 0.0
 
     def matrix(self) -> np.ndarray:
@@ -251,6 +302,11 @@ class ClusterSource:
     def apply(self, decision: Decision) -> None:
         if decision.rows:
             vals = decision.values
+            before = np.column_stack([getattr(self.sim, n) for n in self.knob_names])
+            if self.step_rule.check(self.sim.ticks, before[self.order].astype(np.float64),
+                                    np.asarray(vals, np.float64),
+                                    self.sim.present[self.order]) and self.refuse_live:
+                return                       # as a live daemon: nothing of it applied
             self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)},
                                 nodes=self.order)
             return
@@ -267,11 +323,14 @@ TRACE_KEYS = ("true_objective", "relative", "epsilon", "loss", "window_mean",
 def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str = "auto",
             init_model: str | None = None, save_model: str | None = None,
             keep_trace: bool = False, device: str = "cpu", db_path: str | None = None,
-            tuner_options: dict | None = None, write_behind: bool = True) -> dict:
+            tuner_options: dict | None = None, write_behind: bool = True,
+            refuse_live: bool = False) -> dict:
     """Play one hour (the config's ``time_limit_ticks``); the same seed gives the same
     result. Returns a JSON-ready dict. ``write_behind``: with ``feed="rows"``, commit the
     PI rows in a process of their own (True, :class:`WriteProcess`: the report then has
-    ``writer_cpu_s``) or on the main thread (False); the same DB each way."""
+    ``writer_cpu_s``) or on the main thread (False); the same DB each way.
+    ``refuse_live``: an action a live daemon would refuse (``refused_live``) is not
+    applied, as live (the engine reads the nodes' values back)."""
     ccfg = cfg.cluster
     sim_seed, engine_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
     optima = phase_optima(ccfg, ccfg.best_static)
@@ -301,7 +360,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
         rows_fed = is_engine and feed == "rows"
         behind = WriteProcess(path, session) if rows_fed and write_behind else None
         source = ClusterSource(sim, writer, session.id, feed=player if rows_fed else None,
-                               tell_phases=not is_engine, behind=behind)
+                               tell_phases=not is_engine, behind=behind,
+                               refuse_live=refuse_live)
         trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
         best = [o.objective for o in optima]
         starts = phase_starts(ccfg.phases)
@@ -354,6 +414,9 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                    rollbacks=len(player.control.rollback.rollback_ticks),
                    rollback_ticks=list(player.control.rollback.rollback_ticks),
                    stale_bests=player.control.rollback.stale_bests,
+                   refused_live=source.step_rule.refused, refuse_live=refuse_live,
+                   refused_live_rows=source.step_rule.rows,
+                   refused_live_examples=source.step_rule.examples,
                    handed_over_at=player.control.handed_over_at,
                    recommendations=player.recommendations(),
                    **(player.row_context.counters() if player.row_context else {}),
@@ -429,6 +492,7 @@ def aggregate(runs: list[dict]) -> dict:
                                                         for r in runs])),
                    rollbacks_per_hour=float(np.mean([r.get("rollbacks", 0) * 3600 /
                                                      max(1, r["ticks"]) for r in runs])),
+                   refused_live=sum(r.get("refused_live", 0) for r in runs),
                    recommendations=runs[0].get("recommendations", []))
     return out
 
@@ -466,8 +530,8 @@ def run_tuners(cfg: ClusterTestConfig, tuners: list[str], seeds: int, first_seed
 
     def report(i, r):
         if progress is not None:
-            extra = (f", alarms {r['alarm_ticks']}, rollbacks {r['rollback_ticks']}"
-                     if "alarm_ticks" in r else "")
+            extra = (f", alarms {r['alarm_ticks']}, rollbacks {r['rollback_ticks']}, "
+                     f"refused live {r['refused_live']}" if "alarm_ticks" in r else "")
             print(f"[{i + 1}/{len(plan)}] {r['tuner']} nodes={r['nodes']} seed={r['seed']}: "
                   f"median tp {r['median_relative']:.3f}, mean {r['mean_relative']:.3f} of "
                   f"the best static, in band {r['in_band_share']:.2f}{extra}, "
