@@ -724,6 +724,10 @@ class Engine:
                 control.hand_over(int(tick), rep)
             else:
                 values, action = out
+                if self.mcfg.rollback_walk:      # a row off the shared setting (a node
+                    # that joined) walks to it: the daemon refuses two knobs of a row
+                    every = present[:, None] & cold.dynamic[None, :]
+                    values = control.walk_to(cur, control.grid.index(values), every)
                 self.action_ticks += 1
                 moved = present & (values != cur).any(axis=1)
                 code = int(np.asarray(actions.direction(action, len(self.params))))

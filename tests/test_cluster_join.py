@@ -155,3 +155,25 @@ def test_the_converge_harness_plays_a_join_and_a_leave(tmp_path):
     assert out["ticks"] == END and out["feed"] == "reader"
     assert [p["name"] for p in out["per_phase"]] == ["phase 0", "c3 joins", "c1 leaves"]
     assert out["weights"] > 0 and all(p["ticks"] > 0 for p in out["per_phase"])
+
+
+@pytest.mark.parametrize("walk", [True, False])
+def test_a_node_joining_during_the_cold_start_walks_to_the_shared_setting(walk):
+    """The cold start sets every node to one shared setting; a node that joins off it
+    must walk there within the interface daemon's per-node step rule (one knob of a
+    row, <= MAX_STEPS steps a tick), or a live daemon refuses the cold start's every
+    action whole (``refused_live`` counts them; ``rollback_walk = false``: the jump)."""
+    cfg = load_config("configs/cluster-sim.toml",
+                      ["cluster.nodes=8", f"cluster_engine.rollback_walk={str(walk).lower()}"])
+    joins = build(ClusterConfig, {"nodes": 8, "time_limit_ticks": 120, "absent": [7],
+                                  "phases": [{"at_tick": 60, "name": "c7 joins",
+                                              "absent": []}]})
+    cfg.cluster = dataclasses.replace(cfg.cluster, absent=[7], phases=joins.phases,
+                                      time_limit_ticks=120)
+    out = run_one(cfg, seed=0)
+    assert out["handed_over_at"] is None or out["handed_over_at"] > 60   # joined in it
+    if walk:
+        assert out["refused_live"] == 0, out["refused_live_examples"]
+    else:
+        assert out["refused_live"] >= 1
+        assert "moves with" in out["refused_live_examples"][0]
