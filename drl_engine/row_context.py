@@ -439,13 +439,14 @@ class RowContexts:
     # -- checkpoints ----------------------------------------------------------------------
     KEPT = ("memory", "hold_until", "switch_ticks", "returns", "news", "searches",
             "_last_best")                 # a search under way is not kept: it starts over
+    SINCE = ("walking", "unreached")      # kept since the walk (older checkpoints lack them)
 
     def state(self) -> dict:
         """Every row's contexts and what each keeps (``drl_engine.checkpoint``: loadable
         with ``weights_only``): a restarted engine recalls the workloads its nodes have
         seen."""
         return {"columns": list(self.columns), "signatures": self.signatures.state(),
-                **{k: checkpoint.encode(getattr(self, k)) for k in self.KEPT}}
+                **{k: checkpoint.encode(getattr(self, k)) for k in self.KEPT + self.SINCE}}
 
     def load_state(self, state: dict) -> None:
         """Resume from :meth:`state` (the same rows); ValueError for other signature PIs."""
@@ -453,8 +454,9 @@ class RowContexts:
             raise ValueError(f"the row contexts were kept for signature columns "
                              f"{list(state['columns'])}, this engine has {self.columns}")
         self.signatures.load_state(state["signatures"])
-        for k in self.KEPT:
+        for k in self.KEPT + tuple(k for k in self.SINCE if k in state):
             setattr(self, k, checkpoint.decode(state[k]))
+        self.walking = {r: w for r, w in self.walking.items() if w[3] == "recall"}
 
     def counters(self) -> dict:
         return {"context_switch_ticks": len(self.switch_ticks),

@@ -176,3 +176,26 @@ def test_the_harness_leaves_a_refused_action_unapplied_when_asked(tmp_path, refu
     source.apply(Decision(2, actions.ROWS, legal, 0.0, False, None, row_actions=np.zeros(2)))
     assert source.step_rule.refused == 1 and np.array_equal(knobs(), legal)
     writer.close()
+
+
+def test_an_engine_restarted_mid_walk_finishes_the_walk_and_holds(tmp_path):
+    """A kill and restart between the walk's two ticks: the restarted engine knows the
+    rows are walking (kept in its checkpoint), takes the second step and holds the
+    recalled setting for context_hold_ticks."""
+    eng, nodes, tick = back_to_a_known_workload()
+    live(eng, nodes, tick, 1)                          # the walk's first step
+    assert eng.row_context.walking
+    path = eng.save(tmp_path / "engine.pt")
+    again = engine()
+    again.load(path)
+    assert set(again.row_context.walking) == set(eng.row_context.walking)
+    decisions = []
+    for t in range(tick + 1, tick + 2 + HOLD):
+        again.ingest(t, nodes.pis())
+        d = again.act(current=nodes.knobs)
+        nodes.send(d.values)
+        decisions.append(d)
+    assert nodes.refused == 0 and (decisions[0].values == GOOD[0.1]).all()
+    assert all((d.values == GOOD[0.1]).all() and (d.row_actions == 0).all()
+               for d in decisions)
+    assert not again.row_context.walking and again.row_context.unreached == 0
