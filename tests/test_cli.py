@@ -147,9 +147,9 @@ def test_a_block_device_config_names_its_device_once():
         assert devices == [["nvme0n1"]]
 
 
-def test_config_flag_takes_a_shipped_name_from_any_directory(tmp_path):
+def test_config_flag_takes_a_shipped_name_from_any_directory(tmp_path, monkeypatch):
     from capes.cli import config_file
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)          # restored after the test: later tests use paths
     assert Path(config_file("configs/lustre.toml")) == shipped_configs.config_path("lustre")
     assert Path(config_file("lustre")) == shipped_configs.config_path("lustre")
     assert config_file("nosuch.toml") == "nosuch.toml"      # the loader's error names it

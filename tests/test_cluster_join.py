@@ -163,8 +163,8 @@ def test_a_node_joining_during_the_cold_start_walks_to_the_shared_setting(walk):
     must walk there within the interface daemon's per-node step rule (one knob of a
     row, <= MAX_STEPS steps a tick), or a live daemon refuses the cold start's every
     action whole (``refused_live`` counts them; ``rollback_walk = false``: the jump)."""
-    cfg = load_config("configs/cluster-sim.toml",
-                      ["cluster.nodes=8", f"cluster_engine.rollback_walk={str(walk).lower()}"])
+    cfg = load_config(None, ["cluster.nodes=8",                  # cluster-sim.toml
+                             f"cluster_engine.rollback_walk={str(walk).lower()}"])
     joins = build(ClusterConfig, {"nodes": 8, "time_limit_ticks": 120, "absent": [7],
                                   "phases": [{"at_tick": 60, "name": "c7 joins",
                                               "absent": []}]})
