@@ -20,9 +20,10 @@ numpy path's (:meth:`RowData.batch_at`; tests/test_device_replay.py). Difference
 random numbers are torch's (another stream: the engine's numpy generator is not drawn
 from, and a checkpoint does not keep this one), a batch always has B ticks (numpy's
 gives up after 20 rounds of draws with a shorter one when few ticks are valid), and with
-no valid tick at all the step runs on a batch whose transitions all count zero. Per step it weighs every tick of the span (the weights and
-their cumulative sum over a power of two ≥ the span's ticks, up to the ring's capacity:
-a graph of each size, ~log₂ of the ring's ticks of them over a ring's life).
+no valid tick at all the step runs on a batch whose transitions all count zero. Per
+step it weighs every tick of the span (the weights and their cumulative sum over a
+power of two ≥ the span's ticks, up to the ring's capacity: a graph of each size,
+~log₂ of the ring's ticks of them over a ring's life).
 """
 from __future__ import annotations
 

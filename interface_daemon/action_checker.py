@@ -128,18 +128,28 @@ class ActionChecker:
             if _close(got, now[name], spec.step):
                 continue
             row = actions.row_of(name)
-            landed = [s for s in range(-actions.MAX_STEPS, actions.MAX_STEPS + 1) if s and
-                      _close(got, actions.moved(spec, now[name], s, self.forbidden[name]),
-                             spec.step)]
-            if row is None or not landed or row in moved_in:
+            landed = self._steps_to(name, now[name], got)
+            if row is None or landed is None or row in moved_in:
                 why = (f"{name} is not a per-node parameter <node>/<knob>" if row is None
                        else f"{name} moves with {moved_in[row]} in one row" if row in moved_in
                        else f"{name} to {got:g} is not a move of at most "
                             f"{actions.MAX_STEPS} steps from {now[name]:g}")
                 return Verdict(now, f"per-node action: {why}", "step")
             moved_in[row] = name
-            out[name] = actions.moved(spec, now[name], landed[0], self.forbidden[name])
+            out[name] = actions.moved(spec, now[name], landed, self.forbidden[name])
         return Verdict(out)
+
+    def _steps_to(self, name: str, now: float, got: float) -> int | None:
+        """The signed step count (1 to ``MAX_STEPS``) whose moves take ``name`` from
+        ``now`` to ``got`` (None: none does). The count the distance gives is tried
+        first, then every count: moves that land on ``got`` give the same value, and
+        scanning all 16 of them for every knob of every node was most of a check."""
+        spec, most = self.specs[name], actions.MAX_STEPS
+        guess = round((got - now) / spec.step) if spec.step else 0
+        counts = ([guess] if 0 < abs(guess) <= most else []) + \
+            [s for s in range(-most, most + 1) if s]
+        return next((s for s in counts if _close(
+            got, actions.moved(spec, now, s, self.forbidden[name]), spec.step)), None)
 
     def check_dwell(self, verdict: Verdict, current: dict[str, float],
                     now: float | None = None) -> Verdict:
