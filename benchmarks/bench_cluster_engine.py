@@ -21,7 +21,9 @@ Parts (one core: ``torch.set_num_threads(1)``, numpy's BLAS on one thread):
   one tick); on ``--device`` (cpu, cuda). ``--device-sampling`` adds the same engines
   with ``cluster_engine.device_sampling`` (the minibatch drawn on the device, in the
   step's CUDA graph): the per-step copy of the ring's new rows, the draw alone, and
-  ``Engine.train(1)``.
+  ``Engine.train(1)``; on CUDA also that graph replayed alone (GPU time, kernels).
+  ``--compile``: ``engine.compile_step`` (the step's parts through torch.compile before
+  the capture); ``--loss-nodes default`` leaves out the all-nodes minibatch (slow).
 * ``hour``: wall and CPU seconds per simulated hour of ``capes converge-test --config
   configs/cluster-sim.toml`` (3 phases) at each of ``--nodes``, with what the run scored;
   the replay writes run in a process of their own (``--writes process``, the default:
@@ -165,22 +167,17 @@ def _back_to_back_ms(fn, device, reps: int) -> float:
     return 1000.0 * (time.perf_counter() - a) / reps
 
 
-def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int,
-                          compile_step: bool, sets=()) -> None:
+def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int, sets=()) -> None:
     """``cluster_engine.device_sampling``: the minibatch drawn on the device
     (drl_engine/device_replay.py), alone (eager, waited for) and in ``Engine.train(1)``,
-    whose graph captures the draw with the step, with the CUDA graph on and off."""
+    whose graph captures the draw with the step, with the CUDA graph on and off; on CUDA
+    also the graph's replay alone (GPU time between CUDA events, back to back) and the
+    kernels it launches (torch.profiler, where it can read them)."""
     ds = [*sets, "cluster_engine.device_sampling=true"]
     engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g, sets=ds)
                for g in (True, False)}
     eng = engines[True]
     batch = eng.cfg.batch_size
-    compiled = ""
-    if compile_step:             # the probe: the loss and the sampler's ops compiled too
-        for e in engines.values():
-            e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
-        compiled = [_compile_sampler(e._sampler, e.data, batch) for e in engines.values()]
-        compiled = f"; {compiled[0]} (probe)"
     for _ in range(5):                               # warm-up; on CUDA: the capture
         for e in engines.values():
             e.train(1)
@@ -192,48 +189,57 @@ def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int,
     row = {g: _back_to_back_ms(lambda: e.train(1), e.device, reps)
            for g, e in engines.items()}
     graphed = f"; graph replays {eng.dqn._graphs.replays}" if eng.dqn._graphs else ""
+    if eng.dqn.compiles:
+        failed = [f.failed for f in (eng.dqn.loss, eng.dqn._update_tensors, sampler.draw,
+                                     sampler.gather) if f.failed]
+        graphed += f"; compiled: {'; '.join(failed) if failed else 'all four parts'}"
     print(f"    device sampling (ring of {eng.data.replay.capacity} ticks on {device}): "
           f"prepare (copy the new rows) {prepare:.2f} ms, draw + gather (no graph) "
           f"{draw:.2f} ms, Engine.train(1) with sampling {train[True]:.2f} ms (cuda_graph "
           f"off: {train[False]:.2f} ms); back to back, per call {row[True]:.2f} ms "
-          f"(cuda_graph off: {row[False]:.2f} ms){graphed}{compiled}", flush=True)
+          f"(cuda_graph off: {row[False]:.2f} ms){graphed}", flush=True)
+    if eng.dqn._graphs is not None:
+        print(f"    {_replay_alone(eng, reps)}", flush=True)
 
 
-def _compile_sampler(sampler, data, batch: int) -> str:
-    """The probe's ``torch.compile`` of the sampler's draw and gather (each tried once
-    here, outside any capture; one that fails to compile stays eager). Says which."""
-    sampler.prepare(data, batch)
-    done = []
-    for name in ("draw", "gather"):
-        fn = torch.compile(getattr(sampler, name), dynamic=False)
-        try:
-            t, nodes, ok = (fn if name == "draw" else sampler.draw)(batch)
-            if name == "gather":
-                fn(t, nodes, ok)
-        except Exception as e:           # a probe: report it, keep the eager op
-            done.append(f"{name} eager ({type(e).__name__})")
-            continue
-        setattr(sampler, name, fn)
-        done.append(f"{name} compiled")
-    return " and ".join(done)
+def _replay_alone(eng, reps: int) -> str:
+    """The captured step's graph replayed by itself: its GPU time per replay (CUDA
+    events around ``reps`` replays in a row) and its kernels (a profile of 10)."""
+    graph = eng.dqn._graphs.shapes[eng._sampler.key(eng.cfg.batch_size)].graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    out = f"the graph replayed alone: {start.elapsed_time(end) / reps:.3f} ms GPU time each"
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+        busy = sum(e.device_time for e in kernels) / 10 / 1000
+        out += f", {len(kernels) / 10:.0f} kernels ({busy:.3f} ms of them busy)"
+    except Exception as e:                 # the profiler is a nicety here
+        out += f" (kernels not counted: {type(e).__name__})"
+    return out
 
 
-def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
-               sets=(), device_sampling: bool = False) -> None:
+def bench_step(n: int, device: str, reps: int, sets=(), device_sampling: bool = False,
+               loss_nodes=(None, 0)) -> None:
     """Where a training step's time goes: sampling (numpy), the step alone on tensors
     already on the device (as written, eager), ``learn`` from the sampled arrays (the
     transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
     loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run."""
     print(f"\nTraining step and act at {n} nodes on {device} "
           f"(torch threads {torch.get_num_threads()}); median of {reps}"
-          f"{'; the loss (forward, backward) through torch.compile' if compile_step else ''}"
           f"{''.join('; ' + x for x in sets)}")
-    for loss_nodes in (None, 0):
+    for loss_nodes in loss_nodes:
         engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g, sets=sets)
                    for g in (True, False)}
-        if compile_step:             # a probe: torch.compile's fused kernels, then captured
-            for e in engines.values():
-                e.dqn.loss = torch.compile(e.dqn.loss, dynamic=False)
         eng = engines[True]
         m = eng.mcfg.loss_nodes or n
         arrays = eng._rows_batch()
@@ -263,13 +269,7 @@ def bench_step(n: int, device: str, reps: int, compile_step: bool = False,
               f"(cuda_graph off: {row[False]:.2f} ms), learn {learn_row:.2f} ms",
               flush=True)
         if device_sampling:
-            try:
-                _device_sampling_rows(n, device, loss_nodes, reps, compile_step, sets)
-            except Exception as e:       # the compile probe may fail to capture: say so
-                if not compile_step:
-                    raise
-                print(f"    device sampling with torch.compile failed: "
-                      f"{type(e).__name__}: {str(e)[:300]}", flush=True)
+            _device_sampling_rows(n, device, loss_nodes, reps, sets)
 
 
 WRITES = {"process": True, "sync": False}   # run_one's write_behind
@@ -338,8 +338,11 @@ def main() -> int:
     p.add_argument("--transfer-seeds", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--compile", action="store_true",
-                   help="step: the loss (forward and backward) through torch.compile (a probe, "
-                        "not the engine)")
+                   help="step: --set engine.compile_step=true (on CUDA the step's parts "
+                        "through torch.compile before the capture)")
+    p.add_argument("--loss-nodes", choices=("both", "default", "all"), default="both",
+                   help="step: the minibatch's nodes per tick: the config's loss_nodes, all "
+                        "nodes, or both (default)")
     p.add_argument("--device-sampling", action="store_true",
                    help="step: also with cluster_engine.device_sampling (the minibatch drawn "
                         "on the device, in the step's CUDA graph)")
@@ -359,8 +362,10 @@ def main() -> int:
     if args.part in ("all", "quick", "replay"):
         bench_replay(args.nodes, args.replay_ticks)
     if args.part in ("all", "quick", "step"):
-        bench_step(args.step_nodes, args.device, args.reps, args.compile, args.sets,
-                   args.device_sampling)
+        sets = [*args.sets, *(["engine.compile_step=true"] if args.compile else [])]
+        picks = {"both": (None, 0), "default": (None,), "all": (0,)}[args.loss_nodes]
+        bench_step(args.step_nodes, args.device, args.reps, sets, args.device_sampling,
+                   picks)
     if args.part in ("all", "hour"):
         bench_hour(args.nodes, args.seed, args.feed, args.writes, args.sets)
     if args.part in ("all", "transfer"):

@@ -39,8 +39,11 @@ class NodeModelConfig:
     # mode's engine.train_every): one larger pass costs less than k small ones
     train_every: int = 1
     # the minibatch drawn on the engine's torch device from a mirror of the ring, in one
-    # CUDA graph with the step (drl_engine/device_replay.py); False: numpy on the host
-    device_sampling: bool = False
+    # CUDA graph with the step (drl_engine/device_replay.py); False: numpy on the host;
+    # "auto": on a CUDA device only (numpy is faster on the CPU). Off by default: on an
+    # H100 the step with sampling took 0.89 ms against numpy's 1.74, but its hours tied
+    # numpy's at best (64 nodes, seeds 0-7: -0.005 [-0.030, +0.019]; docs/results.md)
+    device_sampling: bool | Literal["auto"] = False
     gamma: float = 0.0                # 0: the engine's [engine] gamma
     # replay ring and input statistics
     replay_mb: int = 256              # memory of the ring of PIs, in MiB
@@ -152,6 +155,9 @@ class NodeModelConfig:
                              f"(got {self.rollback_fraction})")
         if self.pool not in ("mean_std", "mean_max"):
             raise ValueError(f"pool: must be 'mean_std' or 'mean_max' (got {self.pool!r})")
+        if self.device_sampling not in (True, False, "auto"):
+            raise ValueError(f"device_sampling: must be true, false or 'auto' "
+                             f"(got {self.device_sampling!r})")
         if self.node_pick not in ("partition", "redraw"):
             raise ValueError(f"node_pick: must be 'partition' or 'redraw' "
                              f"(got {self.node_pick!r})")

@@ -54,6 +54,11 @@ class DQNConfig:
                                        # (within one ulp of torch's, ~5x faster; drl_engine/qnet.py)
     cuda_graph: bool = True            # on a CUDA device, replay the training step as a
                                        # CUDA graph (drl_engine/qnet.py; no effect on CPU)
+    compile_step: bool = False         # ... and before its capture, pass the step's parts
+                                       # (per-node loss, forward and backward; the update;
+                                       # the device sampler's draw and gather) through
+                                       # torch.compile: fused kernels, a shorter replay;
+                                       # each shape compiles first (seconds; CUDA only)
     max_inputs: int = 20_000           # refuse a wider observation (a PI-name flood, a
                                        # layout error) instead of allocating its network
     # The guide (drl_engine/guide.py): probes to target settings instead of uniform

@@ -41,8 +41,13 @@ class DeviceSampler:
     minibatches drawn there. :meth:`prepare` (host, before each step) copies what
     changed; :meth:`batch` (device ops only: capturable) draws one minibatch."""
 
-    def __init__(self, device, seed: int = 0, staged: bool | None = None):
+    def __init__(self, device, seed: int = 0, staged: bool | None = None,
+                 compiled: bool = False):
         self.device = torch.device(device)
+        if compiled:         # engine.compile_step: the draw and gather as fused kernels
+            from drl_engine.qnet import CompiledOrEager
+            self.draw = CompiledOrEager(self.draw, "the sampler's draw")
+            self.gather = CompiledOrEager(self.gather, "the sampler's gather")
         self.cuda = self.device.type == "cuda"
         # the new rows through one staged buffer (pinned on CUDA; None: on CUDA only)
         self.staged = self.cuda if staged is None else staged
@@ -162,17 +167,18 @@ class DeviceSampler:
         w = w * (sc[3] + sc[4] * (j >= sc[2]))                          # float64 (W,)
         cum = w.cumsum(0)
         total = cum[-1:]
-        u = torch.rand(batch, dtype=torch.float64, device=self.device,
-                       generator=self.gen) * total
+        N, M = sh["N"], sh["M"]
+        # one draw for the ticks and the node subsets (a compiled draw cannot reorder it)
+        r = torch.rand(batch, 1 if M == N else 1 + N, dtype=torch.float64,
+                       device=self.device, generator=self.gen)
+        u = r[:, 0] * total
         pick = torch.minimum(torch.searchsorted(cum, u, right=True),
                              torch.searchsorted(cum, total))   # the last valid offset
         t = lo + pick
-        N, M = sh["N"], sh["M"]
         if M == N:
             nodes = self.node_ids.expand(batch, N)
         else:
-            keys = torch.rand(batch, N, device=self.device, generator=self.gen)
-            nodes = keys.topk(M, dim=1, largest=False, sorted=False).indices
+            nodes = r[:, 1:].topk(M, dim=1, largest=False, sorted=False).indices
         return t, nodes, total[0] > 0
 
     def gather(self, t: torch.Tensor, nodes: torch.Tensor, any_valid=None) -> tuple:

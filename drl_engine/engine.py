@@ -536,9 +536,13 @@ class Engine:
         self.in_dim = self.stack * len(self.pi_names)
         self.dqn = NodeDQN(self.in_dim, self.n_actions, dqn, model, self.device, self.seed)
         self._sampler = None
-        if model.device_sampling:                 # the minibatch drawn on the device
+        sampling = model.device_sampling
+        if sampling == "auto":
+            sampling = str(self.device).startswith("cuda")
+        if sampling:                               # the minibatch drawn on the device
             from drl_engine.device_replay import DeviceSampler
-            self._sampler = DeviceSampler(self.device, self.seed)
+            self._sampler = DeviceSampler(self.device, self.seed,
+                                          compiled=self.dqn.compiles)
         self._session: int | None = None
         self._seen = 0                          # reader mode: ticks of the session ingested
         self.control = RowController(dqn, model, self.params, self.nodes, self.seed)

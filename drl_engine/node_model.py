@@ -52,7 +52,7 @@ from torch.nn import functional as F
 from drl_engine import node_backward
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig
-from drl_engine.qnet import TargetNetworkLearner
+from drl_engine.qnet import CompiledOrEager, TargetNetworkLearner
 
 
 class _NumpyTanhFn(torch.autograd.Function):
@@ -197,6 +197,8 @@ class NodeDQN(TargetNetworkLearner):
         self.in_dim, self.n_actions = in_dim, n_actions
         self._build_networks(lambda: NodeQNetwork(in_dim, n_actions, self.mcfg), seed)
         self.huber = dqn.loss == "huber"
+        if self.compiles:                       # engine.compile_step (its forward, backward)
+            self.loss = CompiledOrEager(self.loss, "the loss")
 
     @property
     def weights(self) -> int:

@@ -87,7 +87,15 @@ class TargetNetworkLearner:
         self._t_params = list(self.target.parameters())
         self._graphs = CUDAGraphStep(self) if self.device.type == "cuda" and \
             self.cfg.cuda_graph else None
+        if self.compiles:
+            self._update_tensors = CompiledOrEager(self._update_tensors, "the update")
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the step's parts go through torch.compile (``cfg.compile_step``: on a
+        CUDA device, with the CUDA graph that captures their fused kernels)."""
+        return self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.compile_step
 
     def learn(self, *arrays) -> torch.Tensor:
         """One minibatch from numpy arrays (``train_step``'s arguments in its order, None
@@ -138,9 +146,15 @@ class TargetNetworkLearner:
     def _update(self) -> None:
         """From the online network's gradients: clip, the optimiser step, the soft
         target update (the caller holds ``no_grad``)."""
+        self._update_tensors()
+        self.optimizer.steps += 1      # after a backward every parameter has a gradient
+
+    def _update_tensors(self) -> None:
+        """:meth:`_update`'s tensor work, without the step count (compiled with
+        ``compile_step``: a Python int it changed would be compiled in as a constant)."""
         if self.cfg.grad_clip:
             _clip_grad_norm(self._q_params, self.cfg.grad_clip)
-        self.optimizer.update()
+        self.optimizer.apply()
         self._soft_update()
 
     def _update_with(self, grads: list[torch.Tensor]) -> None:
@@ -248,6 +262,37 @@ class CUDAGraphStep:
         return g.loss.clone()                  # the next replay overwrites g.loss
 
 
+class CompiledOrEager:
+    """``fn`` through ``torch.compile`` (``engine.compile_step``), falling back to ``fn``
+    itself, with a warning, if compiling fails.
+
+    Why: a captured step replays every kernel it launched, ~250 small ones at ~2 µs each
+    on an H100 (docs/results.md, "On a GPU"); Inductor fuses the elementwise ones, so the
+    replay is shorter. Static shapes (a new shape compiles anew, as it is captured anew);
+    random ops through aten's (``fallback_random``), whose generator a CUDA-graph capture
+    registers, so that each replay draws new numbers. The first call of a shape
+    compiles (seconds): CUDAGraphStep's eager warm-up calls do, never a capture."""
+
+    def __init__(self, fn, what: str, backend="inductor"):
+        self.fn, self.what, self.failed = fn, what, None
+        options = {"fallback_random": True} if backend == "inductor" else None
+        self.compiled = torch.compile(fn, dynamic=False, backend=backend, options=options)
+
+    def __call__(self, *args, **kwargs):
+        if self.failed is None:
+            from torch._dynamo.exc import TorchDynamoException
+            try:
+                return self.compiled(*args, **kwargs)
+            except TorchDynamoException as e:     # compiling failed: nothing ran yet
+                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                    raise
+                self.failed = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                import warnings
+                warnings.warn(f"engine.compile_step: {self.what} stays eager ({self.failed})",
+                              RuntimeWarning, stacklevel=2)
+        return self.fn(*args, **kwargs)
+
+
 class _Captured:
     """One graph of :class:`CUDAGraphStep`: its calls so far, the graph once captured,
     and the loss tensor a replay writes."""
@@ -339,15 +384,23 @@ class RMSprop:
 
     def update(self) -> None:
         """:meth:`step` without its own ``no_grad`` (the caller holds one)."""
+        if self.apply():
+            self.steps += 1
+
+    def apply(self) -> bool:
+        """:meth:`update`'s arithmetic on the parameters that have a gradient, without
+        counting the step; whether any had one."""
         have = [(p, v) for p, v in zip(self.params, self.square_avg) if p.grad is not None]
         if not have:
-            return
+            return False
         params, avgs = [p for p, _ in have], [v for _, v in have]
         self._step(params, avgs, [p.grad for p in params])
+        return True
 
     def update_with(self, grads: list[torch.Tensor]) -> None:
         """:meth:`update` with every parameter's gradient given, in order."""
         self._step(self.params, self.square_avg, grads)
+        self.steps += 1
 
     def _step(self, params, avgs, grads) -> None:
         torch._foreach_mul_(avgs, self.alpha)
@@ -355,7 +408,6 @@ class RMSprop:
         denom = torch._foreach_sqrt(avgs)
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(params, grads, denom, value=-self.lr)
-        self.steps += 1
 
     def state_dict(self) -> dict:
         """In torch.optim's layout, so checkpoints stay readable both ways."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from capes.experiments.cluster_test import run_one
+from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.device_replay import DeviceSampler
 from drl_engine.node_replay import NodeReplay
 from test_cluster_engine import FAST_MODEL, PI_NAMES, cfg_short, engine
@@ -198,3 +199,13 @@ def test_a_short_cluster_run_with_device_sampling_works_end_to_end(monkeypatch):
     r = run_one(cfg, seed=0)
     assert r["train_steps"] > 50 and len(steps) >= r["train_steps"]
     assert np.isfinite(r["mean_relative"])
+
+
+def test_device_sampling_auto_draws_on_cuda_only():
+    """``device_sampling = "auto"``: the numpy sampler on the CPU, where it is the
+    faster one; a bad value is refused when the config is checked."""
+    assert NodeModelConfig().device_sampling is False
+    eng = engine(4, dataclasses.replace(FAST_MODEL, device_sampling="auto"))
+    assert eng._sampler is None
+    with pytest.raises(ValueError, match="device_sampling"):
+        dataclasses.replace(FAST_MODEL, device_sampling="gpu").validate()

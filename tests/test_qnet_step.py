@@ -73,3 +73,30 @@ def test_numpy_tanh_changes_only_the_rounding():
     for t, n in zip(state_t, state_n):
         torch.testing.assert_close(n, t, rtol=1e-4, atol=1e-6)
     assert any(not torch.equal(t, n) for t, n in zip(state_t, state_n))   # it ran
+
+
+def test_a_part_that_fails_to_compile_runs_eagerly_and_says_so():
+    """``engine.compile_step``: a part whose compile fails (here a backend that raises)
+    warns once and computes what the plain function computes, at every later call too."""
+    from drl_engine.qnet import CompiledOrEager
+
+    def refuse(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    def f(x):
+        return torch.tanh(x) * 2 + 1
+
+    part = CompiledOrEager(f, "the test part", backend=refuse)
+    x = torch.arange(6.0)
+    with pytest.warns(RuntimeWarning, match="the test part stays eager"):
+        assert torch.equal(part(x), f(x))
+    assert "no compiler here" in part.failed
+    assert torch.equal(part(x + 1), f(x + 1))        # no second try, no second warning
+
+
+def test_compile_step_leaves_a_cpu_learner_as_written():
+    """On the CPU ``compile_step`` changes nothing (the step by hand is faster there, and
+    torch.compile's first call would cost seconds): no part is wrapped."""
+    cfg = DQNConfig(**{**PRESETS["default"], "preset": "default", "compile_step": True})
+    learner = DQNLearner(8, 3, cfg, device="cpu", seed=0)
+    assert not learner.compiles and not hasattr(learner._update_tensors, "compiled")

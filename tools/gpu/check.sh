@@ -1,37 +1,61 @@
 #!/bin/bash
 # The GPU checks of issue 23, in one call on a lent CUDA machine (docs/results.md, "On a
-# GPU"): the CUDA-graph step's equality tests, the training-step benchmark at 1,000 nodes
-# (both node picks) and 64 nodes, and the torch.compile probe; at 1,000 and 64 nodes and in
-# the probe also with cluster_engine.device_sampling (--device-sampling: the minibatch
-# drawn on the GPU inside the step's graph, beside the numpy rows of the same run).
-#   bash tools/gpu/check.sh OUTDIR [--hours]   (wheels for what the machine lacks in .whl/)
-# --hours adds one simulated hour each of the default game and the 64-node cluster on
-# cuda and on cpu, and the cluster's on cuda with cluster_engine.device_sampling.
+# GPU"). Each step has its own time limit and writes its output under OUTDIR as it goes.
+#   bash tools/gpu/check.sh OUTDIR [STEP ...]   (wheels for what the machine lacks in .whl/)
+# Steps (default: floor base tests small):
+#   floor  the floor's measurement: the training step with sampling at 1,000 nodes with
+#          cluster_engine.device_sampling and engine.compile_step, beside the numpy rows
+#   base   the same without engine.compile_step
+#   tests  the CUDA-only tests (graphed steps equal eager ones, compiled too; each replay
+#          draws anew) and the CPU ones beside them
+#   small  the floor's measurement at 64 nodes
+#   seeds  the 64-node cluster hour on cuda, seeds 0-7 at once, cluster_engine.device_sampling
+#          true against false, paired by seed
+#   hours  one simulated hour, seed 0, on cuda: the 64-node cluster with device sampling
+#          with and without engine.compile_step, and with numpy sampling; the default
+#          game with and without engine.compile_step
 set -u
-out=${1:-/tmp/gpu-out}; mkdir -p "$out"
+out=${1:-/tmp/gpu-out}; mkdir -p "$out"; shift
+steps=${*:-floor base tests small}
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1
-bench="python3 benchmarks/bench_cluster_engine.py --part step --device cuda --reps 300"
+bench="python3 benchmarks/bench_cluster_engine.py --part step --device cuda --reps 300 --loss-nodes default"
+quiet() { grep -v "^W1\|^I1\|UserWarning: TensorFloat32\|warnings.warn\|_warn_once\|Profiler clears"; }
+hour() {     # NAME LIMIT ARGS...: one simulated hour on cuda, its wall and CPU time
+    local name=$1 limit=$2; shift 2
+    /usr/bin/time -f "cuda hour, $name: %e s wall, %U s user" timeout "$limit" \
+        python3 -m capes converge-test --seeds 1 --jobs 1 --quiet --device cuda \
+        --json "$out/hour-$name.json" "$@" 2>&1 | quiet | tail -2
+}
 nvidia-smi -L; python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
-python3 -m pytest -q -p no:cacheprovider tests/test_cuda_graph.py tests/test_device_replay.py 2>&1 | tail -3
-$bench --device-sampling 2>&1 | tee "$out/step-1000.txt"
-$bench --set cluster_engine.node_pick=redraw 2>&1 | tee "$out/step-1000-redraw.txt"
-$bench --step-nodes 64 --device-sampling 2>&1 | tee "$out/step-64.txt"
-timeout 240 $bench --step-nodes 64 --reps 100 --compile --device-sampling 2>&1 | grep -v "^W1\|^I1" | tee "$out/step-64-compile.txt"
-if [ "${2:-}" = "--hours" ]; then
-    for dev in cuda cpu; do
-        /usr/bin/time -f "$dev hour (default game, seed 0, 10 %%): %e s wall, %U s user" \
-            python3 -m capes converge-test --seeds 1 --noise 10% --jobs 1 --device $dev \
-            --json "$out/game-$dev.json" --quiet 2>&1 | tail -1
-        /usr/bin/time -f "$dev hour (cluster-sim 64 nodes, seed 0): %e s wall, %U s user" \
-            python3 -m capes converge-test --config configs/cluster-sim.toml --seeds 1 \
-            --jobs 1 --device $dev --json "$out/cluster-$dev.json" --quiet 2>&1 | tail -1
-    done
-    /usr/bin/time -f "cuda hour (cluster-sim 64 nodes, seed 0, device_sampling): %e s wall, %U s user" \
-        python3 -m capes converge-test --config configs/cluster-sim.toml --seeds 1 --jobs 1 \
-        --device cuda --set cluster_engine.device_sampling=true \
-        --json "$out/cluster-cuda-ds.json" --quiet 2>&1 | tail -1
-fi
+for step in $steps; do case $step in
+floor) timeout 180 $bench --device-sampling --compile 2>&1 | quiet | tee "$out/step-1000-compile.txt" ;;
+base)  timeout 100 $bench --device-sampling 2>&1 | quiet | tee "$out/step-1000.txt" ;;
+tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short tests/test_cuda_graph.py \
+           tests/test_device_replay.py tests/test_qnet_step.py 2>&1 | quiet > "$out/tests.txt"; tail -25 "$out/tests.txt" ;;
+small) timeout 110 $bench --step-nodes 64 --device-sampling --compile 2>&1 | quiet | tee "$out/step-64-compile.txt" ;;
+hours)
+    c="--config configs/cluster-sim.toml"
+    ds="--set cluster_engine.device_sampling=auto"
+    hour cluster-compile 200 $c $ds --set engine.compile_step=true
+    hour cluster-no-compile 120 $c $ds --set engine.compile_step=false
+    hour cluster-numpy-sampling 120 $c --set engine.compile_step=false --set cluster_engine.device_sampling=false
+    hour game-compile 120 --noise 10% --set engine.compile_step=true
+    hour game-no-compile 120 --noise 10% --set engine.compile_step=false ;;
+compiled-hours)      # the hours with engine.compile_step alone (its compile time)
+    hour cluster-compile 200 --config configs/cluster-sim.toml --set engine.compile_step=true
+    hour game-compile 120 --noise 10% --set engine.compile_step=true ;;
+seeds)     # the 64-node cluster hour, seeds 0-7, device against numpy sampling (paired)
+    mkdir -p /tmp/seeds
+    for ds in true false; do for k in 0 1 2 3 4 5 6 7; do
+        timeout 200 python3 -m capes converge-test --config configs/cluster-sim.toml \
+            --seeds 1 --first-seed $k --jobs 1 --quiet --device cuda \
+            --set cluster_engine.device_sampling=$ds --json /tmp/seeds/$ds-$k.json >/dev/null 2>&1 &
+    done; done; wait
+    python3 tools/gpu/paired_seeds.py /tmp/seeds "$out/seeds.json" | tee "$out/seeds.txt" ;;
+diag)  [ -f .whl/diag.py ] && timeout 120 python3 .whl/diag.py 2>&1 | quiet | grep -v "^DEBUG" | tail -12 | tee "$out/diag.txt" ;;
+*) echo "unknown step $step" ;;
+esac; done
