@@ -14,6 +14,7 @@
 #   hours  one simulated hour, seed 0, on cuda: the 64-node cluster with device sampling
 #          with and without engine.compile_step, and with numpy sampling; the default
 #          game with and without engine.compile_step
+#   compiled-hours  of those, the two with engine.compile_step (its compile time)
 set -u
 out=${1:-/tmp/gpu-out}; mkdir -p "$out"; shift
 steps=${*:-floor base tests small}
@@ -56,6 +57,5 @@ seeds)     # the 64-node cluster hour, seeds 0-7, device against numpy sampling 
             --set cluster_engine.device_sampling=$ds --json /tmp/seeds/$ds-$k.json >/dev/null 2>&1 &
     done; done; wait
     python3 tools/gpu/paired_seeds.py /tmp/seeds "$out/seeds.json" | tee "$out/seeds.txt" ;;
-diag)  [ -f .whl/diag.py ] && timeout 120 python3 .whl/diag.py 2>&1 | quiet | grep -v "^DEBUG" | tail -12 | tee "$out/diag.txt" ;;
 *) echo "unknown step $step" ;;
 esac; done
