@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 
 import numpy as np
 import torch
@@ -89,6 +90,9 @@ class TargetNetworkLearner:
             self.cfg.cuda_graph else None
         if self.compiles:
             self._update_tensors = CompiledOrEager(self._update_tensors, "the update")
+            logging.getLogger("capes.engine").info(
+                "engine.compile_step: the training step compiles at its first calls "
+                "(15-20 s on an H100), and again for each new minibatch shape")
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
 
     @property
