@@ -92,7 +92,8 @@ class TargetNetworkLearner:
             self._update_tensors = CompiledOrEager(self._update_tensors, "the update")
             logging.getLogger("capes.engine").info(
                 "engine.compile_step: the training step compiles at its first calls "
-                "(15-20 s on an H100), and again for each new minibatch shape")
+                "(15-20 s on an H100); a new shape (the replay's span doubling, a node "
+                "joining) compiles again")
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
 
     @property
