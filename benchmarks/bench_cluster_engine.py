@@ -233,7 +233,8 @@ def bench_step(n: int, device: str, reps: int, sets=(), device_sampling: bool = 
     """Where a training step's time goes: sampling (numpy), the step alone on tensors
     already on the device (as written, eager), ``learn`` from the sampled arrays (the
     transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
-    loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run."""
+    loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run;
+    for each of ``loss_nodes`` (None: the config's, 0: all nodes)."""
     print(f"\nTraining step and act at {n} nodes on {device} "
           f"(torch threads {torch.get_num_threads()}); median of {reps}"
           f"{''.join('; ' + x for x in sets)}")

@@ -155,7 +155,7 @@ class NodeModelConfig:
                              f"(got {self.rollback_fraction})")
         if self.pool not in ("mean_std", "mean_max"):
             raise ValueError(f"pool: must be 'mean_std' or 'mean_max' (got {self.pool!r})")
-        if self.device_sampling not in (True, False, "auto"):
+        if not (isinstance(self.device_sampling, bool) or self.device_sampling == "auto"):
             raise ValueError(f"device_sampling: must be true, false or 'auto' "
                              f"(got {self.device_sampling!r})")
         if self.node_pick not in ("partition", "redraw"):

@@ -54,8 +54,8 @@ class DQNConfig:
                                        # (within one ulp of torch's, ~5x faster; drl_engine/qnet.py)
     cuda_graph: bool = True            # on a CUDA device, replay the training step as a
                                        # CUDA graph (drl_engine/qnet.py; no effect on CPU)
-    compile_step: bool = False         # ... and before its capture, pass the step's parts
-                                       # (per-node loss, forward and backward; the update;
+    compile_step: bool = False         # ... and before its capture, pass the per-node
+                                       # step's parts (loss, forward and backward; update;
                                        # the device sampler's draw and gather) through
                                        # torch.compile: fused kernels, a shorter replay;
                                        # each shape compiles first (seconds; CUDA only)

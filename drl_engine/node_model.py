@@ -43,6 +43,7 @@ next state is pooled over the same nodes at t + n.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import torch
@@ -197,8 +198,21 @@ class NodeDQN(TargetNetworkLearner):
         self.in_dim, self.n_actions = in_dim, n_actions
         self._build_networks(lambda: NodeQNetwork(in_dim, n_actions, self.mcfg), seed)
         self.huber = dqn.loss == "huber"
-        if self.compiles:                       # engine.compile_step (its forward, backward)
-            self.loss = CompiledOrEager(self.loss, "the loss")
+        if self.compiles:                       # engine.compile_step
+            self.loss = CompiledOrEager(self.loss, "the loss")   # forward and backward
+            self._update_tensors = CompiledOrEager(self._update_tensors, "the update")
+            logging.getLogger("capes.engine").info(
+                "engine.compile_step: the training step compiles at its first calls "
+                "(10-20 s on an H100); a new shape (the replay's span doubling, a node "
+                "joining) compiles again")
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the step's parts go through torch.compile (``cfg.compile_step``: on a
+        CUDA device, with the CUDA graph that captures their fused kernels; the flat
+        learner's step is not compiled: its update alone cost ~9 s of an hour's wall
+        time, for no gain measured)."""
+        return self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.compile_step
 
     @property
     def weights(self) -> int:
@@ -229,8 +243,12 @@ class NodeDQN(TargetNetworkLearner):
         # the gradient by hand (drl_engine/node_backward.py, bit-identical to autograd's)
         # where it covers the step; ``q.by_hand`` False: autograd (the tests compare)
         if not (self.q.by_hand and node_backward.supported(self.q, obs, mask)):
-            return self.descend(self.loss(obs, mask, actions, returns, discounts, next_obs,
-                                          next_mask, valid, abar, next_abar))
+            def step():
+                return self.descend(self.loss(obs, mask, actions, returns, discounts,
+                                              next_obs, next_mask, valid, abar, next_abar))
+            # compiled: a backward that fails to compile (at its first call) runs eagerly
+            return self.loss.guarded(step) if isinstance(self.loss, CompiledOrEager) \
+                else step()
         y = self._td_target(returns, discounts, next_obs, next_mask, next_abar)
         loss, grads = node_backward.loss_and_grads(self.q, obs, actions, y, valid, abar,
                                                    self.huber)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
+import warnings
 
 import numpy as np
 import torch
@@ -88,19 +88,7 @@ class TargetNetworkLearner:
         self._t_params = list(self.target.parameters())
         self._graphs = CUDAGraphStep(self) if self.device.type == "cuda" and \
             self.cfg.cuda_graph else None
-        if self.compiles:
-            self._update_tensors = CompiledOrEager(self._update_tensors, "the update")
-            logging.getLogger("capes.engine").info(
-                "engine.compile_step: the training step compiles at its first calls "
-                "(15-20 s on an H100); a new shape (the replay's span doubling, a node "
-                "joining) compiles again")
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
-
-    @property
-    def compiles(self) -> bool:
-        """Whether the step's parts go through torch.compile (``cfg.compile_step``: on a
-        CUDA device, with the CUDA graph that captures their fused kernels)."""
-        return self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.compile_step
 
     def learn(self, *arrays) -> torch.Tensor:
         """One minibatch from numpy arrays (``train_step``'s arguments in its order, None
@@ -271,31 +259,60 @@ class CompiledOrEager:
     """``fn`` through ``torch.compile`` (``engine.compile_step``), falling back to ``fn``
     itself, with a warning, if compiling fails.
 
-    Why: a captured step replays every kernel it launched, ~250 small ones at ~2 µs each
-    on an H100 (docs/results.md, "On a GPU"); Inductor fuses the elementwise ones, so the
+    Why: a captured step replays every kernel it launched, 292 small ones on an H100
+    (docs/results.md, "On a GPU"); Inductor fuses the elementwise ones (103 left), so the
     replay is shorter. Static shapes (a new shape compiles anew, as it is captured anew);
     random ops through aten's (``fallback_random``), whose generator a CUDA-graph capture
     registers, so that each replay draws new numbers. The first call of a shape
-    compiles (seconds): CUDAGraphStep's eager warm-up calls do, never a capture."""
+    compiles (seconds): CUDAGraphStep's eager warm-up calls do, never a capture.
+
+    Every new shape recompiles (the device sampler's span doubles as the ring fills), and
+    past dynamo's recompile limit (8) a function would run eagerly without a word: the
+    limit is raised to 64 for the process, and a function past it fails here, visibly."""
 
     def __init__(self, fn, what: str, backend="inductor"):
+        from torch._dynamo import config as dynamo, exc
+        # the names changed across torch 2.x (older: cache_size_limit, fail_on_cache_...)
+        limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"
+        setattr(dynamo, limit, max(getattr(dynamo, limit), 64))
+        for flag in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
+            if hasattr(dynamo, flag):
+                setattr(dynamo, flag, True)
+                break
+        self._errors = tuple(getattr(exc, name) for name in (
+            "TorchDynamoException", "FailOnRecompileLimitHit", "FailOnCacheLimitHit")
+            if hasattr(exc, name))
         self.fn, self.what, self.failed = fn, what, None
         options = {"fallback_random": True} if backend == "inductor" else None
         self.compiled = torch.compile(fn, dynamic=False, backend=backend, options=options)
 
     def __call__(self, *args, **kwargs):
         if self.failed is None:
-            from torch._dynamo.exc import TorchDynamoException
             try:
                 return self.compiled(*args, **kwargs)
-            except TorchDynamoException as e:     # compiling failed: nothing ran yet
-                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-                    raise
-                self.failed = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
-                import warnings
-                warnings.warn(f"engine.compile_step: {self.what} stays eager ({self.failed})",
-                              RuntimeWarning, stacklevel=2)
+            except self._errors as e:            # compiling failed: nothing ran yet
+                self._give_up(e)
         return self.fn(*args, **kwargs)
+
+    def guarded(self, step):
+        """``step()``, which calls this part and a backward through its output: the
+        backward compiles lazily, at its first call, so its failure shows there. Then
+        this part stays eager and ``step()`` runs again (nothing was applied: the
+        gradients come before any update). An error eager code raises too propagates."""
+        if self.failed is not None:
+            return step()
+        try:
+            return step()
+        except Exception as e:                 # the backward's compile, or a real error
+            self._give_up(e)
+            return step()
+
+    def _give_up(self, e: Exception) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise e                            # a capture cannot run the eager ops now
+        self.failed = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        warnings.warn(f"engine.compile_step: {self.what} stays eager ({self.failed})",
+                      RuntimeWarning, stacklevel=3)
 
 
 class _Captured:

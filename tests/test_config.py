@@ -237,3 +237,14 @@ def test_infinity_only_where_a_field_allows_it():
         build(Workload, {"share": float("inf")})
     with pytest.raises(ConfigError, match="demand: expected a finite number, got nan"):
         build(Workload, {"demand": float("nan")})
+
+
+def test_a_true_false_or_auto_key_names_its_three_values():
+    """``cluster_engine.device_sampling`` (true, false or "auto"): each is accepted from
+    --set, and anything else is refused with the values it may take."""
+    from capes.experiments.cluster_test import load_config as load_cluster
+    for text, want in (("true", True), ("false", False), ("auto", "auto")):
+        cfg = load_cluster(None, [f"cluster_engine.device_sampling={text}"])
+        assert cfg.model.device_sampling == want
+    with pytest.raises(ConfigError, match=r"must be true, false or 'auto' \(got 'gpu'\)"):
+        load_cluster(None, ["cluster_engine.device_sampling=gpu"])

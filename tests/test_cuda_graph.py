@@ -81,7 +81,7 @@ def test_loss_is_reported_one_call_late_without_waiting():
 
 
 def _sampling_engine(cuda_graph: bool, nodes: int = 64, ticks: int = 150,
-                     compile_step: bool = False):
+                     compile_step: bool = False, sampling=True):
     """A per-node engine on CUDA with ``cluster_engine.device_sampling``, its ring filled
     with the ragged ticks of tests/test_device_replay.py (gaps, a node absent, unknown
     actions)."""
@@ -89,7 +89,7 @@ def _sampling_engine(cuda_graph: bool, nodes: int = 64, ticks: int = 150,
     from drl_engine.engine import Engine
     from storagegamesim.cluster import PI_NAMES, ClusterConfig
     model = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8,
-                            cold_start="per_node", device_sampling=True)
+                            cold_start="per_node", device_sampling=sampling)
     eng = Engine.over_rows(_cfg(cuda_graph=cuda_graph, compile_step=compile_step),
                            RewardConfig(), list(PI_NAMES),
                            list(ClusterConfig().param_specs().values()), nodes,
@@ -130,6 +130,16 @@ def test_device_sampled_graph_steps_change_the_weights_and_match_eager_steps(com
         parts = (graphed.dqn.loss, graphed.dqn._update_tensors, graphed._sampler.draw,
                  graphed._sampler.gather)
         assert [p.failed for p in parts] == [None] * 4
+
+
+def test_device_sampling_auto_draws_on_cuda():
+    """``device_sampling = "auto"`` on a CUDA device: the device sampler, and its step
+    trains (on the CPU "auto" is numpy: tests/test_device_replay.py)."""
+    eng = _sampling_engine(True, sampling="auto")
+    assert eng._sampler is not None
+    for _ in range(4):
+        eng.train(1)
+    assert eng.train_steps == 4 and eng.dqn._graphs.replays > 0
 
 
 def test_replays_draw_new_minibatches():

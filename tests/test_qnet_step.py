@@ -1,6 +1,8 @@
 """The CPU training step's gradients by hand (drl_engine/qnet.py, ``DQNLearner._cpu_step``)
 must leave the networks and the optimiser bit-for-bit where autograd's step leaves them:
 the converge runs and every saved model depend on it."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -91,12 +93,67 @@ def test_a_part_that_fails_to_compile_runs_eagerly_and_says_so():
     with pytest.warns(RuntimeWarning, match="the test part stays eager"):
         assert torch.equal(part(x), f(x))
     assert "no compiler here" in part.failed
-    assert torch.equal(part(x + 1), f(x + 1))        # no second try, no second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # no second try, no second warning
+        assert torch.equal(part(x + 1), f(x + 1))
+
+
+def test_a_backward_that_fails_to_compile_runs_eagerly():
+    """The loss's backward compiles at its first call, after the forward ran: a failure
+    there leaves the loss eager and the step runs again, once, with the same gradient."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from drl_engine.qnet import CompiledOrEager
+
+    def refuse(gm, example_inputs):
+        raise RuntimeError("no backward compiler here")
+
+    w = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+
+    def loss(x):
+        return (torch.tanh(x * w) ** 2).sum()
+
+    part = CompiledOrEager(loss, "the test loss",
+                           backend=aot_autograd(fw_compiler=lambda gm, ex: gm,
+                                                bw_compiler=refuse))
+    x = torch.arange(3.0)
+    runs = []
+
+    def step():
+        runs.append(1)
+        w.grad = None
+        part(x).backward()
+        return w.grad.clone()
+
+    with pytest.warns(RuntimeWarning, match="the test loss stays eager"):
+        grad = part.guarded(step)
+    assert "no backward compiler here" in part.failed and len(runs) == 2
+    w.grad = None
+    loss(x).backward()
+    assert torch.equal(grad, w.grad)
+
+
+def test_a_part_past_the_recompile_limit_says_so():
+    """Each new shape recompiles; past the limit (64) a part would silently run eagerly
+    in dynamo: here it is marked and warned, and still computes the same values."""
+    from drl_engine.qnet import CompiledOrEager
+
+    def f(x):
+        return x * 3 + 1
+
+    part = CompiledOrEager(f, "the growing part", backend="eager")
+    with pytest.warns(RuntimeWarning, match="the growing part stays eager"):
+        for n in range(1, 70):
+            assert torch.equal(part(torch.ones(n)), f(torch.ones(n)))
+    assert part.failed is not None and "limit" in part.failed.lower()
 
 
 def test_compile_step_leaves_a_cpu_learner_as_written():
     """On the CPU ``compile_step`` changes nothing (the step by hand is faster there, and
     torch.compile's first call would cost seconds): no part is wrapped."""
+    from drl_engine.node_model import NodeDQN
     cfg = DQNConfig(**{**PRESETS["default"], "preset": "default", "compile_step": True})
-    learner = DQNLearner(8, 3, cfg, device="cpu", seed=0)
-    assert not learner.compiles and not hasattr(learner._update_tensors, "compiled")
+    learner = NodeDQN(8, 3, cfg, device="cpu", seed=0)
+    assert not learner.compiles
+    assert not hasattr(learner._update_tensors, "compiled")
+    assert not hasattr(learner.loss, "compiled")

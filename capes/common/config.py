@@ -184,6 +184,9 @@ def _coerce(hint: Any, value: Any, source: str, key: str, allow_inf: bool = Fals
                 return _coerce(arg, value, source, key, allow_inf)
             except ConfigError as exc:
                 errors.append(exc.problem)
+        choices = _choices(args)
+        if choices:                    # e.g. bool | Literal["auto"]: name the values
+            raise ConfigError(source, key, f"must be {choices} (got {value!r})")
         raise ConfigError(source, key, " or ".join(errors))
     if origin is typing.Literal:
         if value not in args:
@@ -233,6 +236,20 @@ def _coerce(hint: Any, value: Any, source: str, key: str, allow_inf: bool = Fals
             raise ConfigError(source, key, "must not contain a NUL character")
         return value
     raise ConfigError(source, key, f"unsupported type {hint!r}")
+
+
+def _choices(args) -> str | None:
+    """The values a union of booleans and literals allows, in words (None for other
+    unions): ``bool | Literal["auto"]`` -> "true, false or 'auto'"."""
+    values = []
+    for arg in args:
+        if arg is bool:
+            values += ["true", "false"]
+        elif typing.get_origin(arg) is typing.Literal:
+            values += [repr(v) for v in typing.get_args(arg)]
+        elif arg is not type(None):
+            return None
+    return ", ".join(values[:-1]) + " or " + values[-1] if len(values) > 1 else None
 
 
 def _check_raw(value: Any, source: str, key: str) -> None:

@@ -13,8 +13,10 @@
 #          true against false, paired by seed
 #   hours  one simulated hour, seed 0, on cuda: the 64-node cluster with device sampling
 #          with and without engine.compile_step, and with numpy sampling; the default
-#          game with and without engine.compile_step
-#   compiled-hours  of those, the two with engine.compile_step (its compile time)
+#          game (its flat learner does not compile)
+#   compiled-hours  of those, the one with engine.compile_step (its compile time)
+#   diag   compiled graphed steps against eager ones on the same draws: the largest
+#          weight difference, how far the weights moved, every part compiled
 set -u
 out=${1:-/tmp/gpu-out}; mkdir -p "$out"; shift
 steps=${*:-floor base tests small}
@@ -29,7 +31,7 @@ hour() {     # NAME LIMIT ARGS...: one simulated hour on cuda, its wall and CPU 
     local name=$1 limit=$2; shift 2
     /usr/bin/time -f "cuda hour, $name: %e s wall, %U s user" timeout "$limit" \
         python3 -m capes converge-test --seeds 1 --jobs 1 --quiet --device cuda \
-        --json "$out/hour-$name.json" "$@" 2>&1 | quiet | tail -2
+        --json "$out/hour-$name.json" "$@" 2>&1 | quiet | tail -2 | tee -a "$out/hour-times.txt"
 }
 nvidia-smi -L; python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
 for step in $steps; do case $step in
@@ -40,22 +42,22 @@ tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=s
 small) timeout 110 $bench --step-nodes 64 --device-sampling --compile 2>&1 | quiet | tee "$out/step-64-compile.txt" ;;
 hours)
     c="--config configs/cluster-sim.toml"
-    ds="--set cluster_engine.device_sampling=auto"
+    ds="--set cluster_engine.device_sampling=true"
     hour cluster-compile 200 $c $ds --set engine.compile_step=true
     hour cluster-no-compile 120 $c $ds --set engine.compile_step=false
     hour cluster-numpy-sampling 120 $c --set engine.compile_step=false --set cluster_engine.device_sampling=false
-    hour game-compile 120 --noise 10% --set engine.compile_step=true
-    hour game-no-compile 120 --noise 10% --set engine.compile_step=false ;;
-compiled-hours)      # the hours with engine.compile_step alone (its compile time)
-    hour cluster-compile 200 --config configs/cluster-sim.toml --set engine.compile_step=true
-    hour game-compile 120 --noise 10% --set engine.compile_step=true ;;
+    hour game 120 --noise 10% ;;
+compiled-hours)      # the cluster hour with engine.compile_step alone (its compile time)
+    hour cluster-compile 200 --config configs/cluster-sim.toml --set engine.compile_step=true \
+        --set cluster_engine.device_sampling=true ;;
 seeds)     # the 64-node cluster hour, seeds 0-7, device against numpy sampling (paired)
-    mkdir -p /tmp/seeds
+    rm -rf /tmp/seeds; mkdir -p /tmp/seeds
     for ds in true false; do for k in 0 1 2 3 4 5 6 7; do
         timeout 200 python3 -m capes converge-test --config configs/cluster-sim.toml \
             --seeds 1 --first-seed $k --jobs 1 --quiet --device cuda \
             --set cluster_engine.device_sampling=$ds --json /tmp/seeds/$ds-$k.json >/dev/null 2>&1 &
     done; done; wait
     python3 tools/gpu/paired_seeds.py /tmp/seeds "$out/seeds.json" | tee "$out/seeds.txt" ;;
+diag)  timeout 150 python3 tools/gpu/compiled_vs_eager.py 2>&1 | quiet | tail -8 | tee "$out/diag.txt" ;;
 *) echo "unknown step $step" ;;
 esac; done

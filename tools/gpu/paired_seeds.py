@@ -4,9 +4,11 @@ cluster_engine.device_sampling on and off, seed K) paired by seed, and merged in
     python3 tools/gpu/paired_seeds.py DIR OUT.json
 """
 import json
-import statistics
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from capes.common.stats import paired_mean_ci  # noqa: E402
 
 
 def main(folder: str, out: str) -> None:
@@ -26,12 +28,10 @@ def main(folder: str, out: str) -> None:
               f"{b['mean_relative']:.4f}; recover ticks device "
               f"{[p['recover_ticks'] for p in a['per_phase']]} numpy "
               f"{[p['recover_ticks'] for p in b['per_phase']]}")
-    if len(diffs) > 1:
-        m, sd = statistics.mean(diffs), statistics.stdev(diffs)
-        from scipy.stats import t
-        half = t.ppf(0.975, len(diffs) - 1) * sd / len(diffs) ** 0.5
-        print(f"device - numpy, paired over {len(diffs)} seeds: {m:+.4f} "
-              f"[{m - half:+.4f}, {m + half:+.4f}] (95 % t)")
+    ci = paired_mean_ci([0.0] * len(diffs), diffs)
+    if ci is not None:
+        print(f"device - numpy, paired over {len(diffs)} seeds: {ci[0]:+.4f} "
+              f"[{ci[1]:+.4f}, {ci[2]:+.4f}] (95 % t)")
 
 
 if __name__ == "__main__":
