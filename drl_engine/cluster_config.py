@@ -41,8 +41,9 @@ class NodeModelConfig:
     # the minibatch drawn on the engine's torch device from a mirror of the ring, in one
     # CUDA graph with the step (drl_engine/device_replay.py); False: numpy on the host;
     # "auto": on a CUDA device only (numpy is faster on the CPU). Off by default: on an
-    # H100 the step with sampling took 0.89 ms against numpy's 1.74, but its hours tied
-    # numpy's at best (64 nodes, seeds 0-7: -0.005 [-0.030, +0.019]; docs/results.md)
+    # H100 the step with sampling took 0.89 ms against numpy's 1.74, and its hours tied
+    # numpy's (64 nodes, seeds 0-7: cuda -0.005 [-0.030, +0.019], CPU -0.000
+    # [-0.013, +0.013]; docs/results.md)
     device_sampling: bool | Literal["auto"] = False
     gamma: float = 0.0                # 0: the engine's [engine] gamma
     # replay ring and input statistics
