@@ -229,16 +229,16 @@ def _replay_alone(eng, reps: int) -> str:
 
 
 def bench_step(n: int, device: str, reps: int, sets=(), device_sampling: bool = False,
-               loss_nodes=(None, 0)) -> None:
+               loss_node_picks=(None, 0)) -> None:
     """Where a training step's time goes: sampling (numpy), the step alone on tensors
     already on the device (as written, eager), ``learn`` from the sampled arrays (the
     transfer and, on CUDA, the graph replay), and ``Engine.train(1)`` (all of it, the
     loss read back) with the CUDA graph on and off (``engine.cuda_graph``) in one run;
-    for each of ``loss_nodes`` (None: the config's, 0: all nodes)."""
+    for each of ``loss_node_picks`` (``loss_nodes`` None: the config's, 0: all nodes)."""
     print(f"\nTraining step and act at {n} nodes on {device} "
           f"(torch threads {torch.get_num_threads()}); median of {reps}"
           f"{''.join('; ' + x for x in sets)}")
-    for loss_nodes in loss_nodes:
+    for loss_nodes in loss_node_picks:
         engines = {g: _filled_engine(n, device, loss_nodes, cuda_graph=g, sets=sets)
                    for g in (True, False)}
         eng = engines[True]

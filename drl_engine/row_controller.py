@@ -138,9 +138,9 @@ class RowController:
         rows = np.flatnonzero(diff.any(axis=1))
         k = np.argmax(np.abs(diff[rows]) / np.maximum(self.n_steps, 1), axis=1)
         d = diff[rows, k]
-        to = idx[rows, k] + np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
+        idx[rows, k] += np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
         out = cur.copy()          # the row's other knobs as they are, even off the grid
-        out[rows, k] = np.minimum(self.lo[k] + to * self.step[k], self.hi[k])
+        out[rows, k] = self.grid.values(idx)[rows, k]
         return out
 
     def walk_ticks(self, cur: np.ndarray, target: np.ndarray, cells: np.ndarray) -> int:

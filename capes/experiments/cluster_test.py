@@ -318,11 +318,14 @@ class ClusterSource:
     def apply(self, decision: Decision) -> None:
         if decision.rows:
             vals = decision.values
-            before = np.column_stack([getattr(self.sim, n) for n in self.knob_names])
-            if self.step_rule is not None and self.step_rule.check(self.sim.ticks, before[self.order].astype(np.float64),
-                                    np.asarray(vals, np.float64),
-                                    self.sim.present[self.order]) and self.refuse_live:
-                return                       # as a live daemon: nothing of it applied
+            if self.step_rule is not None:
+                before = np.column_stack([getattr(self.sim, n) for n in self.knob_names])
+                refused = self.step_rule.check(self.sim.ticks,
+                                               before[self.order].astype(np.float64),
+                                               np.asarray(vals, np.float64),
+                                               self.sim.present[self.order])
+                if refused and self.refuse_live:
+                    return                   # as a live daemon: nothing of it applied
             self.sim.set_params(**{n: vals[:, k] for k, n in enumerate(self.knob_names)},
                                 nodes=self.order)
             return
