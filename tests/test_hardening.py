@@ -264,12 +264,13 @@ def test_a_failing_writer_keeps_the_daemon_up_and_recovery_is_automatic(deployme
 # ----------------------------------------------------------------------- 5. memory
 
 def test_a_pi_name_flood_is_refused_and_the_daemon_memory_stays_flat(deployment, ctx):
-    """Two equal floods of new PI names: the first fills the daemon's bounded name
-    registry (4,096 names), the second must not grow the daemon: what a user relies on is
-    that its memory does not grow with the flood's length. The first flood's growth is
-    that registry plus the allocator's high-water mark (2.7 to 10.7 MB measured); the
-    second moved RSS by -2.3 to +2.8 MB in 8 runs, where keeping the flooded names would
-    add about 20 MB (200,000 names)."""
+    """Six equal floods of new PI names: the first fills the daemon's bounded name
+    registry (4,096 names); the next five must not grow the daemon: what a user relies on
+    is that its memory does not grow with the flood's length. RSS after one flood is
+    noisy (the allocator's high-water mark: one flood moved it by -5.2 to +3.4 MB in 35
+    measured, and 7.8 MB once in CI), so the test fits a line through the five and bounds
+    its slope: keeping the flooded names would add about 20 MB a flood (200,000 names);
+    the slope measured in 7 runs was -0.7 to +0.5 MB a flood."""
     d = DaemonProcess(write_config(deployment), deployment / "ready.json")
     try:
         proc = psutil.Process(d.proc.pid)
@@ -281,8 +282,8 @@ def test_a_pi_name_flood_is_refused_and_the_daemon_memory_stays_flat(deployment,
         sock = curve.client_socket(ctx, zmq.DEALER, keys_for(deployment, "mon"))
         sock.connect(d.info["ingest"])
         enc = DeltaEncoder("n2", [f"f0.{i}" for i in range(100)])
-        frames, rss = 2000, [proc.memory_info().rss]
-        for flood in range(2):
+        frames, floods, rss = 2000, 6, [proc.memory_info().rss]
+        for flood in range(floods):
             for f in range(flood * frames, (flood + 1) * frames):
                 enc.names = [f"pi.{f}.{i:03d}.{'x' * 40}" for i in range(100)]
                 enc.request_full()               # each frame announces 100 new names
@@ -293,15 +294,16 @@ def test_a_pi_name_flood_is_refused_and_the_daemon_memory_stays_flat(deployment,
         enc.names = ["y" * 129]                  # a name longer than 128 bytes
         enc.request_full()
         sock.send(enc.frame(9000, [1.0]))
-        wait_for(lambda: c.status()["messages"] == 200 + 2 * frames + 1, timeout=60)
+        wait_for(lambda: c.status()["messages"] == 200 + floods * frames + 1, timeout=60)
         s = c.status()
         sock.close()
-        assert s["drops"]["too_many_pis"] >= 2 * frames - 4096 // 100
+        assert s["drops"]["too_many_pis"] >= floods * frames - 4096 // 100
         assert s["drops"]["pi_name_length"] == 1
         assert s["pis"] <= len(PIS) + 4096
-        first, second = rss[1] - rss[0], rss[2] - rss[1]
+        first = rss[1] - rss[0]
+        slope = np.polyfit(np.arange(floods), np.array(rss[1:]) / 2**20, 1)[0]
         assert first < 32 << 20, f"the first flood grew RSS by {first >> 20} MB"
-        assert second < 6 << 20, f"the second flood grew RSS by {second / 2**20:.1f} MB"
+        assert slope < 4, f"RSS grew by {slope:.1f} MB a flood after the registry filled"
         c.close()
     finally:
         d.stop()
