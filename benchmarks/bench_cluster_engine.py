@@ -190,8 +190,7 @@ def _device_sampling_rows(n: int, device: str, loss_nodes, reps: int, sets=()) -
            for g, e in engines.items()}
     graphed = f"; graph replays {eng.dqn._graphs.replays}" if eng.dqn._graphs else ""
     if eng.dqn.compiles:
-        failed = [f.failed for f in (eng.dqn.loss, eng.dqn._update_tensors, sampler.draw,
-                                     sampler.gather) if f.failed]
+        failed = [f.failed for f in eng.compiled_parts if f.failed]
         graphed += f"; compiled: {'; '.join(failed) if failed else 'all four parts'}"
     print(f"    device sampling (ring of {eng.data.replay.capacity} ticks on {device}): "
           f"prepare (copy the new rows) {prepare:.2f} ms, draw + gather (no graph) "

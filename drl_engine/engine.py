@@ -551,6 +551,16 @@ class Engine:
                                              self.params, self.nodes)   # [row context hook]
 
     @property
+    def compiled_parts(self) -> list:
+        """``engine.compile_step``'s parts (the loss, the update, the device sampler's
+        draw and gather; none where nothing compiles), each ``failed`` where it fell
+        back to eager."""
+        if not getattr(self.dqn, "compiles", False):
+            return []
+        sampler = [] if self._sampler is None else [self._sampler.draw, self._sampler.gather]
+        return [self.dqn.loss, self.dqn._update_tensors, *sampler]
+
+    @property
     def replay(self):
         """The per-node mode's ring of every node's PIs (``drl_engine.node_replay``)."""
         return self.data.replay

@@ -299,11 +299,11 @@ class CompiledOrEager:
         backward compiles lazily, at its first call, so its failure shows there. Then
         this part stays eager and ``step()`` runs again (nothing was applied: the
         gradients come before any update). An error eager code raises too propagates."""
-        if self.failed is not None:
-            return step()
         try:
             return step()
         except Exception as e:                 # the backward's compile, or a real error
+            if self.failed is not None:
+                raise                          # eager already: the error is real
             self._give_up(e)
             return step()
 

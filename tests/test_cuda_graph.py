@@ -127,9 +127,7 @@ def test_device_sampled_graph_steps_change_the_weights_and_match_eager_steps(com
     torch.testing.assert_close(after, _params(eager.dqn), rtol=1e-4,
                                atol=1e-5 if compiled else 1e-6)
     if compiled:
-        parts = (graphed.dqn.loss, graphed.dqn._update_tensors, graphed._sampler.draw,
-                 graphed._sampler.gather)
-        assert [p.failed for p in parts] == [None] * 4
+        assert [p.failed for p in graphed.compiled_parts] == [None] * 4
 
 
 def test_device_sampling_auto_draws_on_cuda():

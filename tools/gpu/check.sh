@@ -33,6 +33,8 @@ hour() {     # NAME LIMIT ARGS...: one simulated hour on cuda, its wall and CPU 
         python3 -m capes converge-test --seeds 1 --jobs 1 --quiet --device cuda \
         --json "$out/hour-$name.json" "$@" 2>&1 | quiet | tail -2 | tee -a "$out/hour-times.txt"
 }
+c="--config configs/cluster-sim.toml"; ds="--set cluster_engine.device_sampling=true"
+compiled_hour() { hour cluster-compile 200 $c $ds --set engine.compile_step=true; }
 nvidia-smi -L; python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())"
 for step in $steps; do case $step in
 floor) timeout 180 $bench --device-sampling --compile 2>&1 | quiet | tee "$out/step-1000-compile.txt" ;;
@@ -41,15 +43,11 @@ tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=s
            tests/test_device_replay.py tests/test_qnet_step.py 2>&1 | quiet > "$out/tests.txt"; tail -25 "$out/tests.txt" ;;
 small) timeout 110 $bench --step-nodes 64 --device-sampling --compile 2>&1 | quiet | tee "$out/step-64-compile.txt" ;;
 hours)
-    c="--config configs/cluster-sim.toml"
-    ds="--set cluster_engine.device_sampling=true"
-    hour cluster-compile 200 $c $ds --set engine.compile_step=true
+    compiled_hour
     hour cluster-no-compile 120 $c $ds --set engine.compile_step=false
     hour cluster-numpy-sampling 120 $c --set engine.compile_step=false --set cluster_engine.device_sampling=false
     hour game 120 --noise 10% ;;
-compiled-hours)      # the cluster hour with engine.compile_step alone (its compile time)
-    hour cluster-compile 200 --config configs/cluster-sim.toml --set engine.compile_step=true \
-        --set cluster_engine.device_sampling=true ;;
+compiled-hours) compiled_hour ;;    # that hour alone (its compile time)
 seeds)     # the 64-node cluster hour, seeds 0-7, device against numpy sampling (paired)
     rm -rf /tmp/seeds; mkdir -p /tmp/seeds
     for ds in true false; do for k in 0 1 2 3 4 5 6 7; do

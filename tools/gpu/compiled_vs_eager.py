@@ -28,9 +28,8 @@ def main() -> None:
             eng.train(1)
     torch.cuda.synchronize()
     a, b = _params(compiled.dqn), _params(eager.dqn)
-    parts = (compiled.dqn.loss, compiled.dqn._update_tensors, compiled._sampler.draw,
-             compiled._sampler.gather)
-    print(f"parts that failed to compile: {[p.what for p in parts if p.failed] or 'none'}")
+    failed = [p.what for p in compiled.compiled_parts if p.failed]
+    print(f"parts that failed to compile: {failed or 'none'}")
     print(f"steps {compiled.train_steps} / {eager.train_steps}, graph replays "
           f"{compiled.dqn._graphs.replays}")
     print(f"largest weight difference {float((a - b).abs().max()):.3g}; the eager "
