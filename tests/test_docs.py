@@ -100,3 +100,23 @@ def test_a_converge_report_becomes_a_results_table(tmp_path):
     text = results.render(table)
     assert "| 10 % | capes | diff | 2/3 | 80 | 1.00 | 0.980 | 0.999 | 0.90 |" in text
     json.dumps(table)
+
+
+def test_a_costs_report_becomes_two_tables():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import results
+    finally:
+        sys.path.pop(0)
+    role = {"processes": 2, "cpu_pct_median": 0.04, "cpu_pct_max": 0.05, "cpu_pct_total": 0.09,
+            "rss_mb_median": 49.2, "rss_mb_max": 49.6, "rss_mb_total": 98.8}
+    run = {"nodes": 2, "seconds": 180.0, "seed": 0, "load_start": [1.9, 1, 1],
+           "load_end": [6.2, 1, 1], "roles": {"monitor-agent": role},
+           "network": {"messages_per_s_per_agent": 1.0, "payload_bytes_per_s_per_agent": 23.6,
+                       "wire_bytes_per_s_per_agent_est": 58.6},
+           "disk": {"bytes_per_row": 62.6, "bytes_per_node_hour": 225000.0}}
+    procs, io = results.from_costs({"runs": [run]})
+    assert procs["rows"] == [["2", "monitoring agent", "2", "0.04 / 0.05", "49 / 50",
+                              "0.09 % / 99 MB", "1.9 → 6.2"]]
+    assert io["rows"] == [["2", "1.00", "23.6", "~59", "63", "0.23", "180", "1.9 → 6.2"]]
+    assert "--nodes 2 --seconds 180" in procs["command"]

@@ -102,7 +102,7 @@ def from_costs(report: dict) -> tuple[dict, dict]:
                 procs.append([str(n), name, str(r["processes"]),
                               f"{r['cpu_pct_median']:.2f} / {r['cpu_pct_max']:.2f}",
                               f"{r['rss_mb_median']:.0f} / {r['rss_mb_max']:.0f}",
-                              f"{r['cpu_pct_total']:.1f} % / {r['rss_mb_total']:,.0f} MB", load])
+                              f"{r['cpu_pct_total']:.2f} % / {r['rss_mb_total']:,.0f} MB", load])
         net, disk = run["network"], run["disk"]
         per_row = disk.get("bytes_per_row")
         io.append([str(n), f"{net['messages_per_s_per_agent']:.2f}",
