@@ -19,7 +19,7 @@ node, lets it settle for ``--warmup`` seconds, then measures for ``--seconds``:
 The demo's own watcher (the ``capes demo`` process: live line, status polls once a
 second) is not CAPES and is not counted. Start-up (imports, keys, first connects) is
 excluded. The simulator's PIs are three a node: a host with the ``host`` collector sends
-more (bench_message_size.py: ~44 PIs, 80-190 B/s).
+more (bench_message_size.py: 44 PIs, 67-129 B/s of payload).
 
     python benchmarks/bench_costs.py [--nodes 1,8,64] [--seconds 120] [--warmup 30] [--json OUT]
     python benchmarks/bench_costs.py --quick           # 1 node, 15 s
