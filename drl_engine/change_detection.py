@@ -467,7 +467,7 @@ class SettingResidualDetector:
         bytes every second (±0.1 %) while a large one swings ±30 % with the bandwidth
         cap and the CPU; one pooled scale made every sample of a noisy setting an
         outlier (measured: 12 false alarms per hour on a stationary sequential reader;
-        docs/results-real.md)."""
+        docs/journal.md (real devices))."""
         cfg = self.config
         e = table.get(key)
         if e is None:

@@ -43,7 +43,7 @@ class NodeModelConfig:
     # "auto": on a CUDA device only (numpy is faster on the CPU). Off by default: on an
     # H100 the step with sampling took 0.89 ms against numpy's 1.74, and its hours tied
     # numpy's (64 nodes, seeds 0-7: cuda -0.005 [-0.030, +0.019], CPU -0.000
-    # [-0.013, +0.013]; docs/results.md)
+    # [-0.013, +0.013]; docs/journal.md)
     device_sampling: bool | Literal["auto"] = False
     gamma: float = 0.0                # 0: the engine's [engine] gamma
     # replay ring and input statistics

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from capes.common.actions import MAX_STEPS
 from capes.common.config import ConfigError
 
-# engine.q_scope: where the Q-network's greedy action may act (round 5 of docs/recall.md)
+# engine.q_scope: where the Q-network's greedy action may act (round 5 of docs/journal.md)
 # (round 7: "first_visits", the walk and a later workload's first visit)
 Q_SCOPES = ("everywhere", "new_contexts", "first_visits")
 
@@ -117,7 +117,7 @@ class DQNConfig:
     q_scope: str = "everywhere"        # "new_contexts": the Q-network acts only in a new
                                        # workload's inference walk (context_infer); greedy
                                        # elsewhere holds the best-known setting, as with
-                                       # use_q_network = false (docs/recall.md, round 5;
+                                       # use_q_network = false (docs/journal.md, round 5;
                                        # the guided engine's: the paper preset ignores it);
                                        # "first_visits": also its guarded greedy moves on
                                        # the first visit of every workload but the first
@@ -228,7 +228,7 @@ PRESETS: dict[str, dict] = {
                 "probe_model": True, "learn_lags": True, "lag_fit_ticks": 10,
                 "action_steps": 2,
                 "use_context": True, "train_every": 3, "numpy_tanh": True,
-                # issue 25 round 5 (docs/recall.md): the network, taught by each
+                # issue 25 round 5 (docs/journal.md): the network, taught by each
                 # workload's best-known setting, acts only on an unseen workload's walk
                 "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,
                 "q_scope": "new_contexts",

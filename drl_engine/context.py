@@ -39,7 +39,7 @@ context what the guide knows:
   default): once two other workloads are known, the Q-network leads a walk on fresh
   observations (:meth:`WorkloadContexts.infer_action`), or without it
   (``use_q_network = false``) the nearest context's best-known setting is walked to;
-  measured on unseen mixes in ``docs/recall.md`` (round 3): a small gain, not reliable.
+  measured on unseen mixes in ``docs/journal.md`` (recall round 3): a small gain, not reliable.
 
 * **The memory may teach the network** (``engine.demo_margin``, off by default): each
   replayed tick is labelled with the move towards its context's best-known setting
@@ -49,7 +49,7 @@ context what the guide knows:
 * **The network may act only in that walk** (``engine.q_scope = "new_contexts"``, off by
   default; ``Engine._q_greedy``): greedy elsewhere holds the best-known setting, so the
   engine plays ``use_q_network = false``'s moves until a new workload's walk, and the
-  paired difference carries what the walk adds (``docs/recall.md``, round 5).
+  paired difference carries what the walk adds (``docs/journal.md``, recall round 5).
 
 ``engine.use_context = false`` switches contexts off (one best-known setting for all
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints

@@ -6,7 +6,7 @@ total (~1 % at 10 % noise per node). An optimum that needs a whole class of node
 move far together (the mix of `configs/recurring-workloads-cluster.toml`: its 16 writers
 from window ~24 to 1, so that its 48 readers' windows can rise from 24 to 33; +8 % of
 the total) is out of the probes' reach, so recall had nothing to recall there
-(``docs/recall.md``, cluster variant). The rows that show the same signature are the
+(``docs/journal.md``, cluster variant). The rows that show the same signature are the
 same workload class: moving them as one multiplies the effect by the class's size.
 
 So, when rows enter new contexts (``cluster_engine.context_search = true``), the rows

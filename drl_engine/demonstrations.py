@@ -2,7 +2,7 @@
 per-workload memory tells the network where each workload's best setting is.
 
 Why: trained online on the diff reward alone, the network's greedy move on a workload
-it has not seen pointed 6–16 steps past the optimum (``docs/recall.md``, round 3), so
+it has not seen pointed 6–16 steps past the optimum (``docs/journal.md``, recall round 3), so
 its walk at a new workload was no better than "the nearest known workload's best
 setting". The contexts (``drl_engine/context.py``) know, for every tick of the
 session, which workload ran and that workload's best-known setting. Each replayed

@@ -2,7 +2,7 @@
 
 Why: on a GPU the training step is one CUDA-graph replay (~0.5 ms), and sampling its
 minibatch with numpy on the host (:meth:`RowData.sample <drl_engine.node_replay.RowData.
-sample>`) took 0.5–1.3 ms more, plus a host → device copy (docs/results.md, "On a GPU").
+sample>`) took 0.5–1.3 ms more, plus a host → device copy (docs/journal.md, "On a GPU").
 Here the ring (:class:`~drl_engine.node_replay.NodeReplay`'s arrays) is mirrored as
 tensors on the engine's device, the rows that changed since the last step copied over
 in one staged copy, and the minibatch is drawn and gathered by torch ops of static shapes

@@ -481,7 +481,7 @@ class Guide:
                 near = near[ok] if any(ok) else best[None].astype(np.int64)
             if self.cfg.probe_move:
                 # a probe at the best itself is a dwell that measures nothing new: with
-                # one neighbour known bad, ~55 % of one-rung draws were (results-real.md,
+                # one neighbour known bad, ~55 % of one-rung draws were (docs/journal.md, real devices,
                 # session 6)
                 moved = (near != best).any(1)
                 if moved.any():

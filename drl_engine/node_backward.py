@@ -2,7 +2,7 @@
 
 Why: a training step of :class:`~drl_engine.node_model.NodeDQN` (32 ticks × 16 nodes) is
 small, and recording autograd's graph of ~390 ops, then walking it, cost 15–18 % of the
-step at 1,000 nodes (``learn`` 0.82–0.85× CPU without it; docs/results.md, speed-11).
+step at 1,000 nodes (``learn`` 0.82–0.85× CPU without it; docs/journal.md, speed-11).
 :func:`loss_and_grads` runs the forward once without a graph, keeping what the backward
 reads, then the backward as the same torch ops that autograd's derivative formulas run
 (``addmm``/``mm`` with the same operand layouts, the reductions over the same dimensions,

@@ -260,7 +260,7 @@ class CompiledOrEager:
     itself, with a warning, if compiling fails.
 
     Why: a captured step replays every kernel it launched, 292 small ones on an H100
-    (docs/results.md, "On a GPU"); Inductor fuses the elementwise ones (103 left), so the
+    (docs/journal.md, "On a GPU"); Inductor fuses the elementwise ones (103 left), so the
     replay is shorter. Static shapes (a new shape compiles anew, as it is captured anew);
     random ops through aten's (``fallback_random``), whose generator a CUDA-graph capture
     registers, so that each replay draws new numbers. The first call of a shape
@@ -514,7 +514,7 @@ class DQNLearner(TargetNetworkLearner):
 
         Why: at this network's size autograd's own work (recording the graph, its
         engine's bookkeeping) is a fifth of a step: by hand one takes 0.75-0.84x as long
-        (default preset, 96 x 72 inputs, under load; docs/results.md, speed-10). These
+        (default preset, 96 x 72 inputs, under load; docs/journal.md, speed-10). These
         are the kernels autograd's backward formulas call, with the same arguments
         (addmm: ``grad.t().mm(input)`` for the weight, ``grad.sum(0)`` for the bias,
         ``grad.mm(weight)`` for the input; tanh_backward; gather: scatter_add_ into

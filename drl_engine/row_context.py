@@ -30,7 +30,7 @@ signature):
   cluster); rows that did not change, and returning rows, hold meanwhile, so only what
   is new is explored. When no row is new, ε is not raised (``cluster_engine.
   return_epsilon = true`` raises it, so that the recalled setting is searched around
-  after the hold: no gain measured, ``docs/recall.md``, cluster variant).
+  after the hold: no gain measured, ``docs/journal.md``, cluster variant).
 
 The group search's settings (``cluster_engine.context_search``) are walked to the same
 way, the trial's measure starting once the rows are there.

@@ -27,6 +27,7 @@ FIGURES = {
     "bench_action_latency.py": r"action latency.*p50 [\d.]+ ms",
     "bench_cluster_engine.py": r"train_step [\d.]+ ms",
     "bench_cluster_sim.py": r"(?s)wall s per simulated hour.*\n\s+8\s+\d+\s+[\d.]+",
+    "bench_costs.py": r"drl-engine\s+1\s+[\d.]+ /",
     "bench_converge_grid.py": r"\d+%\s+diff_ewma\s+\d+%",
     "bench_daemon_ingest.py": r"sustained with nothing dropped: \d+ messages/s",
     "bench_message_size.py": r"busy\s+23\s+[\d.]+",

@@ -3,7 +3,7 @@
 ``tests/fixtures/readahead_traces.json`` holds the application's per-second
 throughput (KiB/s) and the read_ahead_kb in effect, recorded on this repository's real
 targets by ``benchmarks/bench_real_online.py`` and ``bench_real_alternating.py``
-(docs/results-real.md has the commands): the static grids (one workload, the setting
+(docs/journal.md (real devices) has the commands): the static grids (one workload, the setting
 changing every repetition, as an agent's moves change it), the online CAPES sessions
 (one workload, CAPES exploring), and the alternating sessions (a workload switch every
 phase). Replayed as the engine's guide feeds the detector (residuals per setting, only

@@ -227,7 +227,7 @@ def test_a_restarted_engine_keeps_its_workload_contexts(tmp_path):
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_a_strict_floor_keeps_a_tight_workload_whole_through_a_moderate_wobble(strict):
-    """engine.context_floor_strict (measured live, docs/results-real.md session 5): a
+    """engine.context_floor_strict (measured live, docs/journal.md (real devices) session 5): a
     sequential reader's request size sat at 15.6 KiB for a minute, then read ~11.4 KiB
     on two ticks of three at a large readahead; with the floor as a 5-sample prior the
     tight context's spread had shrunk to ~3 %, and the wobble made a second context

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU checks of issue 23, in one call on a lent CUDA machine (docs/results.md, "On a
+# The GPU checks of issue 23, in one call on a lent CUDA machine (docs/journal.md, "On a
 # GPU"). Each step has its own time limit and writes its output under OUTDIR as it goes.
 #   bash tools/gpu/check.sh OUTDIR [STEP ...]   (wheels for what the machine lacks in .whl/)
 # Steps (default: floor base tests small):
