@@ -74,9 +74,14 @@ class Indicators:
 
 @dataclass
 class FullRequest:
-    """Daemon -> monitoring agent: send a full frame with names on your next tick."""
+    """Daemon -> monitoring agent: send a full frame with names on your next tick. A
+    ``reason`` starting with :data:`REFUSED` says instead that the daemon refuses this
+    agent's frames (its key is not bound to the node it speaks as)."""
     node: str
     reason: str = ""
+
+
+REFUSED = "refused:"
 
 
 @dataclass

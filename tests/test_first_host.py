@@ -1,0 +1,150 @@
+"""A user's first real host (issue 36): the README's walk-through commands, run as
+written, let this host's agents be heard; a key bound to the wrong node is named in the
+daemon's log and told to its agent; the engine says once that the daemon is away; a
+dry-run session's replay DB holds only the values that were in effect."""
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from capes.common.control_client import ControlClient, ControlError
+from capes.common.deployment import KeysConfig, MonitorConfig
+from capes.common.protocol import REFUSED, decode
+from daemon_harness import ROOT, Agent, DaemonProcess, wait_for, write_config
+
+PIS = ["cpu", "mem", "disk.sda.read_bps"]
+WALKTHROUGH = "## Tune one real host"
+
+
+def walkthrough_commands(readme: Path = ROOT / "README.md") -> list[str]:
+    """The shell commands of the README's walk-through section, one a line, in order
+    (comments stripped): the tests run these, so the README and the tests stay in step."""
+    text = readme.read_text()
+    start = text.index(WALKTHROUGH)
+    end = text.find("\n## ", start + 1)
+    section = text[start:end if end > 0 else len(text)]
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                out.append(line)
+    return out
+
+
+def command(prefix: str) -> list[str]:
+    """The walk-through's one command starting with ``prefix``, as argv."""
+    found = [c for c in walkthrough_commands() if c.startswith(prefix)]
+    assert len(found) == 1, f"README walk-through: {len(found)} commands start {prefix!r}"
+    return shlex.split(found[0])
+
+
+def client(tmp: Path, d: DaemonProcess) -> ControlClient:
+    from capes.common import curve
+    return ControlClient(d.info["grpc"], curve.load_token(KeysConfig(dir=str(tmp / "keys"))))
+
+
+def test_the_readme_key_command_lets_this_hosts_agents_be_heard(tmp_path, ctx):
+    """Keys made by the README's own command: the monitoring agent speaking as this
+    host (its default node name) is heard, nothing is dropped as key_not_bound; the
+    same key speaking for another node is refused, named in the daemon's log within
+    10 s, and its agent is told."""
+    argv = command("capes keys generate")
+    argv[argv.index("--dir") + 1] = str(tmp_path / "keys")
+    done = subprocess.run([sys.executable, "-m", "capes", *argv[1:]], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    host = MonitorConfig().node                   # the name the agents speak as
+    assert f"key 'monitor' speaks for node {host!r}" in done.stdout, done.stdout
+    d = DaemonProcess(write_config(tmp_path), tmp_path / "ready.json")
+    try:
+        c = client(tmp_path, d)
+        keys = KeysConfig(dir=str(tmp_path / "keys"), client="monitor")
+        agent = Agent(ctx, d.info["ingest"], keys, None, host, PIS)
+        for tick in range(1, 4):
+            agent.send(tick, [1.0, 2.0, float(tick)])
+        wait_for(lambda: c.status()["rows_written"] >= 3)
+        assert [n["name"] for n in c.nodes()] == [host]
+        assert "key_not_bound" not in c.status()["drops"]
+        t0 = time.monotonic()
+        wrong = Agent(ctx, d.info["ingest"], keys, None, "elsewhere", PIS)
+        wrong.send(1, [1.0, 2.0, 3.0])
+        wait_for(lambda: "refused messages from key 'monitor' speaking for node "
+                         "'elsewhere'" in d.log.read_text(), timeout=10)
+        assert time.monotonic() - t0 < 10
+        assert "--bind monitor=elsewhere" in d.log.read_text()
+        assert wrong.sock.poll(5000), "the refused agent was told nothing"
+        told = decode(wrong.sock.recv())
+        assert told.reason.startswith(REFUSED) and "'elsewhere'" in told.reason
+        for tick in range(2, 30):                     # rate-limited: named once a minute
+            wrong.send(tick, [1.0, 2.0, 3.0])
+        wait_for(lambda: c.status()["drops"].get("key_not_bound", 0) >= 29)
+        assert d.log.read_text().count("refused messages from key") == 1
+        assert wrong.full_requests == 0                # and told once, too
+        c.close()
+    finally:
+        d.stop()
+
+
+def test_the_monitor_agent_warns_when_the_daemon_refuses_its_frames(tmp_path, caplog):
+    from capes.common.protocol import FullRequest, encode
+    from monitor_agent.agent import MonitorAgent, MonitorCounters
+
+    class Sock:
+        def __init__(self, msgs):
+            self.msgs = msgs
+
+        def recv(self, flags=0):
+            import zmq
+            if not self.msgs:
+                raise zmq.Again()
+            return self.msgs.pop(0)
+
+    agent = MonitorAgent.__new__(MonitorAgent)     # its socket replaced by a stub
+    from capes.common.deployment import DeploymentConfig
+    agent.cfg = DeploymentConfig()
+    agent.mon = agent.cfg.monitor
+    agent.sock = Sock([encode(FullRequest(agent.mon.node, f"{REFUSED} node 'x' is not "
+                                                          "this key's"))])
+    agent.counters = MonitorCounters()
+    with caplog.at_level(logging.WARNING, logger="capes.monitor_agent"):
+        agent.handle_incoming()
+    assert "the daemon refuses this agent's frames" in caplog.text
+    assert agent.counters.full_requests == 0
+
+
+def test_the_engine_says_once_that_the_daemon_is_away_and_once_that_it_is_back(caplog):
+    from drl_engine.daemon import LiveSource
+
+    class Client:
+        away = True
+
+        def status(self):
+            if self.away:
+                raise ControlError("interface daemon unreachable at 127.0.0.1:1")
+            return {"workload_epoch": 0, "parameters": {}, "session_id": 1,
+                    "tuning": True, "training": True}
+
+    class Engine:
+        def param_names(self):
+            return []
+
+    c = Client()
+    source = LiveSource(c, Engine())
+    with caplog.at_level(logging.INFO, logger="capes.drl_engine"):
+        for _ in range(30):                           # 30 ticks with the daemon down
+            assert source.observe().session is None
+        c.away = False
+        source.observe()
+        source.observe()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert sum("daemon is away" in m for m in lines) == 1, lines
+    assert sum("daemon is back" in m for m in lines) == 1, lines
