@@ -16,7 +16,8 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
   a categorical value (an index) is handed to the applier by name;
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
-  the unchanged values, which is the truth).
+  the unchanged values, which is the truth; its hellos and acks say it is a dry run, so
+  the daemon records no change as applied).
 
 **Originals.** Before the agent first changes a knob it reads the value the host has
 (``applier.read``, or ``read_text`` for a categorical knob) and records it in a small
@@ -294,7 +295,7 @@ class ControlAgent:
                 self._set(param, value)
             if param in self.current:
                 acked[param] = self.current[param]
-        self.last_ack = Ack(self.node, action.seq, acked)
+        self.last_ack = Ack(self.node, action.seq, acked, dry_run=self.dry_run)
         return self.last_ack
 
     def restore_plan(self, fallback: bool = False) -> dict[str, tuple[float | str, str]]:
@@ -373,7 +374,8 @@ class ControlAgent:
             return False
 
     def hello(self) -> bool:
-        return self._send(Ack(self.node, 0, dict(self.current), self.dwell_left()))
+        return self._send(Ack(self.node, 0, dict(self.current), self.dwell_left(),
+                              self.dry_run))
 
     def run(self, stop: StopSignal) -> int:
         """Serve the daemon until ``stop``; then restore the originals. Returns 0, or 1

@@ -821,8 +821,9 @@ class InterfaceDaemon:
         """The engine's action: checked, committed to the replay DB, and only then (tuning
         on) broadcast, so an applied action is always recorded. A refused action, or one
         while tuning is off, is recorded as NULL (0) with the values that stay in effect,
-        so the DB says what really happened. Nothing is applied while the DB cannot
-        record it."""
+        so the DB says what really happened; so is a change that only dry-run control
+        agents would make (they are sent it to log). Nothing is applied while the DB
+        cannot record it."""
         early = self._refuse_early(tick)
         if early is not None:
             self.counters.actions["submitted"] += 1
@@ -833,6 +834,10 @@ class InterfaceDaemon:
         if why_not is not None and verdict.ok:
             self.actions.refuse(why_not[0])
             verdict = Verdict(dict(self.actions.current), why_not[1], why_not[0])
+        if verdict.key == "dry_run" and verdict.proposed is not None:
+            self.actions.preview(tick, verdict.proposed)   # they log it, set nothing
+            log.debug("action %d at tick %d: %s", action, tick, verdict.reason)
+            return self._action_reply(verdict)
         if not verdict.ok:
             log.info("action %d at tick %d not applied: %s", action, tick, verdict.reason)
             return self._action_reply(verdict)

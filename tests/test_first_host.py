@@ -148,3 +148,74 @@ def test_the_engine_says_once_that_the_daemon_is_away_and_once_that_it_is_back(c
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert sum("daemon is away" in m for m in lines) == 1, lines
     assert sum("daemon is back" in m for m in lines) == 1, lines
+
+
+def test_a_dry_run_session_records_only_the_values_in_effect(tmp_path, ctx):
+    """A --dry-run control agent on file-backed knobs: every action row of the replay DB
+    holds the files' values (NULL actions), never the engine's proposals; the agent
+    still logs what it would set, and the files never change."""
+    import signal
+    import sqlite3
+
+    import numpy as np
+
+    from capes.common import curve
+    from capes.common.replay_db import read_sessions
+    from daemon_harness import PARAMS
+    curve.generate(tmp_path / "keys", ["ctl"])
+    curve.bind(tmp_path / "keys", "ctl", ["n1"])
+    knobs = tmp_path / "knobs"
+    knobs.mkdir()
+    (knobs / "window").write_text("37\n")
+    (knobs / "rate").write_text("190\n")
+    d = DaemonProcess(write_config(tmp_path), tmp_path / "ready.json")
+    agent_toml = tmp_path / "agent.toml"
+    agent_toml.write_text(f"""
+tick_seconds = 0.05
+[keys]
+dir = "{tmp_path / 'keys'}"
+client = "ctl"
+[control]
+node = "n1"
+daemon = "{d.info['control']}"
+state_file = "{tmp_path / 'control-state.json'}"
+[control.appliers.window]
+name = "file"
+options = {{ path = "{knobs / 'window'}" }}
+[control.appliers.rate]
+name = "file"
+options = {{ path = "{knobs / 'rate'}" }}
+{PARAMS}
+""")
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "capes", "control-agent", "--config",
+                                 str(agent_toml), "--dry-run", "--log-level", "INFO"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    c = client(tmp_path, d)
+    try:
+        # the hello's values (the files') are the daemon's values in effect
+        wait_for(lambda: c.status()["parameters"] == {"window": 37.0, "rate": 190.0}, 20)
+        for tick in range(1, 21):      # action 3 = window + 1 (parameters in name order)
+            now = c.status()["parameters"]["window"]
+            r = c.submit_action(tick, 3, {"window": now + 1})
+            assert not r["accepted"] and "dry run" in r["reason"], r
+            assert r["values"] == {"window": 37.0, "rate": 190.0}
+        wait_for(lambda: "dry run: would set window = 38" in log.read_text())
+        s = c.status()
+        assert s["actions"]["dry_run"] == 20 and s["actions"].get("ack_mismatch", 0) == 0
+        c.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        d.stop()
+    assert (knobs / "window").read_text() == "37\n" and (knobs / "rate").read_text() == "190\n"
+    conn = sqlite3.connect(tmp_path / "replay.db")
+    names = [p.name for p in read_sessions(conn)[0].params]
+    rows = conn.execute("SELECT action, vals FROM actions").fetchall()
+    conn.close()
+    assert len(rows) == 20
+    for action, vals in rows:
+        assert action == 0
+        assert dict(zip(names, np.frombuffer(vals, "<f4").tolist())) == \
+            {"window": 37.0, "rate": 190.0}
