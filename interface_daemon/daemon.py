@@ -521,7 +521,8 @@ class InterfaceDaemon:
         info = SessionInfo(pi_names=list(self.ingest.pi_names),
                            node_names=list(self.ingest.node_names), params=self.specs,
                            tick_seconds=self.cfg.tick_seconds, label=self.cfg.daemon.label,
-                           provenance={"writer": "capes interface-daemon", "pid": os.getpid()})
+                           provenance={"writer": "capes interface-daemon", "pid": os.getpid(),
+                                       **_reward_table(self.cfg)})
         try:
             self.session = self.writer.begin_session(info)
         except DB_ERRORS as exc:
@@ -875,6 +876,18 @@ class InterfaceDaemon:
     def _action_reply(self, verdict: Verdict, seq: int = 0, sent: int = 0) -> dict:
         return {"accepted": verdict.ok, "reason": verdict.reason or "", "seq": seq,
                 "values": dict(verdict.values), "sent_to": sent}
+
+
+def _reward_table(cfg: DeploymentConfig) -> dict:
+    """``{"reward": cfg's [reward] table}`` for the session's provenance, so a plot of
+    the DB finds the objective without the config (empty when it is not JSON)."""
+    if not cfg.reward:
+        return {}
+    try:
+        json.dumps(cfg.reward)
+    except (TypeError, ValueError):
+        return {}
+    return {"reward": cfg.reward}
 
 
 def allowed_nodes(cfg: DeploymentConfig) -> frozenset[str]:

@@ -219,3 +219,39 @@ options = {{ path = "{knobs / 'rate'}" }}
         assert action == 0
         assert dict(zip(names, np.frombuffer(vals, "<f4").tolist())) == \
             {"window": 37.0, "rate": 190.0}
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_replay_plot_finds_the_objective_the_daemon_recorded(tmp_path, recorded):
+    """``capes replay plot DB`` needs no --config: the daemon keeps the session's
+    [reward] in its provenance, and the plot takes the objective from there."""
+    from capes.common.params import ParameterSpec
+    from capes.common.replay_db import ReplayWriter, SessionInfo
+    from capes.experiments.replay_plot import plot_session
+    prov = {"reward": {"objective": "throughput", "pis": ["app_bytes_s"],
+                       "type": "diff_avg", "options": {"window": 5}}} if recorded else {}
+    with ReplayWriter(tmp_path / "r.db") as w:
+        w.begin_session(SessionInfo(pi_names=["app_bytes_s", "cpu"], node_names=["h"],
+                                    params=[ParameterSpec(name="ra", min=128, max=4096,
+                                                          step=128, default=128)],
+                                    tick_seconds=1.0, provenance=prov))
+        for t in range(40):
+            w.add_pis(t, 0, [1e6 * (1 + t % 7), 0.5])
+            w.add_action(t, 0, [128.0])
+        w.commit()
+    report = plot_session(tmp_path / "r.db", tmp_path / "r.png")
+    assert (tmp_path / "r.png").exists()
+    if recorded:
+        assert report.note == ""                       # the objective panel is drawn
+    else:
+        assert "no objective/reward panel" in report.note     # the default's PI is absent
+
+
+def test_the_daemon_records_the_reward_table_with_the_session(tmp_path):
+    from interface_daemon.daemon import _reward_table
+    from capes.common.deployment import DeploymentConfig
+    cfg = DeploymentConfig()
+    cfg.reward = {"objective": "throughput", "pis": ["x"]}
+    assert _reward_table(cfg) == {"reward": {"objective": "throughput", "pis": ["x"]}}
+    cfg.reward = {}
+    assert _reward_table(cfg) == {}
