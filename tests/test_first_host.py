@@ -255,3 +255,26 @@ def test_the_daemon_records_the_reward_table_with_the_session(tmp_path):
     assert _reward_table(cfg) == {"reward": {"objective": "throughput", "pis": ["x"]}}
     cfg.reward = {}
     assert _reward_table(cfg) == {}
+
+
+def test_the_converge_plot_draws_a_loss_recorded_every_third_tick(tmp_path, monkeypatch):
+    import math
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from capes.experiments.plots import plot_converge
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)     # keep it to look at
+    n = 30
+    trace = {"true_throughput": [1.0] * n, "window": [10] * n, "rate_limit": [50] * n,
+             "epsilon": [1.0] * n, "loss": [None, None, 0.5] * (n // 3)}
+    report = {"runs": [{"trace": trace, "noise": 0.01, "reward": "diff", "seed": 0}],
+              "cells": [{"noise": 0.01, "reward": "diff", "converge_times": [12], "wins": 1,
+                         "runs": 1, "median_ci95": None}],
+              "preset": "default", "seeds_per_cell": 1}
+    plot_converge(report, tmp_path / "c.png")
+    fig = plt.gcf()
+    x, y = fig.axes[3].lines[0].get_data()                # the loss panel
+    assert list(x) == list(range(2, n, 3)) and all(math.isfinite(v) for v in y)
+    plt.close(fig)
