@@ -278,3 +278,37 @@ def test_the_converge_plot_draws_a_loss_recorded_every_third_tick(tmp_path, monk
     x, y = fig.axes[3].lines[0].get_data()                # the loss panel
     assert list(x) == list(range(2, n, 3)) and all(math.isfinite(v) for v in y)
     plt.close(fig)
+
+
+def test_the_demo_does_not_call_its_own_stop_a_failure():
+    import signal
+
+    from capes.experiments.demo import exit_report
+    line = exit_report({"interface-daemon": 0, "sim-node": -signal.SIGTERM,
+                        "drl-engine": -signal.SIGTERM, "control-agent": 0})
+    assert line == "processes stopped: 4, all cleanly; 2 stopped while still starting"
+    line = exit_report({"interface-daemon": 1, "sim-node": -signal.SIGKILL})
+    assert "non-zero exits: {'interface-daemon': 1, 'sim-node': -9}" in line
+
+
+def test_status_shows_the_tick_of_the_session_as_the_demo_does(tmp_path):
+    from capes.commands.status import format_engine, format_status, session_start_tick
+    from capes.common.params import ParameterSpec
+    from capes.common.replay_db import ReplayWriter, SessionInfo
+    with ReplayWriter(tmp_path / "r.db") as w:
+        info = w.begin_session(SessionInfo(pi_names=["tp"], node_names=["sim"],
+                                           params=[ParameterSpec(name="w", min=1, max=9,
+                                                                 step=1, default=5)],
+                                           tick_seconds=0.05))
+    start = int(info.started_at // 0.05)
+    s = {"session_id": info.id, "db_path": str(tmp_path / "r.db"), "latest_tick": start + 35,
+         "tick_seconds": 0.05, "drops": {}, "actions": {}, "parameters": {}, "tuning": True,
+         "training": True, "workload_epoch": 0, "uptime_s": 3, "session_uuid": "u",
+         "nodes": 1, "pis": 1, "messages": 1, "bytes": 1, "rows_written": 1,
+         "ticks_written": 1, "commits": 1, "full_requests": 0, "auth_denied": 0}
+    s["session_start_tick"] = session_start_tick(s)
+    assert s["session_start_tick"] == start
+    assert "latest tick 35 of the session (" in format_status(s)
+    assert format_engine({"tick": start + 30}, start).startswith("tick 30 of the session")
+    s["db_path"] = str(tmp_path / "elsewhere.db")        # the DB on another host: as before
+    assert session_start_tick(s) is None

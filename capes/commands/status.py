@@ -131,6 +131,8 @@ def run(args) -> int:
         print(json.dumps(result, indent=2, sort_keys=True) if args.json else
               format_nodes(result) if args.command == "nodes" else format_status(result))
         return 0
+    if result:
+        result["session_start_tick"] = session_start_tick(result)
     engine = engine_status(args, demo)
     if error and engine.get("error") and not args.json:     # nothing to show but the hint
         print(f"capes status: {error}", file=sys.stderr)
@@ -143,8 +145,35 @@ def run(args) -> int:
         print(f"daemon {client.address}")
         print(_indent(format_status(result)) if result else f"  not reachable: {error}")
         print(f"engine {engine.get('source', '')}".rstrip())
-        print(_indent(format_engine(engine)))
+        print(_indent(format_engine(engine, (result or {}).get("session_start_tick"))))
     return 1 if error else 0
+
+
+def session_start_tick(s: dict) -> int | None:
+    """The tick the daemon's session started at, from its replay DB (read-only; None
+    where the DB is not on this host): ticks are counted from the Unix epoch, and a
+    session's own count (the demo's "tick 35") is the difference."""
+    import sqlite3
+    if not s.get("session_id") or not s.get("db_path") or not Path(s["db_path"]).is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{s['db_path']}?mode=ro", uri=True, timeout=1.0)
+        try:
+            row = conn.execute("SELECT started_at, tick_seconds FROM sessions WHERE id = ?",
+                               (s["session_id"],)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else int(row[0] // row[1])
+
+
+def session_tick(tick: int | None, start: int | None) -> str:
+    """``tick 35 of the session`` where the session's start is known, else the tick."""
+    if tick is None or tick < 0:
+        return "-"
+    return f"{tick - start} of the session" if start is not None and tick >= start \
+        else str(tick)
 
 
 def _indent(text: str) -> str:
@@ -209,13 +238,13 @@ def engine_from_metrics(address: str, timeout: float = 2.0) -> dict:
     }
 
 
-def format_engine(e: dict) -> str:
+def format_engine(e: dict, start: int | None = None) -> str:
     from capes.common.metrics import fmt
     if e.get("error"):
         return f"not reachable: {e['error']}"
     vals = lambda d: ", ".join(f"{k}={v:g}" for k, v in sorted((d or {}).items())) or "-"  # noqa: E731
-    tick = (f"tick {e['tick']} ({e.get('tick_time')})" if e.get("tick") is not None
-            else "no decision yet")
+    tick = (f"tick {session_tick(e['tick'], start)} ({e.get('tick_time')})"
+            if e.get("tick") is not None else "no decision yet")
     age = e.get("checkpoint_age_s")
     ckpt = (f"checkpoint {age:.0f} s ago" if age is not None else "no checkpoint yet") + (
         f" ({e['checkpoint']})" if e.get("checkpoint") else "")
@@ -236,7 +265,7 @@ def format_engine(e: dict) -> str:
 # ---------------------------------------------------------------------------- daemon
 
 def format_status(s: dict) -> str:
-    from capes.common.metrics import tick_text
+    from capes.common.metrics import iso, tick_text
     drops = ", ".join(f"{k} {v}" for k, v in sorted(s["drops"].items())) or "none"
     acts = ", ".join(f"{k} {v}" for k, v in sorted(s["actions"].items())) or "none"
     params = ", ".join(f"{k}={v:g}" for k, v in sorted(s["parameters"].items())) or "none"
@@ -245,7 +274,10 @@ def format_status(s: dict) -> str:
         f"workload epoch {s['workload_epoch']}, up {s['uptime_s']:.0f} s",
         f"session {s['session_id']} ({s['session_uuid'] or 'not started'}) in {s['db_path']}",
         f"nodes {s['nodes']}, PIs {s['pis']}, latest tick "
-        f"{tick_text(s['latest_tick'], s.get('tick_seconds') or 1.0)}",
+        + (f"{session_tick(s['latest_tick'], s['session_start_tick'])} "
+           f"({iso(s['latest_tick'] * (s.get('tick_seconds') or 1.0))})"
+           if s.get("session_start_tick") is not None and s["latest_tick"] >= 0 else
+           tick_text(s['latest_tick'], s.get('tick_seconds') or 1.0)),
         f"messages {s['messages']} ({s['bytes']} B), rows written {s['rows_written']}, "
         f"ticks written {s['ticks_written']}, commits {s['commits']}",
         f"drops: {drops}; full requests {s['full_requests']}; CURVE refused {s['auth_denied']}",
