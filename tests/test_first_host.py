@@ -312,3 +312,33 @@ def test_status_shows_the_tick_of_the_session_as_the_demo_does(tmp_path):
     assert format_engine({"tick": start + 30}, start).startswith("tick 30 of the session")
     s["db_path"] = str(tmp_path / "elsewhere.db")        # the DB on another host: as before
     assert session_start_tick(s) is None
+
+
+def test_each_commands_set_example_is_a_key_that_loads():
+    """Every command's ``--set`` help gives an example of its own, and each one loads."""
+    from capes.cli import SET_EXAMPLES, build_parser
+    from capes.settings import load_settings
+    seen = set()
+    for command, example in SET_EXAMPLES.items():
+        parser = build_parser([command])
+        sub = next(a for a in parser._subparsers._group_actions).choices[command]
+        text = sub.format_help()
+        assert f"--set {example}" in " ".join(text.split()), command
+        default = next((a.default for a in sub._actions if a.dest == "config"), None)
+        load_settings(default, [example])                   # a real key, a valid value
+        seen.add(example)
+    assert len(seen) >= 8
+
+
+def test_a_typo_in_a_config_key_gets_a_did_you_mean_not_every_key():
+    from capes.common.config import ConfigError
+    from capes.settings import load_settings
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, ["engine.gama=0.9"])
+    assert str(exc.value).endswith("engine.gama: unknown key (did you mean gamma?)")
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, ["engine.zzzzzz=1"])
+    assert "none of this table's" in str(exc.value) and "learning_rate" not in str(exc.value)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(None, ["keys.zzzzzz=1"])                 # a small table: listed
+    assert "known: " in str(exc.value) and "client" in str(exc.value)
