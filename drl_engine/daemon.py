@@ -411,7 +411,7 @@ def _observers(engine: Engine, source: LiveSource, view: EngineView,
                          "training steps %d", engine.cfg.stack,
                          "on" if rec.state.tuning else "off", engine.train_steps)
                 return
-            values = ", ".join(f"{k}={v:g}" for k, v in s["values"].items()) or "-"
+            values = ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in s["values"].items()) or "-"
             log.info("tick %s ε=%.3f loss=%s steps=%d action=%s values %s reward=%s "
                      "Q spread=%s", tick_text(s["tick"], view.tick_seconds), s["epsilon"],
                      fmt(s["loss"]), s["train_steps"], s["last_action"], values,

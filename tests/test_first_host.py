@@ -23,13 +23,18 @@ PIS = ["cpu", "mem", "disk.sda.read_bps"]
 WALKTHROUGH = "## Tune one real host"
 
 
-def walkthrough_commands(readme: Path = ROOT / "README.md") -> list[str]:
-    """The shell commands of the README's walk-through section, one a line, in order
-    (comments stripped): the tests run these, so the README and the tests stay in step."""
+def walkthrough_text(readme: Path = ROOT / "README.md") -> str:
+    """The README's walk-through section."""
     text = readme.read_text()
     start = text.index(WALKTHROUGH)
     end = text.find("\n## ", start + 1)
-    section = text[start:end if end > 0 else len(text)]
+    return text[start:end if end > 0 else len(text)]
+
+
+def walkthrough_commands(readme: Path = ROOT / "README.md") -> list[str]:
+    """The shell commands of the README's walk-through section, one a line, in order
+    (comments stripped): the tests run these, so the README and the tests stay in step."""
+    section = walkthrough_text(readme)
     out = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
@@ -342,3 +347,34 @@ def test_a_typo_in_a_config_key_gets_a_did_you_mean_not_every_key():
     with pytest.raises(ConfigError) as exc:
         load_settings(None, ["keys.zzzzzz=1"])                 # a small table: listed
     assert "known: " in str(exc.value) and "client" in str(exc.value)
+
+
+def test_config_list_says_what_each_config_is_for_in_whole_words():
+    from capes.commands.config import _first_line
+    from capes.common import shipped_configs as shipped
+    for name in shipped.config_names():
+        text = _first_line(shipped.config_path(name))
+        assert "…" not in text and len(text) <= 90, (name, text)
+        assert not re.search(r"\b(issue|seed|session|round) \d", text), (name, text)
+
+
+def test_evaluate_workload_help_lists_every_shipped_job():
+    from capes.cli import build_parser
+    from capes.experiments.workload_driver import available_workloads
+    sub = next(a for a in build_parser(["evaluate"])._subparsers._group_actions)
+    text = " ".join(sub.choices["evaluate"].format_help().split())
+    assert len(available_workloads()) >= 10
+    for job in available_workloads():
+        assert re.search(rf"\b{re.escape(job)}\b", text), job
+
+
+@pytest.mark.parametrize("value, text", [
+    (896200.0, "896200"), (-65740.0, "-65740"), (0.1392, "0.1392"), (1.2e-05, "0.000012"),
+    (4194304.0, "4194304"), (1e6, "1000000"), (0.0, "0"), (None, "-"), (2.5, "2.5")])
+def test_user_figures_have_no_e_notation(value, text):
+    from capes.common.metrics import fmt
+    from capes.common.params import ParameterSpec
+    assert fmt(value) == text
+    if value is not None and value == int(value) and value >= 0:
+        spec = ParameterSpec(name="dirty_bytes", min=0, max=1 << 32, step=1, default=0)
+        assert spec.describe(value) == text                  # a knob's value in a log

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from test_first_host import ROOT, walkthrough_commands
+from test_first_host import ROOT, walkthrough_commands, walkthrough_text
 
 pytestmark = pytest.mark.slow
 
@@ -226,7 +226,8 @@ def test_the_readme_walkthrough_tunes_a_slow_loop_device_and_restores_it(tmp_pat
         assert "refused messages from key" not in sh.log("interface-daemon.log")
     finally:
         sh.stop_all()
-        destroy = [c for c in commands if "slow_device destroy" in c]
+        destroy = re.findall(r"`(python -m capes\.experiments\.slow_device destroy \w+)`",
+                             walkthrough_text())
         assert destroy == [f"python -m capes.experiments.slow_device destroy {name}"]
         sh.run(destroy[0])
     out = subprocess.run(["losetup", "--list", "--noheadings", "--output", "BACK-FILE"],

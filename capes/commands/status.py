@@ -242,7 +242,7 @@ def format_engine(e: dict, start: int | None = None) -> str:
     from capes.common.metrics import fmt
     if e.get("error"):
         return f"not reachable: {e['error']}"
-    vals = lambda d: ", ".join(f"{k}={v:g}" for k, v in sorted((d or {}).items())) or "-"  # noqa: E731
+    vals = lambda d: ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in sorted((d or {}).items())) or "-"  # noqa: E731
     tick = (f"tick {session_tick(e['tick'], start)} ({e.get('tick_time')})"
             if e.get("tick") is not None else "no decision yet")
     age = e.get("checkpoint_age_s")
@@ -265,10 +265,10 @@ def format_engine(e: dict, start: int | None = None) -> str:
 # ---------------------------------------------------------------------------- daemon
 
 def format_status(s: dict) -> str:
-    from capes.common.metrics import iso, tick_text
+    from capes.common.metrics import fmt, iso, tick_text
     drops = ", ".join(f"{k} {v}" for k, v in sorted(s["drops"].items())) or "none"
     acts = ", ".join(f"{k} {v}" for k, v in sorted(s["actions"].items())) or "none"
-    params = ", ".join(f"{k}={v:g}" for k, v in sorted(s["parameters"].items())) or "none"
+    params = ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in sorted(s["parameters"].items())) or "none"
     return "\n".join([
         f"tuning {'on' if s['tuning'] else 'off'}, training {'on' if s['training'] else 'off'}, "
         f"workload epoch {s['workload_epoch']}, up {s['uptime_s']:.0f} s",
@@ -287,12 +287,13 @@ def format_status(s: dict) -> str:
 
 
 def format_nodes(nodes: list[dict]) -> str:
+    from capes.common.metrics import fmt
     if not nodes:
         return "no nodes yet"
     rows = [f"{'node':<20} {'monitor':>7} {'control':>7} {'PIs':>5} {'last tick':>12} "
             f"{'idle s':>7} {'key':<12} applied"]
     for n in nodes:
-        applied = ", ".join(f"{k}={v:g}" for k, v in sorted(n["applied"].items()))
+        applied = ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in sorted(n["applied"].items()))
         rows.append(f"{n['name']:<20} {'yes' if n['monitor'] else '-':>7} "
                     f"{'yes' if n['control'] else '-':>7} {n['pis']:>5} {n['last_tick']:>12} "
                     f"{n['idle_s']:>7.1f} {n['key']:<12} {applied}")

@@ -403,7 +403,7 @@ def _summary(result: dict, out, kept: bool = True) -> None:
     print(f"won: {result['won']}" + (f" at simulated second {result['won_tick']:.0f} "
                                       f"({result['won_wall_s']:.1f} s wall)"
                                       if result["won"] else ""), file=out)
-    num = lambda v, spec: "-" if v is None else format(v, spec)     # noqa: E731
+    from capes.common.metrics import fmt as num          # no e-notation
     if final["tick"] is not None:
         print(f"final: tick {final['tick']:.0f}, noise-free throughput "
               f"{num(final['true_throughput'], '.1f')}, window {num(final['window'], '.0f')}, "

@@ -1,7 +1,7 @@
 """Play fio workloads: one run at a time, or a schedule with switches.
 
-The job files live in ``configs/workloads/`` (``seqread``, ``randread``, ``seqwrite``,
-``randrw19``, ``smallfiles``) and read their target and runtime from the environment
+The job files live in ``configs/workloads/`` (``seqread``, ``randread``, ``mmaprand``
+and more: ``available_workloads()``) and read their target and runtime from the environment
 (``CAPES_TARGET``, ``CAPES_DIR``, ``CAPES_SIZE``, ``CAPES_RUNTIME``); ``fio_env`` fills
 all of them, since fio refuses a job that names an unset variable.
 
