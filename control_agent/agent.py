@@ -112,6 +112,7 @@ class ControlAgent:
     """One node's control agent; ``run()`` serves the daemon until SIGTERM/SIGINT."""
 
     HEARTBEAT_S = 5.0      # hello repeated this often, so a daemon always knows the node
+    QUIET_WARN_S = 60.0    # connected this long and never a word: say what it may mean
 
     def __init__(self, cfg: DeploymentConfig, dry_run: bool | None = None,
                  appliers: dict[str, Applier] | None = None, source: str = "<config>"):
@@ -393,7 +394,8 @@ class ControlAgent:
         log.info("control agent %s%s: %d parameters (%s) from %s", self.node,
                  " (DRY RUN)" if self.dry_run else "", len(self.specs),
                  ", ".join(self.specs), self.cfg.control.daemon)
-        connected = False
+        connected = heard_any = False
+        connected_at = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             if connected:
@@ -409,7 +411,16 @@ class ControlAgent:
                 self.restore_defaults("daemon silent")
                 silent_restored = True
                 self.hello()
+            if connected and not heard_any and now - connected_at > self.QUIET_WARN_S:
+                heard_any = True                   # said once
+                log.warning("connected to %s for %.0f s and the daemon has sent nothing: "
+                            "no engine tunes yet, tuning is off, or the daemon refuses key "
+                            "%r for node %r (its log names a refused key)",
+                            self.cfg.control.daemon, now - connected_at,
+                            self.cfg.keys.client, self.node)
             wake = next_heartbeat - now
+            if connected and not heard_any:
+                wake = min(wake, connected_at + self.QUIET_WARN_S - now + 0.01)
             if now < hello_until:
                 wake = 0.02
             elif restore_after > 0 and not silent_restored:
@@ -422,13 +433,14 @@ class ControlAgent:
                         self.last_seq, self.last_ack = 0, None   # maybe a new daemon
                         hello_until = time.monotonic() + 1.0
                         connected, silent_restored = True, False
+                        connected_at = time.monotonic()
                     else:
                         log.info("disconnected from %s", self.cfg.control.daemon)
                         connected, last_heard = False, time.monotonic()
                 elif sock is self.sock:
                     if self._receive():
                         last_heard = time.monotonic()
-                        silent_restored = False
+                        silent_restored, heard_any = False, True
                 else:
                     stop.drain()
         _, failed = self.restore_defaults("stopping")

@@ -378,3 +378,34 @@ def test_user_figures_have_no_e_notation(value, text):
     if value is not None and value == int(value) and value >= 0:
         spec = ParameterSpec(name="dirty_bytes", min=0, max=1 << 32, step=1, default=0)
         assert spec.describe(value) == text                  # a knob's value in a log
+
+
+def test_a_control_agent_the_daemon_never_answers_warns_once(tmp_path, caplog, monkeypatch):
+    """Connected, and not a word back (the daemon refuses its key, or nothing tunes):
+    the agent says so once, naming its key and node, instead of waiting in silence."""
+    import threading
+
+    import zmq
+
+    from capes.common.stop_signal import StopSignal
+    from control_agent.agent import ControlAgent
+    from test_agents import deployment_toml, knob_dir, load
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        cfg = load(deployment_toml(tmp_path, knob_dir(tmp_path), port))
+        monkeypatch.setattr(ControlAgent, "QUIET_WARN_S", 0.5)
+        agent = ControlAgent(cfg)
+        stop = StopSignal()
+        timer = threading.Timer(3.0, stop.set)
+        timer.start()
+        with caplog.at_level(logging.WARNING, logger="capes.control_agent"):
+            agent.run(stop)
+        agent.close()
+    finally:
+        sock.close()
+        ctx.term()
+    said = [r.getMessage() for r in caplog.records if "has sent nothing" in r.getMessage()]
+    assert len(said) == 1 and "node 'sim1'" in said[0], said
