@@ -649,6 +649,7 @@ class InterfaceDaemon:
             return
         if len(self._refusals) >= 1024:           # a flood of made-up names: forget
             self._refusals.clear()
+            self._tell.clear()
         self._refusals[pair] = (now, 0)
         self._tell.add(node)
         bound = sorted(self.auth.bindings.get(key or "", ()))
