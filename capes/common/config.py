@@ -131,7 +131,7 @@ def _suggest(name: str, known) -> str:
     """What to say of an unknown key: the close known ones (a typo), or every known key
     where the table is small; never a wall of ~70 names."""
     import difflib
-    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.6)
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.8)
     if close:
         return f"did you mean {' or '.join(close)}?"
     if len(known) <= 15:
