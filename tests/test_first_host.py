@@ -311,12 +311,11 @@ def test_status_shows_the_tick_of_the_session_as_the_demo_does(tmp_path):
          "training": True, "workload_epoch": 0, "uptime_s": 3, "session_uuid": "u",
          "nodes": 1, "pis": 1, "messages": 1, "bytes": 1, "rows_written": 1,
          "ticks_written": 1, "commits": 1, "full_requests": 0, "auth_denied": 0}
-    s["session_start_tick"] = session_start_tick(s)
-    assert s["session_start_tick"] == start
+    s["session_start_tick"] = session_start_tick(s["db_path"], s["session_id"])
+    assert s["session_start_tick"] == start == session_start_tick(s["db_path"])   # newest
     assert "latest tick 35 of the session (" in format_status(s)
     assert format_engine({"tick": start + 30}, start).startswith("tick 30 of the session")
-    s["db_path"] = str(tmp_path / "elsewhere.db")        # the DB on another host: as before
-    assert session_start_tick(s) is None
+    assert session_start_tick(str(tmp_path / "elsewhere.db"), 1) is None   # another host's
 
 
 def test_each_commands_set_example_is_a_key_that_loads():

@@ -131,8 +131,10 @@ def run(args) -> int:
         print(json.dumps(result, indent=2, sort_keys=True) if args.json else
               format_nodes(result) if args.command == "nodes" else format_status(result))
         return 0
+    start = session_start_tick(result["db_path"], result["session_id"]) if result else \
+        session_start_tick(demo.get("db")) if demo else None    # a demo that has stopped
     if result:
-        result["session_start_tick"] = session_start_tick(result)
+        result["session_start_tick"] = start
     engine = engine_status(args, demo)
     if error and engine.get("error") and not args.json:     # nothing to show but the hint
         print(f"capes status: {error}", file=sys.stderr)
@@ -145,22 +147,23 @@ def run(args) -> int:
         print(f"daemon {client.address}")
         print(_indent(format_status(result)) if result else f"  not reachable: {error}")
         print(f"engine {engine.get('source', '')}".rstrip())
-        print(_indent(format_engine(engine, (result or {}).get("session_start_tick"))))
+        print(_indent(format_engine(engine, start)))
     return 1 if error else 0
 
 
-def session_start_tick(s: dict) -> int | None:
-    """The tick the daemon's session started at, from its replay DB (read-only; None
-    where the DB is not on this host): ticks are counted from the Unix epoch, and a
-    session's own count (the demo's "tick 35") is the difference."""
+def session_start_tick(db: str | None, session: int | None = None) -> int | None:
+    """The tick session ``session`` (None: the newest) of replay DB ``db`` started at
+    (read-only; None where the DB is not on this host): ticks are counted from the Unix
+    epoch, and a session's own count (the demo's "tick 35") is the difference."""
     import sqlite3
-    if not s.get("session_id") or not s.get("db_path") or not Path(s["db_path"]).is_file():
+    if not db or session == 0 or not Path(db).is_file():
         return None
     try:
-        conn = sqlite3.connect(f"file:{s['db_path']}?mode=ro", uri=True, timeout=1.0)
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
         try:
             row = conn.execute("SELECT started_at, tick_seconds FROM sessions WHERE id = ?",
-                               (s["session_id"],)).fetchone()
+                               (session,)).fetchone() if session else conn.execute(
+                "SELECT started_at, tick_seconds FROM sessions ORDER BY id DESC").fetchone()
         finally:
             conn.close()
     except sqlite3.Error:
