@@ -50,9 +50,21 @@ def common_config_args(parser: argparse.ArgumentParser, default: str | None = No
     parser.add_argument("--config", default=default, type=config_file, metavar="TOML",
                         help=f"configuration file, or a shipped config's name (default: "
                              f"{shown})")
+    example = SET_EXAMPLES.get(parser.prog.split()[-1], "engine.gamma=0.9")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY=VALUE", help="override one config value, e.g. "
-                        "--set engine.gamma=0.9 (repeatable)")
+                        metavar="KEY=VALUE", help=f"override one config value, e.g. "
+                        f"--set {example} (repeatable)")
+
+
+# each command's --set example: a key that command reads, not one example everywhere
+SET_EXAMPLES = {
+    "interface-daemon": "daemon.db=/var/lib/capes/replay.db",
+    "monitor-agent": "keys.client=monitor", "control-agent": "keys.client=control",
+    "drl-engine": "keys.client=engine", "restore-defaults": "control.node=node01",
+    "status": "daemon.grpc=10.0.0.5:50051", "demo": "game.noise=0.5",
+    "converge-test": "game.noise=0.1", "sim-node": "game.peak_window=40",
+    "train": "engine.stack=2", "evaluate": "control.node=node01",
+}
 
 
 def config_file(text: str) -> str:

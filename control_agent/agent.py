@@ -16,7 +16,8 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
   a categorical value (an index) is handed to the applier by name;
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
-  the unchanged values, which is the truth).
+  the unchanged values, which is the truth; its hellos and acks say it is a dry run, so
+  the daemon records no change as applied).
 
 **Originals.** Before the agent first changes a knob it reads the value the host has
 (``applier.read``, or ``read_text`` for a categorical knob) and records it in a small
@@ -111,6 +112,7 @@ class ControlAgent:
     """One node's control agent; ``run()`` serves the daemon until SIGTERM/SIGINT."""
 
     HEARTBEAT_S = 5.0      # hello repeated this often, so a daemon always knows the node
+    QUIET_WARN_S = 60.0    # connected this long and never a word: say what it may mean
 
     def __init__(self, cfg: DeploymentConfig, dry_run: bool | None = None,
                  appliers: dict[str, Applier] | None = None, source: str = "<config>"):
@@ -294,7 +296,7 @@ class ControlAgent:
                 self._set(param, value)
             if param in self.current:
                 acked[param] = self.current[param]
-        self.last_ack = Ack(self.node, action.seq, acked)
+        self.last_ack = Ack(self.node, action.seq, acked, dry_run=self.dry_run)
         return self.last_ack
 
     def restore_plan(self, fallback: bool = False) -> dict[str, tuple[float | str, str]]:
@@ -373,7 +375,8 @@ class ControlAgent:
             return False
 
     def hello(self) -> bool:
-        return self._send(Ack(self.node, 0, dict(self.current), self.dwell_left()))
+        return self._send(Ack(self.node, 0, dict(self.current), self.dwell_left(),
+                              self.dry_run))
 
     def run(self, stop: StopSignal) -> int:
         """Serve the daemon until ``stop``; then restore the originals. Returns 0, or 1
@@ -391,7 +394,8 @@ class ControlAgent:
         log.info("control agent %s%s: %d parameters (%s) from %s", self.node,
                  " (DRY RUN)" if self.dry_run else "", len(self.specs),
                  ", ".join(self.specs), self.cfg.control.daemon)
-        connected = False
+        connected = heard_any = False
+        connected_at = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             if connected:
@@ -407,7 +411,16 @@ class ControlAgent:
                 self.restore_defaults("daemon silent")
                 silent_restored = True
                 self.hello()
+            if connected and not heard_any and now - connected_at > self.QUIET_WARN_S:
+                heard_any = True                   # said once
+                log.warning("connected to %s for %.0f s and the daemon has sent nothing: "
+                            "no engine tunes yet, tuning is off, or the daemon refuses key "
+                            "%r for node %r (its log names a refused key)",
+                            self.cfg.control.daemon, now - connected_at,
+                            self.cfg.keys.client, self.node)
             wake = next_heartbeat - now
+            if connected and not heard_any:
+                wake = min(wake, connected_at + self.QUIET_WARN_S - now + 0.01)
             if now < hello_until:
                 wake = 0.02
             elif restore_after > 0 and not silent_restored:
@@ -420,13 +433,14 @@ class ControlAgent:
                         self.last_seq, self.last_ack = 0, None   # maybe a new daemon
                         hello_until = time.monotonic() + 1.0
                         connected, silent_restored = True, False
+                        connected_at = time.monotonic()
                     else:
                         log.info("disconnected from %s", self.cfg.control.daemon)
                         connected, last_heard = False, time.monotonic()
                 elif sock is self.sock:
                     if self._receive():
                         last_heard = time.monotonic()
-                        silent_restored = False
+                        silent_restored, heard_any = False, True
                 else:
                     stop.drain()
         _, failed = self.restore_defaults("stopping")

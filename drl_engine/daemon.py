@@ -61,15 +61,21 @@ class EngineDaemonOptions:
 
 
 def _wait_for_db(client: ControlClient, stop: StopSignal) -> Path | None:
-    """The daemon's replay DB path, once the daemon is up and the DB has a session."""
+    """The daemon's replay DB path, once the daemon is up and the DB has a session
+    (the wait is logged once, and again every minute)."""
+    said = -math.inf
     while not stop.is_set():
+        why = "its replay DB has no session yet (no agent heard)"
         try:
             status = client.status()
             path = Path(status["db_path"])
             if status["session_id"] > 0 and path.exists():
                 return path
         except ControlError as exc:
-            log.info("waiting for the interface daemon: %s", exc)
+            why = str(exc)
+        if time.monotonic() - said >= 60.0:
+            log.info("waiting for the interface daemon: %s", why)
+            said = time.monotonic()
         stop.wait(0.5)
     return None
 
@@ -84,17 +90,33 @@ class LiveSource:
         self.client, self.engine = client, engine
         self.current: list[float] | None = None
         self.epoch = 0
+        self.away_since: float | None = None   # the daemon stopped answering (monotonic)
 
     def names(self) -> list[str]:
         return self.engine.param_names()
+
+    def _away(self, exc: ControlError) -> None:
+        """Say once that the daemon is away (the tick loop asks every tick)."""
+        if self.away_since is None:
+            self.away_since = time.monotonic()
+            log.warning("the interface daemon is away (%s); idle until it is back", exc)
+        else:
+            log.debug("the interface daemon is still away: %s", exc)
+
+    def _back(self) -> None:
+        if self.away_since is not None:
+            log.info("the interface daemon is back after %.0f s",
+                     time.monotonic() - self.away_since)
+            self.away_since = None
 
     def observe(self) -> TickState:
         try:
             status = self.client.status()
         except ControlError as exc:            # daemon away: an idle tick
-            log.warning("%s", exc)
+            self._away(exc)
             return TickState(session=None, tuning=False, training=False,
                              workload_epoch=self.epoch, current=self.current)
+        self._back()
         self.epoch = status["workload_epoch"]
         names = self.names()
         if self.current is None and names and all(n in status["parameters"] for n in names):
@@ -109,7 +131,8 @@ class LiveSource:
             reply = self.client.submit_action(decision.tick, decision.action,
                                               dict(zip(names, decision.values)))
         except ControlError as exc:
-            log.warning("action not submitted: %s", exc)
+            if self.away_since is None:
+                log.warning("action not submitted: %s", exc)
             return
         if reply["values"]:
             self.current = [reply["values"].get(n, v) for n, v in zip(names, decision.values)]
@@ -388,7 +411,7 @@ def _observers(engine: Engine, source: LiveSource, view: EngineView,
                          "training steps %d", engine.cfg.stack,
                          "on" if rec.state.tuning else "off", engine.train_steps)
                 return
-            values = ", ".join(f"{k}={v:g}" for k, v in s["values"].items()) or "-"
+            values = ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in s["values"].items()) or "-"
             log.info("tick %s ε=%.3f loss=%s steps=%d action=%s values %s reward=%s "
                      "Q spread=%s", tick_text(s["tick"], view.tick_seconds), s["epsilon"],
                      fmt(s["loss"]), s["train_steps"], s["last_action"], values,

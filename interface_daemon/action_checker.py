@@ -33,6 +33,7 @@ class Verdict:
     values: dict[str, float]
     reason: str | None = None
     key: str = ""             # counter key: range, forbidden, unknown, action, not_finite, step
+    proposed: dict[str, float] | None = None   # dry_run: what the engine asked for
 
     @property
     def ok(self) -> bool:

@@ -44,6 +44,7 @@ class ControlPeer:
     last_seen: float = 0.0
     messages: int = 0
     live_until: float = 0.0          # its connection was found alive: trust it until
+    dry_run: bool = False            # it sets nothing (its hellos and acks say so)
 
 
 class ActionPlane:
@@ -107,6 +108,7 @@ class ActionPlane:
         peer.identity = identity
         peer.last_seen = now
         peer.messages += 1
+        peer.dry_run = msg.dry_run
         held = self.targets(msg.node)
         values = {n: v for n, v in msg.values.items() if n in self.specs}
         peer.applied.update(values)
@@ -115,9 +117,10 @@ class ActionPlane:
                 self.checker.hold(name, left, now)
         if msg.seq == 0:                                     # hello / heartbeat
             adopt = held if self.vouched(key, msg.node) else ()
+            dry = set(self.dry_only(adopt))     # only dry-run agents: the host's values
             for name in adopt:                               # adopt values nobody set yet
                 v = values.get(name)
-                if name not in self.decided and v is not None and \
+                if (name not in self.decided or name in dry) and v is not None and \
                         self.checker.check_value(name, v) is None:
                     self.current[name] = float(v)
             if peer.seq > peer.acked:
@@ -132,7 +135,8 @@ class ActionPlane:
         elif msg.seq == peer.seq:
             if peer.acked != msg.seq:
                 self.counters.actions["acked"] += 1
-                if any(values.get(n) != v for n, v in peer.desired.items()):
+                if not peer.dry_run and any(values.get(n) != v
+                                            for n, v in peer.desired.items()):
                     self.counters.actions["ack_mismatch"] += 1
             peer.acked = msg.seq
         else:
@@ -175,7 +179,35 @@ class ActionPlane:
         if not tuning:
             self.counters.actions["tuning_off"] += 1
             return Verdict(dict(self.current), "tuning is off", "tuning_off")
+        dry = self.dry_only(n for n, v in verdict.values.items() if v != self.current[n])
+        if dry:
+            self.counters.actions["dry_run"] += 1
+            return Verdict(dict(self.current), f"dry run: the control agents holding "
+                           f"{', '.join(dry)} set nothing", "dry_run", dict(verdict.values))
         return verdict
+
+    def dry_only(self, names) -> list[str]:
+        """The parameters among ``names`` held by control agents that all run dry (and
+        by at least one): a change to them would never happen."""
+        out = []
+        for name in names:
+            holders = [p for p in self.peers.values() if name in self.targets(p.name)]
+            if holders and all(p.dry_run for p in holders):
+                out.append(name)
+        return out
+
+    def preview(self, tick: int, proposed: dict[str, float]) -> int:
+        """Send an action held for dry run to its dry-run agents, which log what they
+        would set and set nothing; the current values stay. Return agents sent to."""
+        now = time.monotonic()
+        self.seq += 1
+        sent = 0
+        for peer in self.peers.values():
+            want = {n: proposed[n] for n in self.targets(peer.name) if n in proposed}
+            if peer.dry_run and want and want != peer.desired:
+                peer.desired, peer.seq, peer.tick = want, self.seq, tick
+                sent += self._send(peer, now)
+        return sent
 
     def refuse(self, key: str) -> None:
         """Count a refused action under ``refused`` and ``refused_<key>``."""

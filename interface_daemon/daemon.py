@@ -24,6 +24,7 @@ import bisect
 import fcntl
 import json
 import logging
+import math
 import os
 import queue
 import signal
@@ -40,7 +41,7 @@ import zmq
 from capes.common import curve
 from capes.common.deployment import DeploymentConfig
 from capes.common.metrics import registry_for, serve_metrics
-from capes.common.protocol import Action, FullRequest, encode
+from capes.common.protocol import REFUSED, Action, FullRequest, encode
 from capes.common.replay_db import Committed, ReplayDBError, ReplayWriter, SessionInfo
 from interface_daemon.action_checker import ActionChecker, Verdict
 from interface_daemon import control_service
@@ -55,6 +56,7 @@ DRAIN_BYTES = 256 << 10     # ... or this many payload bytes (a flood of big fra
 CALL_TIMEOUT_S = 10.0
 COMMIT_CHUNK = 5000         # rows per transaction: a nearly full disk still takes the oldest
 DB_ERRORS = (sqlite3.Error, ReplayDBError, OSError)     # a write that failed, not a bug
+REFUSAL_LOG_S = 60.0        # a refused (key, node) is named at most this often
 RESUME_LOOKBACK_S = 600.0   # a restart looks this far back for the ticks already stored
 STARTUP_ERRORS = DB_ERRORS + (ValueError, OverflowError, curve.KeysMissing, zmq.ZMQError)
 
@@ -167,6 +169,8 @@ class InterfaceDaemon:
         self.db_ok = True                # the last write succeeded
         self._committed_tick = -1
         self._reload = False             # SIGHUP: re-read the allow-list
+        self._refusals: dict[tuple[str, str], tuple[float, int]] = {}   # see _refused
+        self._tell: set[str] = set()     # refused nodes whose agent is told once (_refused)
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -445,6 +449,9 @@ class InterfaceDaemon:
         c = self.counters
         if out.drop:
             c.drop(out.drop)
+            if out.node in self._tell:           # the refusal was just logged: say it
+                self._tell.discard(out.node)
+                self._send_refusal(identity, out.node)
         if out.row is not None:
             self._buffer_row(out.tick, out.stream.index, out.row, out.layout_grew)
         if out.full_request:
@@ -454,6 +461,16 @@ class InterfaceDaemon:
                 c.full_requests += 1
             except zmq.ZMQError:          # peer gone (ROUTER_MANDATORY) or at its HWM
                 c.actions["full_request_failed"] += 1
+
+    def _send_refusal(self, identity: bytes, node: str) -> None:
+        """Tell a refused monitoring agent why (a FullRequest whose reason starts with
+        ``refused``: the agent logs it; an older agent just sends a full frame)."""
+        msg = encode(FullRequest(node, f"{REFUSED} node {node!r} is not this key's "
+                                       "(see the daemon's log)"))
+        try:
+            self.ingest_sock.send_multipart([identity, msg], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     def _on_control(self, identity: bytes, payload: bytes, key: str | None) -> None:
         reason = self.actions.handle(payload, identity, key)
@@ -504,7 +521,8 @@ class InterfaceDaemon:
         info = SessionInfo(pi_names=list(self.ingest.pi_names),
                            node_names=list(self.ingest.node_names), params=self.specs,
                            tick_seconds=self.cfg.tick_seconds, label=self.cfg.daemon.label,
-                           provenance={"writer": "capes interface-daemon", "pid": os.getpid()})
+                           provenance={"writer": "capes interface-daemon", "pid": os.getpid(),
+                                       **_reward_table(self.cfg)})
         try:
             self.session = self.writer.begin_session(info)
         except DB_ERRORS as exc:
@@ -612,8 +630,36 @@ class InterfaceDaemon:
             control_service.set_serving(self.health, True)
 
     def _may_speak(self, key: str | None, node: str) -> bool:
-        """Whether CURVE key ``key`` may use node name ``node`` (its binding, if any)."""
-        return self.auth is None or self.auth.may_speak_for(key, node)
+        """Whether CURVE key ``key`` may use node name ``node`` (its binding, if any);
+        a refusal is logged (see :meth:`_refused`)."""
+        if self.auth is None or self.auth.may_speak_for(key, node):
+            return True
+        self._refused(key, node)
+        return False
+
+    def _refused(self, key: str | None, node: str, now: float | None = None) -> None:
+        """Name a key refused for a node in the log: at once the first time, then at
+        most once a minute per (key, node), with the count refused in between. Without
+        it a wrongly bound key loses every frame in silence."""
+        now = time.monotonic() if now is None else now
+        pair = (key or "?", node)
+        last, count = self._refusals.get(pair, (-math.inf, 0))
+        if now - last < REFUSAL_LOG_S:
+            self._refusals[pair] = (last, count + 1)
+            return
+        if len(self._refusals) >= 1024:           # a flood of made-up names: forget
+            self._refusals.clear()
+            self._tell.clear()
+        self._refusals[pair] = (now, 0)
+        self._tell.add(node)
+        bound = sorted(self.auth.bindings.get(key or "", ()))
+        why = (f"key {pair[0]!r} is bound to node {', '.join(map(repr, bound))}"
+               if bound and curve.ANY_NODE not in bound else
+               f"node {node!r} is bound to another key")
+        log.warning("refused messages from key %r speaking for node %r: %s%s (bind it: "
+                    "`capes keys generate --dir %s --bind %s=%s`, then SIGHUP the daemon)",
+                    pair[0], node, why, f"; {count} more since the last report" if count
+                    else "", self.cfg.keys.dir, pair[0], node)
 
     def _vouched(self, key: str | None, node: str) -> bool:
         """Whether ``node`` is a real node whose hello may set the daemon's current
@@ -777,8 +823,9 @@ class InterfaceDaemon:
         """The engine's action: checked, committed to the replay DB, and only then (tuning
         on) broadcast, so an applied action is always recorded. A refused action, or one
         while tuning is off, is recorded as NULL (0) with the values that stay in effect,
-        so the DB says what really happened. Nothing is applied while the DB cannot
-        record it."""
+        so the DB says what really happened; so is a change that only dry-run control
+        agents would make (they are sent it to log). Nothing is applied while the DB
+        cannot record it."""
         early = self._refuse_early(tick)
         if early is not None:
             self.counters.actions["submitted"] += 1
@@ -789,6 +836,10 @@ class InterfaceDaemon:
         if why_not is not None and verdict.ok:
             self.actions.refuse(why_not[0])
             verdict = Verdict(dict(self.actions.current), why_not[1], why_not[0])
+        if verdict.key == "dry_run" and verdict.proposed is not None:
+            self.actions.preview(tick, verdict.proposed)   # they log it, set nothing
+            log.debug("action %d at tick %d: %s", action, tick, verdict.reason)
+            return self._action_reply(verdict)
         if not verdict.ok:
             log.info("action %d at tick %d not applied: %s", action, tick, verdict.reason)
             return self._action_reply(verdict)
@@ -826,6 +877,18 @@ class InterfaceDaemon:
     def _action_reply(self, verdict: Verdict, seq: int = 0, sent: int = 0) -> dict:
         return {"accepted": verdict.ok, "reason": verdict.reason or "", "seq": seq,
                 "values": dict(verdict.values), "sent_to": sent}
+
+
+def _reward_table(cfg: DeploymentConfig) -> dict:
+    """``{"reward": cfg's [reward] table}`` for the session's provenance, so a plot of
+    the DB finds the objective without the config (empty when it is not JSON)."""
+    if not cfg.reward:
+        return {}
+    try:
+        json.dumps(cfg.reward)
+    except (TypeError, ValueError):
+        return {}
+    return {"reward": cfg.reward}
 
 
 def allowed_nodes(cfg: DeploymentConfig) -> frozenset[str]:

@@ -61,6 +61,7 @@ class Outcome:
     drop: str | None = None
     full_request: str | None = None
     layout_grew: bool = False
+    node: str = ""                   # the node a refused message named (key_not_bound)
 
 
 @dataclass
@@ -304,7 +305,7 @@ class Ingest:
         if self.allowed_nodes and msg.node not in self.allowed_nodes:
             return Outcome(drop="node_not_allowed")
         if not self.may_speak(key, msg.node):
-            return Outcome(drop="key_not_bound")          # the key is bound to other nodes
+            return Outcome(drop="key_not_bound", node=msg.node)   # bound to other nodes
         stream = self.streams.get(msg.node)
         if stream is None:
             if len(self.streams) >= self.max_nodes:

@@ -38,7 +38,7 @@ from zmq.utils.monitor import recv_monitor_message
 from capes.common import curve
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
-from capes.common.protocol import DecodeError, DeltaEncoder, FullRequest, decode, encode
+from capes.common.protocol import REFUSED, DecodeError, DeltaEncoder, FullRequest, decode, encode
 from capes.common.registry import PluginError
 from capes.common.stop_signal import StopSignal
 from monitor_agent.collectors import Collector, build_collector
@@ -266,7 +266,12 @@ class MonitorAgent:
                 self.counters.bad_messages += 1
                 log.debug("dropped a message from the daemon: %s", exc)
                 continue
-            if isinstance(msg, FullRequest) and msg.node in ("", self.mon.node):
+            if isinstance(msg, FullRequest) and msg.reason.startswith(REFUSED):
+                log.warning("the daemon refuses this agent's frames: %s (key %r; bind it "
+                            "to node %r with `capes keys generate --bind`)",
+                            msg.reason[len(REFUSED):].strip(), self.cfg.keys.client,
+                            self.mon.node)
+            elif isinstance(msg, FullRequest) and msg.node in ("", self.mon.node):
                 self.counters.full_requests += 1
                 self.encoder.request_full()
             else:

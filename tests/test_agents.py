@@ -191,17 +191,29 @@ def test_control_agent_config_errors_name_the_key(tmp_path):
     assert list(ControlAgent(cfg).specs) == ["rate_limit"]
 
 
-def test_restore_defaults_command(tmp_path):
+def test_restore_defaults_without_an_original_leaves_the_knob_and_says_so(tmp_path):
+    """No recorded original: the host's value stays (the config's default is a guess
+    about this host); ``--to-config-default`` asks for the guess on purpose."""
     knobs = knob_dir(tmp_path)
     path = deployment_toml(tmp_path, knobs, 1)
     (knobs / "window").write_text("77\n")
     (knobs / "rate_limit").write_text("190\n")
-    done = subprocess.run([sys.executable, "-m", "capes", "restore-defaults", "--config",
-                           str(path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    def restore(*extra):
+        return subprocess.run([sys.executable, "-m", "capes", "restore-defaults", "--config",
+                               str(path), *extra], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+    done = restore()
+    assert done.returncode == 0, done.stderr
+    assert (knobs / "window").read_text() == "77\n"
+    assert (knobs / "rate_limit").read_text() == "190\n"
+    assert "window: left at 77 (no original recorded" in done.stdout
+    assert "--to-config-default sets 10" in done.stdout
+    done = restore("--to-config-default")
     assert done.returncode == 0, done.stderr
     assert (knobs / "window").read_text() == "10\n"
     assert (knobs / "rate_limit").read_text() == "50\n"
-    assert "window = 10" in done.stdout
+    assert "window = 10 (default)" in done.stdout
 
 
 # ---------------------------------------------------------------- control agent, as a process

@@ -124,7 +124,8 @@ STATE_ATTACKS = {
 
 @pytest.mark.parametrize("attack", list(STATE_ATTACKS))
 def test_restore_defaults_survives_a_hostile_state_file(tmp_path, attack):
-    """Every good original comes back, the bad ones fall back to the default, the file
+    """Every good original comes back, the bad ones fall back to the default (asked for
+    with --to-config-default), the file
     is kept aside for the operator, with a one-line warning and no traceback or hang."""
     make, window, rate, aside = STATE_ATTACKS[attack]
     knobs = knob_dir(tmp_path)
@@ -134,7 +135,8 @@ def test_restore_defaults_survives_a_hostile_state_file(tmp_path, attack):
     (knobs / "rate_limit").write_text("190\n")
     make(state, knobs)
     try:
-        done = capes("restore-defaults", "--config", str(path), timeout=30)
+        done = capes("restore-defaults", "--config", str(path), "--to-config-default",
+                     timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{attack}: restore-defaults hangs")
     no_traceback(done.stderr)
@@ -287,7 +289,7 @@ default = "on"
 def test_a_categorical_knob_on_the_gluster_applier_is_set_by_name(tmp_path, router):
     sock, port = router
     path, argv = gluster_deployment(tmp_path, port)
-    done = capes("restore-defaults", "--config", str(path))
+    done = capes("restore-defaults", "--config", str(path), "--to-config-default")
     no_traceback(done.stderr)
     assert done.returncode == 0 and "lock = on (default)" in done.stdout, done.stderr
     assert "volume set capes cluster.eager-lock on" in argv.read_text()

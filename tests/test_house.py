@@ -80,7 +80,7 @@ def test_every_command_rejects_an_unknown_engine_key_before_starting(tmp_path, a
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert lines == [f"capes: configuration error: {bad}: engine.learning_rat: unknown key "
-                     f"(known: {lines[0].split('(known: ')[1]}"], out.stderr
+                     f"(did you mean learning_rate?)"], out.stderr
     assert not (tmp_path / "demo").exists() and not (tmp_path / "sim").exists()
 
 

@@ -458,3 +458,5 @@ def test_systemd_units_restart_run_as_a_user_and_call_real_commands():
             build_parser(argv[1:]).parse_args(argv[1:])      # every option exists
     control = _unit(ROOT / "deploy" / "systemd" / "capes-control-agent@.service")
     assert "restore-defaults" in control["ExecStopPost"][0]
+    # after every stop, dry-run ones too: only recorded originals, never the config's guess
+    assert "--to-config-default" not in control["ExecStopPost"][0]

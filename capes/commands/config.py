@@ -14,6 +14,7 @@ it each report their own. What a host really collects is ``capes monitor-agent
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 
@@ -41,8 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from capes.common import shipped_configs as shipped
     if args.action == "list":
-        for name in shipped.config_names():
-            print(f"{name:<18} {_first_line(shipped.config_path(name))}")
+        names = shipped.config_names()
+        wide = max(map(len, names), default=0)
+        for name in names:
+            print(f"{name:<{wide}}  {_first_line(shipped.config_path(name))}")
         return 0
     if args.action == "show":
         path = shipped.config_path(args.name)
@@ -92,7 +95,8 @@ def check_file(path: str, overrides: list[str] = ()) -> list[str]:
 
 
 def _first_line(path, width: int = 90) -> str:
-    """What a config is for: its first comment sentence, cut to ``width``."""
+    """What a config is for: the first sentence of its header comment, whole; cut at a
+    word only where it runs past ``width`` (each shipped config's is a short line)."""
     words = []
     for line in path.read_text().splitlines():
         if not line.startswith("#") or not line.strip("# "):
@@ -101,5 +105,5 @@ def _first_line(path, width: int = 90) -> str:
             continue
         words += line.lstrip("# ").split()
     text = " ".join(words)
-    text = text.split(". ", 1)[0].split(": ", 1)[0].rstrip(".")
+    text = re.split(r"(?<=[a-z)`])\. ", text, maxsplit=1)[0].rstrip(".")
     return text if len(text) <= width else text[:width].rsplit(" ", 1)[0] + " …"

@@ -20,9 +20,10 @@ import sys
 def add_arguments(p) -> None:
     from capes.cli import common_config_args
     common_config_args(p)
+    from capes.common.shipped_configs import workload_dir
+    shipped = ", ".join(sorted(f.stem for f in workload_dir().glob("*.fio")))
     p.add_argument("--workload", required=True,
-                   help="fio job file, or the name of one in configs/workloads "
-                   "(seqread, randread, seqwrite, randrw19, smallfiles)")
+                   help=f"fio job file, or the name of one in configs/workloads ({shipped})")
     p.add_argument("--target", help="file or block device the workload uses (CAPES_TARGET)")
     p.add_argument("--directory", help="directory for file-set workloads (CAPES_DIR)")
     p.add_argument("--size", help="CAPES_SIZE (default: 100%% of a device, else 1g)")

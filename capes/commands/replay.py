@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.cli import config_file
     plot.add_argument("--config", metavar="TOML", type=config_file,
                       help="take the objective and reward from this config's [reward] (a "
-                           "file, or a shipped config's name)")
+                           "file, or a shipped config's name; default: the [reward] the "
+                           "daemon recorded with the session)")
     plot.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="override one config value (repeatable)")
     from capes.cli import action_logging_args

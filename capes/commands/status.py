@@ -131,6 +131,10 @@ def run(args) -> int:
         print(json.dumps(result, indent=2, sort_keys=True) if args.json else
               format_nodes(result) if args.command == "nodes" else format_status(result))
         return 0
+    start = session_start_tick(result["db_path"], result["session_id"]) if result else \
+        session_start_tick(demo.get("db")) if demo else None    # a demo that has stopped
+    if result:
+        result["session_start_tick"] = start
     engine = engine_status(args, demo)
     if error and engine.get("error") and not args.json:     # nothing to show but the hint
         print(f"capes status: {error}", file=sys.stderr)
@@ -143,8 +147,36 @@ def run(args) -> int:
         print(f"daemon {client.address}")
         print(_indent(format_status(result)) if result else f"  not reachable: {error}")
         print(f"engine {engine.get('source', '')}".rstrip())
-        print(_indent(format_engine(engine)))
+        print(_indent(format_engine(engine, start)))
     return 1 if error else 0
+
+
+def session_start_tick(db: str | None, session: int | None = None) -> int | None:
+    """The tick session ``session`` (None: the newest) of replay DB ``db`` started at
+    (read-only; None where the DB is not on this host): ticks are counted from the Unix
+    epoch, and a session's own count (the demo's "tick 35") is the difference."""
+    import sqlite3
+    if not db or session == 0 or not Path(db).is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1.0)
+        try:
+            row = conn.execute("SELECT started_at, tick_seconds FROM sessions WHERE id = ?",
+                               (session,)).fetchone() if session else conn.execute(
+                "SELECT started_at, tick_seconds FROM sessions ORDER BY id DESC").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return None if row is None else int(row[0] // row[1])
+
+
+def session_tick(tick: int | None, start: int | None) -> str:
+    """``tick 35 of the session`` where the session's start is known, else the tick."""
+    if tick is None or tick < 0:
+        return "-"
+    return f"{tick - start} of the session" if start is not None and tick >= start \
+        else str(tick)
 
 
 def _indent(text: str) -> str:
@@ -209,13 +241,13 @@ def engine_from_metrics(address: str, timeout: float = 2.0) -> dict:
     }
 
 
-def format_engine(e: dict) -> str:
+def format_engine(e: dict, start: int | None = None) -> str:
     from capes.common.metrics import fmt
     if e.get("error"):
         return f"not reachable: {e['error']}"
-    vals = lambda d: ", ".join(f"{k}={v:g}" for k, v in sorted((d or {}).items())) or "-"  # noqa: E731
-    tick = (f"tick {e['tick']} ({e.get('tick_time')})" if e.get("tick") is not None
-            else "no decision yet")
+    vals = lambda d: ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in sorted((d or {}).items())) or "-"  # noqa: E731
+    tick = (f"tick {session_tick(e['tick'], start)} ({e.get('tick_time')})"
+            if e.get("tick") is not None else "no decision yet")
     age = e.get("checkpoint_age_s")
     ckpt = (f"checkpoint {age:.0f} s ago" if age is not None else "no checkpoint yet") + (
         f" ({e['checkpoint']})" if e.get("checkpoint") else "")
@@ -236,16 +268,19 @@ def format_engine(e: dict) -> str:
 # ---------------------------------------------------------------------------- daemon
 
 def format_status(s: dict) -> str:
-    from capes.common.metrics import tick_text
+    from capes.common.metrics import fmt, iso, tick_text
     drops = ", ".join(f"{k} {v}" for k, v in sorted(s["drops"].items())) or "none"
     acts = ", ".join(f"{k} {v}" for k, v in sorted(s["actions"].items())) or "none"
-    params = ", ".join(f"{k}={v:g}" for k, v in sorted(s["parameters"].items())) or "none"
+    params = ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in sorted(s["parameters"].items())) or "none"
     return "\n".join([
         f"tuning {'on' if s['tuning'] else 'off'}, training {'on' if s['training'] else 'off'}, "
         f"workload epoch {s['workload_epoch']}, up {s['uptime_s']:.0f} s",
         f"session {s['session_id']} ({s['session_uuid'] or 'not started'}) in {s['db_path']}",
         f"nodes {s['nodes']}, PIs {s['pis']}, latest tick "
-        f"{tick_text(s['latest_tick'], s.get('tick_seconds') or 1.0)}",
+        + (f"{session_tick(s['latest_tick'], s['session_start_tick'])} "
+           f"({iso(s['latest_tick'] * (s.get('tick_seconds') or 1.0))})"
+           if s.get("session_start_tick") is not None and s["latest_tick"] >= 0 else
+           tick_text(s['latest_tick'], s.get('tick_seconds') or 1.0)),
         f"messages {s['messages']} ({s['bytes']} B), rows written {s['rows_written']}, "
         f"ticks written {s['ticks_written']}, commits {s['commits']}",
         f"drops: {drops}; full requests {s['full_requests']}; CURVE refused {s['auth_denied']}",
@@ -255,12 +290,13 @@ def format_status(s: dict) -> str:
 
 
 def format_nodes(nodes: list[dict]) -> str:
+    from capes.common.metrics import fmt
     if not nodes:
         return "no nodes yet"
     rows = [f"{'node':<20} {'monitor':>7} {'control':>7} {'PIs':>5} {'last tick':>12} "
             f"{'idle s':>7} {'key':<12} applied"]
     for n in nodes:
-        applied = ", ".join(f"{k}={v:g}" for k, v in sorted(n["applied"].items()))
+        applied = ", ".join(f"{k}={fmt(v, '.6g')}" for k, v in sorted(n["applied"].items()))
         rows.append(f"{n['name']:<20} {'yes' if n['monitor'] else '-':>7} "
                     f"{'yes' if n['control'] else '-':>7} {n['pis']:>5} {n['last_tick']:>12} "
                     f"{n['idle_s']:>7.1f} {n['key']:<12} {applied}")

@@ -108,7 +108,7 @@ def build(cls: type[T], table: dict, source: str = "<config>", prefix: str = "")
     unknown = sorted(set(table) - set(fields))
     if unknown:
         key = _join(prefix, unknown[0])
-        raise ConfigError(source, key, f"unknown key (known: {', '.join(sorted(fields))})")
+        raise ConfigError(source, key, f"unknown key ({_suggest(unknown[0], fields)})")
     kwargs = {}
     for name, value in table.items():
         f = fields[name]
@@ -125,6 +125,18 @@ def build(cls: type[T], table: dict, source: str = "<config>", prefix: str = "")
     obj = cls(**kwargs)
     check(obj, source, prefix)
     return obj
+
+
+def _suggest(name: str, known) -> str:
+    """What to say of an unknown key: the close known ones (a typo), or every known key
+    where the table is small; never a wall of ~70 names."""
+    import difflib
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.8)
+    if close:
+        return f"did you mean {' or '.join(close)}?"
+    if len(known) <= 15:
+        return f"known: {', '.join(sorted(known))}"
+    return f"none of this table's {len(known)} keys is close to it"
 
 
 def check(obj: Any, source: str = "<config>", prefix: str = "") -> None:

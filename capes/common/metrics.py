@@ -21,6 +21,7 @@ import http.server
 import io
 import logging
 import math
+import re
 import socket
 import socketserver
 import threading
@@ -384,6 +385,12 @@ def tick_text(tick: int | None, tick_seconds: float) -> str:
 
 
 def fmt(value: Any, spec: str = ".4g", none: str = "-") -> str:
+    """A figure for a user: ``spec`` as in ``format``, but a ``g`` spec never turns to
+    e-notation (:func:`capes.common.plain_numbers.plain`)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return none
+    m = re.fullmatch(r"\.(\d+)g", spec)
+    if m:
+        from capes.common.plain_numbers import plain
+        return plain(value, int(m.group(1)), none)
     return format(value, spec)

@@ -211,6 +211,7 @@ class ParameterSpec:
             return "unknown"
         if isinstance(value, str):
             return value
+        from capes.common.plain_numbers import plain
         if self.values and self.check_value(value) is None:
-            return f"{self.label(value)} ({value:g})"
-        return format(value, "g")
+            return f"{self.label(value)} ({plain(value, 6)})"
+        return plain(value, 6)

@@ -74,9 +74,14 @@ class Indicators:
 
 @dataclass
 class FullRequest:
-    """Daemon -> monitoring agent: send a full frame with names on your next tick."""
+    """Daemon -> monitoring agent: send a full frame with names on your next tick. A
+    ``reason`` starting with :data:`REFUSED` says instead that the daemon refuses this
+    agent's frames (its key is not bound to the node it speaks as)."""
     node: str
     reason: str = ""
+
+
+REFUSED = "refused:"
 
 
 @dataclass
@@ -94,14 +99,18 @@ class Ack:
     ``dwell``: seconds before each parameter under its ``min_dwell_s`` may change again
     on the node (a restarted daemon learns them from the hello). On the wire they are
     entries ``"dwell_s <parameter>"`` of the values map: a name with a space is never a
-    parameter's, so a daemon that does not know them ignores them."""
+    parameter's, so a daemon that does not know them ignores them. ``dry_run``: the
+    agent sets nothing (``--dry-run``), so the daemon records no change as applied; on
+    the wire the entry :data:`DRY_RUN_ENTRY` = 1."""
     node: str
     seq: int
     values: dict[str, float] = field(default_factory=dict)
     dwell: dict[str, float] = field(default_factory=dict)
+    dry_run: bool = False
 
 
 DWELL_PREFIX = "dwell_s "
+DRY_RUN_ENTRY = "mode dry_run"
 
 
 Message = Indicators | FullRequest | Action | Ack
@@ -234,8 +243,9 @@ def _body(msg: Message) -> tuple[int, bytes]:
         _varint(out, msg.seq)
         dwell = {DWELL_PREFIX + n: v for n, v in msg.dwell.items()
                  if len((DWELL_PREFIX + n).encode()) <= MAX_STRING}
-        room = max(0, MAX_PARAMS - len(msg.values))       # the values always fit first
-        _float_map(out, {**msg.values, **dict(list(dwell.items())[:room])})
+        flag = {DRY_RUN_ENTRY: 1.0} if msg.dry_run and len(msg.values) < MAX_PARAMS else {}
+        room = max(0, MAX_PARAMS - len(msg.values) - len(flag))   # the values fit first
+        _float_map(out, {**msg.values, **flag, **dict(list(dwell.items())[:room])})
         return MSG_ACK, bytes(out)
     raise TypeError(f"not a CAPES message: {type(msg).__name__}")
 
@@ -435,8 +445,9 @@ def _decode_body(kind: int, r: _Reader) -> Message:
         seq, entries = r.varint(), r.float_map()
         dwell = {n[len(DWELL_PREFIX):]: v for n, v in entries.items()
                  if n.startswith(DWELL_PREFIX)}
+        dry_run = entries.pop(DRY_RUN_ENTRY, 0.0) == 1.0
         values = {n: v for n, v in entries.items() if not n.startswith(DWELL_PREFIX)}
-        msg = Ack(node, seq, values, dwell)
+        msg = Ack(node, seq, values, dwell, dry_run)
     r.end()
     return msg
 

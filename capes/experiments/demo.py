@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -108,6 +109,18 @@ def per_node_table(table: dict, nodes: list[str], sim_dir: str = "sim") -> dict:
 
 
 def run(opts: DemoOptions, out=sys.stderr) -> dict:
+    """Run the demo (see the module's doc). A temp work dir holds secret keys and the
+    control token: it is removed on every way out, a closed pipe (``capes demo 2>&1 |
+    head``) or Ctrl-C at any moment included, unless ``--keep``."""
+    temp = None if opts.workdir else tempfile.mkdtemp(prefix="capes-demo-")
+    try:
+        return _run(opts, out, Path(opts.workdir or temp).resolve())
+    finally:
+        if temp is not None and not opts.keep:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run(opts: DemoOptions, out, workdir: Path) -> dict:
     from capes.common.atomic import write_json
     from capes.common.config import dump_toml, read_toml
     from capes.common.control_client import ControlClient
@@ -124,7 +137,6 @@ def run(opts: DemoOptions, out=sys.stderr) -> dict:
             raise RuntimeError(TENSORBOARD_MISSING)
         opts.tensorboard = str(Path(opts.tensorboard).resolve())
     tick_s = deploy.tick_seconds
-    workdir = Path(opts.workdir or tempfile.mkdtemp(prefix="capes-demo-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     ports = {k: free_port() for k in ("ingest", "control", "grpc", "daemon_metrics",
                                       "engine_metrics")}
@@ -391,7 +403,7 @@ def _summary(result: dict, out, kept: bool = True) -> None:
     print(f"won: {result['won']}" + (f" at simulated second {result['won_tick']:.0f} "
                                       f"({result['won_wall_s']:.1f} s wall)"
                                       if result["won"] else ""), file=out)
-    num = lambda v, spec: "-" if v is None else format(v, spec)     # noqa: E731
+    from capes.common.metrics import fmt as num          # no e-notation
     if final["tick"] is not None:
         print(f"final: tick {final['tick']:.0f}, noise-free throughput "
               f"{num(final['true_throughput'], '.1f')}, window {num(final['window'], '.0f')}, "
@@ -409,10 +421,19 @@ def _summary(result: dict, out, kept: bool = True) -> None:
               f"({d['bytes'] / max(1, d['messages']):.1f} B/message), "
               f"{d['ticks_written']} ticks written, drops {d['drops'] or 'none'}, "
               f"actions {d['actions']}", file=out)
-    bad = {n: c for n, c in result["exit_codes"].items() if c not in (0, None)}
-    print(f"processes stopped: {len(result['exit_codes'])}"
-          + (f" (non-zero exits: {bad})" if bad else ", all cleanly"), file=out)
+    print(exit_report(result["exit_codes"]), file=out)
     print(f"wall time: {result['wall_s']:.1f} s", file=out)
+
+
+def exit_report(codes: dict[str, int | None]) -> str:
+    """The children's exits in a line. A child still starting when the demo stopped it
+    dies of that SIGTERM before it handles signals: the demo's own stop, not a failure."""
+    ours = -signal.SIGTERM
+    bad = {n: c for n, c in codes.items() if c not in (0, None, ours)}
+    early = sum(c == ours for c in codes.values())
+    return (f"processes stopped: {len(codes)}"
+            + (f" (non-zero exits: {bad})" if bad else ", all cleanly")
+            + (f"; {early} stopped while still starting" if early else ""))
 
 
 def plot_demo(series: dict, path: str, result: dict) -> None:

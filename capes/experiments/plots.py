@@ -11,6 +11,13 @@ def _pyplot():
     return plt
 
 
+def recorded_points(values: list) -> tuple[list[int], list[float]]:
+    """(ticks, values) of the ticks that recorded one: the loss is recorded every few
+    ticks only, and a line through NaN gaps draws nothing at all."""
+    xs = [i for i, v in enumerate(values) if v is not None and v == v]
+    return xs, [float(values[i]) for i in xs]
+
+
 def plot_converge(report: dict, path: str | Path) -> None:
     """Top: one traced run per cell (throughput, window, ε, prediction error);
     bottom: success rate and converge times per cell."""
@@ -25,8 +32,7 @@ def plot_converge(report: dict, path: str | Path) -> None:
         ax_par.plot(tr["window"], lw=1, label=f"window m ({label})")
         ax_par.plot(tr["rate_limit"], lw=1, ls="--", label=f"rate limit τ ({label})")
         ax_eps.plot(tr["epsilon"], lw=1, label=label)
-        loss = [float("nan") if v is None else v for v in tr["loss"]]
-        ax_loss.plot(loss, lw=0.6, label=label)
+        ax_loss.plot(*recorded_points(tr["loss"]), lw=0.6, marker=".", ms=2, label=label)
     ax_tp.set_ylabel("noise-free throughput")
     ax_par.set_ylabel("parameter value")
     ax_eps.set_ylabel("ε")

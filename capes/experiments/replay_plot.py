@@ -32,13 +32,13 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
                  pis: list[str] | None = None, reward=None) -> PlotReport:
     """Plot ``session`` (default: the newest) of replay DB ``db`` into ``out``.
     ``pis``: PI names to show (default: the reward's PIs); ``reward``: a
-    ``drl_engine.config.RewardConfig`` (default: total throughput, diff)."""
+    ``drl_engine.config.RewardConfig`` (default: the ``[reward]`` the daemon recorded
+    with the session, else total throughput, diff)."""
     from capes.common.replay_db import ReplayDBError, ReplayReader
     from capes.experiments.plots import _pyplot
     from drl_engine.config import RewardConfig
     from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
-    reward = reward or RewardConfig()
     reader = ReplayReader(db)
     try:
         if not reader.sessions:
@@ -53,6 +53,7 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
         if L == 0:
             raise ReplayDBError(f"{db}: session {sid} has no ticks")
         info = data.info
+        reward = reward or _recorded_reward(info) or RewardConfig()
         t = np.arange(L)                                       # ticks, as the demo plots
         pi_names = list(layout.pi_names)
         x = data.pis[:L]                                       # (L, nodes, PIs)
@@ -141,3 +142,17 @@ def plot_session(db: str | Path, out: str | Path, session: int | None = None,
         return PlotReport(str(out), sid, L, int((actions >= 0).sum()), chosen, note)
     finally:
         reader.close()
+
+
+def _recorded_reward(info):
+    """The session's ``[reward]`` as the daemon recorded it (None: none, or not one
+    this version reads)."""
+    from capes.common import config as cfgmod
+    from drl_engine.config import RewardConfig
+    table = info.provenance.get("reward")
+    if not isinstance(table, dict):
+        return None
+    try:
+        return cfgmod.build(RewardConfig, table, "the session's recorded [reward]")
+    except (cfgmod.ConfigError, ValueError, TypeError):
+        return None

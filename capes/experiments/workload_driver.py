@@ -1,7 +1,7 @@
 """Play fio workloads: one run at a time, or a schedule with switches.
 
-The job files live in ``configs/workloads/`` (``seqread``, ``randread``, ``seqwrite``,
-``randrw19``, ``smallfiles``) and read their target and runtime from the environment
+The job files live in ``configs/workloads/`` (``seqread``, ``randread``, ``mmaprand``
+and more: ``available_workloads()``) and read their target and runtime from the environment
 (``CAPES_TARGET``, ``CAPES_DIR``, ``CAPES_SIZE``, ``CAPES_RUNTIME``); ``fio_env`` fills
 all of them, since fio refuses a job that names an unset variable.
 
@@ -13,7 +13,10 @@ summary and its per-second bandwidth logs (``--write_bw_log`` with
 
 ``play`` runs a schedule such as ``seqread:60,randread:60`` (workload:seconds, repeated
 ``repeat`` times or until stopped), calling ``on_switch`` at each workload change, e.g.
-to tell the interface daemon (``capes workload-changed``) so the engine raises ε.
+to tell the interface daemon (``capes workload-changed``) so the engine raises ε. Each
+item runs as fio processes of at most ``segment`` seconds back to back (the command's
+``--segment``, 5 s by default): a readahead change reaches a reader only when it opens
+the device, so one fio reading for ten minutes would never see what the tuner set.
 
     python -m capes.experiments.workload_driver --schedule seqread:60,randread:60 \
         --target /dev/loop0 --repeat 0 --notify --config deploy.toml
@@ -364,9 +367,12 @@ def play(schedule: list[tuple[str, float]], target: str | None = None,
          directory: str | None = None, size: str | None = None, repeat: int = 1,
          stop=None, on_switch: Callable[[str, int], None] | None = None,
          direction: str = "total", cgroup: str | None = None,
-         on_result: Callable[[str, FioResult], None] | None = None) -> list[tuple[str, FioResult]]:
+         on_result: Callable[[str, FioResult], None] | None = None,
+         segment: float = 0.0) -> list[tuple[str, FioResult]]:
     """Play ``schedule`` ``repeat`` times (0: until ``stop``); ``on_switch(name, i)``
-    before each item. Returns (workload, result) for every item played."""
+    before each item. ``segment`` > 0: an item runs as fio processes of at most that
+    many seconds back to back, each opening the target afresh. Returns (workload,
+    result) for every fio run."""
     for name, _ in schedule:
         resolve_workload(name)          # fail before starting anything
     results = []
@@ -378,14 +384,32 @@ def play(schedule: list[tuple[str, float]], target: str | None = None,
                 return results
             if on_switch is not None:
                 on_switch(name, i)
-            env = fio_env(target, directory, seconds, size)
-            res = run_fio(name, env, direction, stop, cgroup)
-            results.append((name, res))
-            if on_result is not None:
-                on_result(name, res)
+            for part in segments(seconds, segment):
+                if stop is not None and stop.is_set():
+                    return results
+                env = fio_env(target, directory, part, size)
+                res = run_fio(name, env, direction, stop, cgroup)
+                results.append((name, res))
+                if on_result is not None:
+                    on_result(name, res)
             i += 1
         rounds += 1
     return results
+
+
+def segments(seconds: float, segment: float) -> list[float]:
+    """``seconds`` cut into runs of ``segment`` (0: one run); a remainder under 1 s
+    joins the last run (fio's runtime is whole seconds)."""
+    if segment <= 0 or seconds <= segment:
+        return [seconds]
+    n = int(seconds // segment)
+    parts = [float(segment)] * n
+    rest = seconds - n * segment
+    if rest >= 1:
+        parts.append(rest)
+    else:
+        parts[-1] += rest
+    return parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -398,7 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--directory", help="directory for file-set workloads (CAPES_DIR)")
     ap.add_argument("--size", help="CAPES_SIZE (default: 100%% of a device, else 1g)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; 0: until stopped")
-    ap.add_argument("--cgroup", help="run fio in this cgroup directory")
+    ap.add_argument("--segment", type=float, default=5.0, metavar="SECONDS",
+                    help="run each workload as fresh fio processes of at most this long, "
+                         "back to back: a reader sees a new readahead only when it "
+                         "reopens the device (default: %(default)g; 0: one fio per "
+                         "schedule item)")
+    ap.add_argument("--cgroup", help="run fio in this cgroup directory (e.g. a throttled "
+                                     "one: python -m capes.experiments.slow_device); "
+                                     "empty: none")
     ap.add_argument("--notify", action="store_true",
                     help="tell the interface daemon at each switch (workload-changed)")
     ap.add_argument("--config", help="deployment TOML (for --notify: the daemon's address)")
@@ -426,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
 
     with StopSignal() as stop:
         play(schedule, args.target, args.directory, args.size, args.repeat, stop,
-             on_switch, cgroup=args.cgroup, on_result=on_result)
+             on_switch, cgroup=args.cgroup or None, on_result=on_result,
+             segment=max(args.segment, 0.0))
     if client is not None:
         client.close()
     return 0
