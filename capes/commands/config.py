@@ -45,8 +45,8 @@ def run(args) -> int:
             print(f"{name:<18} {_first_line(shipped.config_path(name))}")
         return 0
     if args.action == "show":
-        path = shipped.config_path(args.name)
-        if not path.is_file():
+        path = shipped.config_path(args.name) if shipped.is_name(args.name) else None
+        if path is None or not path.is_file() or path.parent != shipped.config_dir():
             print(f"capes config show: no shipped config {args.name!r} (shipped: "
                   f"{', '.join(shipped.config_names())})", file=sys.stderr)
             return 2

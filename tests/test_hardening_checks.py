@@ -1,0 +1,126 @@
+"""Hardening, fourth round (issue 38, and issue 36's ``config check`` items): a check that
+runs nothing, commands that cannot outlive or flood their agent, a control agent that
+applies only what changes and leaves an operator's hand-made change alone, bounded
+config loading, ``config show`` of shipped configs only, a demo that stays in its
+work dir.
+
+Every attack runs the real ``capes`` CLI (``python -m capes``) as a subprocess, as a user
+would; programs the plug-ins run are fakes on ``PATH`` (a ``gluster`` that logs its argv,
+a wrapper that hangs, a printer of 256 MB) written into the test's tmp dir."""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def capes(*args: str, timeout: float = 60, env: dict | None = None, cwd=ROOT,
+          **kw) -> subprocess.CompletedProcess:
+    full = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "capes", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def no_traceback(out: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in out.stderr + out.stdout, out.stderr
+
+
+# ------------------------------------------------------------------ E: bounded loading
+
+def test_a_fifo_config_is_refused_at_once_and_called_a_fifo(tmp_path):
+    fifo = tmp_path / "cfg.toml"
+    os.mkfifo(fifo)
+    for args in (("config", "check", str(fifo)), ("monitor-agent", "--test", "--config",
+                                                  str(fifo))):
+        t0 = time.monotonic()
+        out = capes(*args, timeout=30)
+        assert time.monotonic() - t0 < 20               # before: hung until killed
+        no_traceback(out)
+        assert out.returncode == 2
+        text = out.stdout + out.stderr
+        assert "FIFO" in text and "not a regular file" in text and "not found" not in text
+
+
+def test_dev_zero_as_config_is_refused_without_reading_it(tmp_path):
+    out = capes("monitor-agent", "--test", "--config", "/dev/zero", timeout=30)
+    no_traceback(out)          # before: read until MemoryError
+    assert out.returncode == 2 and "character device" in out.stderr
+
+
+def test_a_huge_config_is_refused_by_size(tmp_path):
+    big = tmp_path / "big.toml"
+    with big.open("w") as fh:
+        fh.write("# padding\n" * 600_000)               # 6 MB of comments
+    out = capes("config", "check", str(big))
+    no_traceback(out)
+    assert out.returncode == 2 and "larger than" in out.stdout
+
+
+@pytest.mark.parametrize("how", ["file-list", "file-table", "set-value", "set-key"])
+def test_deep_nesting_is_one_line_not_a_recursion_traceback(tmp_path, how):
+    deep = tmp_path / "deep.toml"
+    if how == "file-list":
+        deep.write_text("a = " + "[" * 3000 + "]" * 3000 + "\n")
+        args = ["config", "check", str(deep)]
+    elif how == "file-table":
+        deep.write_text("a = " + "{x = " * 200 + "1" + "}" * 200 + "\n")
+        args = ["config", "check", str(deep)]
+    elif how == "set-value":
+        args = ["config", "check", "simulator", "--set", "x=" + "[" * 3000 + "]" * 3000]
+    else:
+        args = ["config", "check", "simulator", "--set", "a." * 3000 + "b=1"]
+    out = capes(*args)
+    no_traceback(out)
+    assert out.returncode == 2
+    assert "nested more than" in out.stdout + out.stderr
+    assert len((out.stdout + out.stderr).strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ F: config show
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "repo-path"])
+def test_config_show_prints_only_shipped_configs(tmp_path, how):
+    secret = tmp_path / "secret.toml"
+    secret.write_text('token = "s3cr3t"\n')
+    from capes.common.shipped_configs import config_dir
+    name = {"absolute": str(secret),
+            "dotdot": os.path.relpath(secret, config_dir()),
+            "repo-path": str(ROOT / "configs" / "simulator.toml")}[how]
+    out = capes("config", "show", name)
+    no_traceback(out)
+    assert out.returncode == 2 and out.stdout == ""    # before: printed the file
+    assert "no shipped config" in out.stderr and "s3cr3t" not in out.stderr
+
+
+# ------------------------------------------------------------------ G: the demo's files
+
+def test_the_demo_keeps_its_control_state_in_its_workdir(tmp_path):
+    """The control agent's recorded originals live in the demo's work dir while it runs,
+    and nothing is written under the user's state dir (as root: /var/lib/capes-agent,
+    keyed by the relative knob path, shared by every demo at once)."""
+    work, xdg = tmp_path / "work", tmp_path / "xdg"
+    env = {**os.environ, "XDG_STATE_HOME": str(xdg), "HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "capes", "demo", "--workdir", str(work),
+                             "--timeout", "25", "--plot", "", "--seed", "1"], cwd=ROOT,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    seen = False
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            seen = seen or any(work.glob("control-*.json"))
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert seen, "the control agent's state file never appeared in the work dir"
+    assert not xdg.exists() and not (tmp_path / "home").exists()
