@@ -124,3 +124,103 @@ def test_the_demo_keeps_its_control_state_in_its_workdir(tmp_path):
         proc.communicate(timeout=60)
     assert seen, "the control agent's state file never appeared in the work dir"
     assert not xdg.exists() and not (tmp_path / "home").exists()
+
+
+# ------------------------------------------------------------------ C: bounded commands
+
+def script(path: Path, body: str) -> str:
+    """An executable ``#!/bin/sh`` script at ``path``; returns its path."""
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs of live processes whose command line holds ``marker``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmd and state != "Z":
+            out.append(int(entry))
+    return out
+
+
+def kill_all(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def sim_config(tmp_path: Path, extra: str = "") -> Path:
+    """The shipped simulator config with its knob dirs under ``tmp_path`` and ``extra``
+    appended."""
+    text = (ROOT / "configs" / "simulator.toml").read_text()
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(text + extra)
+    return cfg
+
+
+def collector_config(tmp_path: Path, argv: list[str], timeout_s: float = 1.0) -> Path:
+    cfg = tmp_path / "collect.toml"
+    cfg.write_text(
+        "tick_seconds = 0.2\n[keys]\nenabled = false\n[monitor]\ncollectors = [{ name = "
+        f'"command", options = {{ argv = {argv!r}, names = ["x"], timeout_s = {timeout_s} }} '
+        "}]\n".replace("'", '"'))
+    return cfg
+
+
+def test_a_hanging_collector_wrapper_leaves_no_process_behind(tmp_path):
+    marker = f"{time.time_ns() % 10**9}.5"             # sleep's argument: unique
+    wrapper = script(tmp_path / "wrapper.sh", f"sleep {marker}\necho x 1\n")
+    cfg = collector_config(tmp_path, [wrapper])
+    try:
+        out = capes("monitor-agent", "--test", "--config", str(cfg), timeout=60)
+        no_traceback(out)
+        assert "timed out" in out.stderr
+        left = processes_with(f"sleep {marker}")
+        assert left == [], f"{len(left)} orphaned children of the timed-out wrapper"
+    finally:
+        kill_all(processes_with(f"sleep {marker}"))
+
+
+def test_a_hanging_applier_read_leaves_no_process_behind(tmp_path):
+    marker = f"{time.time_ns() % 10**9}.25"
+    wrapper = script(tmp_path / "read.sh", f"sleep {marker}\necho 5\n")
+    cfg = tmp_path / "apply.toml"
+    cfg.write_text(
+        '[keys]\nenabled = false\n[control]\nnode = "n1"\nstate_file = ""\n'
+        '[control.appliers.knob]\nname = "command"\n'
+        f'options = {{ argv = ["true"], read_argv = ["{wrapper}"], timeout_s = 1.0 }}\n'
+        "[parameters.knob]\nmin = 1\nmax = 9\nstep = 1\ndefault = 5\n")
+    try:
+        out = capes("restore-defaults", "--dry-run", "--config", str(cfg), timeout=60)
+        no_traceback(out)
+        left = processes_with(f"sleep {marker}")
+        assert left == [], f"{len(left)} orphaned children of the timed-out read_argv"
+    finally:
+        kill_all(processes_with(f"sleep {marker}"))
+
+
+def test_a_256_mb_printer_does_not_blow_the_agents_memory(tmp_path):
+    printer = script(tmp_path / "printer.sh", "head -c 268435456 /dev/zero | tr '\\0' a\n")
+    cfg = collector_config(tmp_path, [printer], timeout_s=5.0)
+    measure = ("import resource, subprocess, sys, time\n"
+               "t0 = time.monotonic()\n"
+               "p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, "
+               "time.monotonic() - t0)\nsys.stderr.write(p.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", measure, sys.executable, "-m", "capes",
+                          "monitor-agent", "--test", "--config", str(cfg)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    no_traceback(out)
+    peak_kb, wall = out.stdout.split()
+    assert "printed more than" in out.stderr
+    assert int(peak_kb) < 200 * 1024, f"peak RSS {int(peak_kb) >> 10} MB (before: ~800 MB)"

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import time
 
+from capes.common.bounded_run import run_bounded
 from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
                                          format_value, register)
 
@@ -129,13 +129,11 @@ class GlusterApplier(Applier):
     def _run(self, args: list[str], param: str) -> str:
         argv = [*self.cli, "--mode=script", *args]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, errors="replace", timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise ApplyError(f"{param}: {' '.join(args[:3])} timed out after "
-                             f"{self.timeout_s} s") from None
+            done = run_bounded(argv, self.timeout_s)
         except OSError as exc:
             raise ApplyError(f"{param}: cannot run {argv[0]}: {exc}") from None
+        if done.timed_out or done.overflow:
+            raise ApplyError(f"{param}: {' '.join(args[:3])} {done.why(self.timeout_s)}")
         if done.returncode != 0:
             msg = (done.stderr.strip() or done.stdout.strip())[-300:]
             raise ApplyError(f"{param}: {' '.join(args[:2])} {args[3] if len(args) > 3 else ''}"

@@ -2,7 +2,9 @@
 
 The generic exec collector for sources no built-in collector knows (``lctl get_param``
 wrappers, vendor tools). The program runs without a shell, under a timeout, once per
-tick; it should be quick. PI names are fixed at start: given as ``names``, or taken
+tick, in a process group of its own that is killed whole when it is done (a hanging
+wrapper leaves no child behind); at most ``max_output_bytes`` of its output are read
+(default 1 MiB; more is a failure). It should be quick. PI names are fixed at start: given as ``names``, or taken
 from what the program prints on a first run. A name the program stops printing, a
 value that is not a number, a non-zero exit or a timeout gives NaN for that tick.
 """
@@ -10,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
-import subprocess
 
+from capes.common.bounded_run import MAX_OUTPUT, run_bounded
 from monitor_agent.collectors.base import Collector, register
 
 log = logging.getLogger(__name__)
@@ -35,12 +37,16 @@ def parse_lines(text: str) -> dict[str, float]:
 @register("command")
 class CommandCollector(Collector):
     def __init__(self, argv: list[str], names: list[str] | None = None,
-                 timeout_s: float = 2.0):
+                 timeout_s: float = 2.0, max_output_bytes: int = MAX_OUTPUT):
         if not argv or not all(isinstance(a, str) for a in argv):
             raise ValueError("argv: must be a non-empty list of strings")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: must be > 0 (got {timeout_s})")
+        if not isinstance(max_output_bytes, int) or max_output_bytes < 1:
+            raise ValueError(f"max_output_bytes: must be an integer >= 1 "
+                             f"(got {max_output_bytes!r})")
         self._argv, self._timeout = list(argv), float(timeout_s)
+        self._max_output = max_output_bytes
         self.failures = 0
         if names is None:
             first = self._run()
@@ -54,16 +60,13 @@ class CommandCollector(Collector):
 
     def _run(self) -> dict[str, float] | None:
         try:
-            done = subprocess.run(self._argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=self._timeout, text=True, errors="replace")
-        except subprocess.TimeoutExpired:
-            reason = f"timed out after {self._timeout} s"
+            done = run_bounded(self._argv, self._timeout, self._max_output)
         except OSError as exc:
             reason = str(exc)
         else:
-            if done.returncode == 0:
+            if done.ok:
                 return parse_lines(done.stdout)
-            reason = f"exit status {done.returncode}: {done.stderr.strip()[-200:]}"
+            reason = done.why(self._timeout, self._max_output)
         self.failures += 1
         if self.failures == 1 or math.log2(self.failures).is_integer():
             log.warning("command collector %s: %s (%d failures)", self._argv[0], reason,

@@ -57,10 +57,10 @@ import logging
 import math
 import os
 import re
-import subprocess
 import time
 from typing import Callable
 
+from capes.common.bounded_run import run_bounded
 from monitor_agent.collectors.base import Collector, register
 
 log = logging.getLogger(__name__)
@@ -389,17 +389,13 @@ class GlusterFSCollector(Collector):
         """The command's stdout; None (logged sparingly) when it fails or times out."""
         argv = [*self._cli, "--mode=script", *args]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=self.timeout_s, text=True, errors="replace")
-        except subprocess.TimeoutExpired:
-            reason = f"timed out after {self.timeout_s} s"
+            done = run_bounded(argv, self.timeout_s)
         except OSError as exc:
             reason = str(exc)
         else:
-            if done.returncode == 0:
+            if done.ok:
                 return done.stdout
-            reason = (f"exit status {done.returncode}: "
-                      f"{(done.stderr or done.stdout).strip()[-200:]}")
+            reason = done.why(self.timeout_s)
         self.failures += 1
         if self.failures == 1 or math.log2(self.failures).is_integer():
             log.warning("glusterfs collector: %s %s: %s (%d failures)", self._cli[0],
