@@ -59,10 +59,11 @@ class Settings(DeploymentConfig):
 
 
 def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
-                  preset: str | None = None) -> Settings:
+                  preset: str | None = None, without: Iterable[str] = ()) -> Settings:
     """The whole file (or the defaults when None) with ``--set`` overrides and the
     engine preset applied. A bad value is one ``ConfigError`` naming the file and the
-    dotted key, or the ``--set`` that caused it."""
+    dotted key, or the ``--set`` that caused it. ``without``: dotted keys taken out
+    first (``config check`` drops each bad key in turn to find the next problem)."""
     overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
     table = resolve_config_paths(cfgmod.read_toml(path), path) if path else {}
     source = str(path) if path else "<defaults>"
@@ -70,6 +71,8 @@ def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
         table = cfgmod.apply_overrides(table, overrides)
         source = f"{source} (with --set)"
     table = cfgmod.expand_vars(table, source)
+    for key in without:
+        cfgmod.drop_key(table, key)
     try:
         engine = dict(table.get("engine") or {}) if isinstance(table.get("engine"), dict) \
             else table.get("engine", {})

@@ -79,7 +79,8 @@ class MonitorCounters:
 
 
 class Sampler:
-    """All collectors as one vector with a fixed order of names."""
+    """All collectors as one vector with a fixed order of names; started here (a
+    collector's ``start``: what acts), so that building one never acts."""
 
     def __init__(self, collectors: list[Collector]):
         self.collectors = collectors
@@ -87,6 +88,7 @@ class Sampler:
         self.names: list[str] = []
         owner: dict[str, str] = {}
         for col in collectors:
+            col.start()                    # what acts happens here, never at build
             names = col.names()
             for n in names:
                 if n in owner:

@@ -224,3 +224,122 @@ def test_a_256_mb_printer_does_not_blow_the_agents_memory(tmp_path):
     peak_kb, wall = out.stdout.split()
     assert "printed more than" in out.stderr
     assert int(peak_kb) < 200 * 1024, f"peak RSS {int(peak_kb) >> 10} MB (before: ~800 MB)"
+
+
+# ------------------------------------------------------------------ A: config check
+
+FIX = ROOT / "tests" / "fixtures" / "glusterfs"
+
+
+def fake_gluster(bin_dir: Path, reachable: bool = True) -> Path:
+    """A ``gluster`` on PATH that logs its argv to ``bin_dir/argv.log`` and answers
+    ``volume info``/``volume get`` from the fixtures (or, not ``reachable``, fails as
+    gluster does when glusterd is down)."""
+    bin_dir.mkdir(exist_ok=True)
+    log = bin_dir / "argv.log"
+    body = f'echo "$@" >> "{log}"\n'
+    if reachable:
+        body += (f'case "$*" in\n  *"volume info"*) cat "{FIX}/volume-info.txt" ;;\n'
+                 f'  *"volume get"*) cat "{FIX}/volume-get-all.txt" ;;\n'
+                 '  *"volume set"*) echo "volume set: success" ;;\nesac\nexit 0\n')
+    else:
+        body += 'echo "Connection failed. Please check if gluster daemon is operational."\n' \
+                "exit 1\n"
+    script(bin_dir / "gluster", body)
+    return log
+
+
+def with_path(bin_dir: Path) -> dict:
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_checking_a_glusterfs_config_only_queries_the_volume(tmp_path):
+    log = fake_gluster(tmp_path / "bin")
+    out = capes("config", "check", "glusterfs", env=with_path(tmp_path / "bin"))
+    no_traceback(out)
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert not [c for c in calls if " set " in f" {c} " or "profile" in c or "reset" in c], \
+        calls                                      # before: three `volume set diagnostics.*`
+    assert any("volume info capes" in c for c in calls)          # it did ask glusterd
+    assert (out.returncode, out.stdout) == (0, "ok\n"), out.stdout
+
+
+def test_an_unreachable_glusterd_is_an_error_not_ok(tmp_path):
+    fake_gluster(tmp_path / "bin", reachable=False)
+    out = capes("config", "check", "glusterfs", env=with_path(tmp_path / "bin"))
+    no_traceback(out)
+    assert out.returncode == 2, out.stdout                       # before: "ok"
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1 and "glusterd" in lines[0] and "Connection failed" in lines[0]
+
+
+def test_a_command_collectors_program_is_not_run_by_a_check(tmp_path):
+    marker = tmp_path / "ran"
+    prog = script(tmp_path / "prog.sh", f'touch "{marker}"\necho x 1\n')
+    cfg = tmp_path / "c.toml"
+    for names in ("", ', names = ["x"]'):
+        cfg.write_text('[keys]\nenabled = false\n[monitor]\ncollectors = [{ name = '
+                       f'"command", options = {{ argv = ["{prog}"]{names} }} }}]\n')
+        out = capes("config", "check", str(cfg))
+        no_traceback(out)
+        assert (out.returncode, out.stdout) == (0, "ok\n"), out.stdout
+        assert not marker.exists(), "config check ran the collector's program"
+    cfg.write_text('[keys]\nenabled = false\n[monitor]\ncollectors = [{ name = "command", '
+                   'options = { argv = ["no-such-program-38"] } }]\n')
+    out = capes("config", "check", str(cfg))
+    assert out.returncode == 2 and "no-such-program-38" in out.stdout
+
+
+def a_sysfs_queue_dir() -> Path:
+    found = sorted(Path("/sys/block").glob("*/queue/read_ahead_kb"))
+    if not found:
+        pytest.skip("no block device with a queue/read_ahead_kb here")
+    return found[0].parent
+
+
+def test_two_errors_are_two_lines_and_a_bad_sysfs_path_is_one(tmp_path):
+    queue = a_sysfs_queue_dir()
+    cfg = tmp_path / "two.toml"
+    cfg.write_text(
+        '[keys]\nenabled = false\n[control]\nnode = "n1"\n'
+        '[control.appliers.ra]\nname = "file"\n'
+        f'options = {{ path = "{queue}/read_ahead_kbb" }}\n'
+        "[parameters.ra]\nmin = 8\nmax = 4096\nstep = 8\ndefault = 128\n"
+        "[engine]\ngama = 0.9\n[game]\nnoise = 10\n")
+    out = capes("config", "check", str(cfg))
+    no_traceback(out)
+    assert out.returncode == 2
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3, out.stdout          # before: one line (the first bad key)
+    assert "engine.gama" in lines[0] and "unknown key" in lines[0]
+    assert "game.noise" in lines[1] and "1000 %" in lines[1]
+    assert "control.appliers.ra" in lines[2] and "read_ahead_kbb does not exist" in lines[2]
+    good = cfg.read_text().replace("read_ahead_kbb", "read_ahead_kb").split("[engine]")[0]
+    cfg.write_text(good)
+    assert capes("config", "check", str(cfg)).stdout == "ok\n"
+
+
+def test_a_noise_set_is_range_checked_like_the_flag(tmp_path):
+    out = capes("config", "check", "simulator", "--set", "game.noise=10")
+    no_traceback(out)
+    assert out.returncode == 2 and "--set game.noise=10" in out.stdout   # before: "ok"
+    assert capes("config", "check", "simulator", "--set", "game.noise=0.5").stdout == "ok\n"
+
+
+# ------------------------------------------------------------------ B: monitor-agent --test
+
+def test_monitor_agent_test_turns_off_what_it_turned_on(tmp_path):
+    log = fake_gluster(tmp_path / "bin")
+    out = capes("monitor-agent", "--test", "--config", "glusterfs",
+                env=with_path(tmp_path / "bin"), timeout=120)
+    no_traceback(out)
+    calls = log.read_text().splitlines()
+    sets = [c.split()[-2:] for c in calls if "volume set" in c]
+    assert sets, calls                      # enable = true: it did turn the dumps on
+    start = {k: v for k, v in (line.split()[:2] for line in
+                               (FIX / "volume-get-all.txt").read_text().splitlines()
+                               if line.startswith("diagnostics."))}
+    final = {}
+    for key, value in sets:
+        final[key] = value
+    assert final == {k: start[k] for k in final}, sets   # before: left at on / 1

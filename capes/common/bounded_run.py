@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -114,3 +115,14 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def program_problem(program: str) -> str | None:
+    """Why ``program`` (a path, or a name looked up on PATH) cannot be run (None: it
+    can); looks, never runs."""
+    found = shutil.which(program) if os.sep not in program else (
+        program if os.path.isfile(program) and os.access(program, os.X_OK) else None)
+    if found is None:
+        return (f"{program!r}: no such program on PATH" if os.sep not in program else
+                f"{program!r}: no such executable file")
+    return None

@@ -346,6 +346,28 @@ def _check_raw(value: Any, source: str, key: str) -> None:
             _check_raw(v, source, _join(key, k))
 
 
+def drop_key(table: dict, key: str) -> bool:
+    """Take the dotted ``key`` (``a.b``, ``a[0].b``) out of ``table``; False when it is
+    not there or names a list item (removing one would renumber the others)."""
+    parts = [p for p in key.replace("[", ".[").split(".") if p]
+    node: Any = table
+    for part in parts[:-1]:
+        if part.startswith("[") and part.endswith("]") and part[1:-1].isdigit():
+            i = int(part[1:-1])
+            if not isinstance(node, list) or i >= len(node):
+                return False
+            node = node[i]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return False
+    last = parts[-1] if parts else ""
+    if not isinstance(node, dict) or last not in node:
+        return False
+    del node[last]
+    return True
+
+
 VARS = "vars"
 
 

@@ -12,7 +12,7 @@ is the knob's value.
 """
 from __future__ import annotations
 
-from capes.common.bounded_run import MAX_OUTPUT, run_bounded
+from capes.common.bounded_run import MAX_OUTPUT, program_problem, run_bounded
 from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
                                          format_value, register)
 
@@ -49,6 +49,14 @@ class CommandApplier(Applier):
         if not done.ok:
             raise ApplyError(f"{param}: {argv[0]}: {done.why(self.timeout_s, self.max_output)}")
         return done.stdout
+
+    def check(self, param: str) -> str | None:
+        """The programs exist (neither is run: a check changes nothing)."""
+        for name, argv in (("argv", self.argv), ("read_argv", self.read_argv)):
+            why = argv and program_problem(argv[0])
+            if why:
+                return f"{name}: {why}"
+        return None
 
     def apply(self, param: str, value: float) -> None:
         self._run(self._fill(self.argv, param, format_value(value)), param)

@@ -244,6 +244,26 @@ class FileApplier(Applier):
         text = self._read_text(real, roots)
         return None if text is None else _parse(text)
 
+    def check(self, param: str) -> str | None:
+        """Read-only: the pattern matches inside the allowed roots, and a file under
+        /sys or /proc (which cannot be created) exists and can be opened for reading.
+        Elsewhere (the simulator's directory) a missing file is fine: it is created."""
+        try:
+            files, roots = self.resolve(param)
+        except ApplyError as exc:
+            return str(exc)
+        kernel = any(_within(r, t) for r in roots for t in KERNEL_TREES)
+        for path, real in files:
+            if not kernel and not os.path.lexists(real):
+                continue
+            try:
+                os.close(self.open_resolved(real, os.O_RDONLY, roots))
+            except FileNotFoundError:
+                return f"{param}: {path} does not exist"
+            except OSError as exc:
+                return f"{param}: cannot open {path}: {exc.strerror or exc}"
+        return None
+
     def read(self, param: str) -> float | None:
         """The knob's value if every matching file agrees on it, else None."""
         try:

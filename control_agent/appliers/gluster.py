@@ -140,6 +140,26 @@ class GlusterApplier(Applier):
                              f" exited with status {done.returncode}: {msg}")
         return done.stdout
 
+    def check(self, param: str) -> str | None:
+        """Read-only (``volume get VOL KEY``): glusterd answers and the option exists."""
+        try:
+            done = run_bounded([*self.cli, "--mode=script", "volume", "info", self.volume],
+                               self.timeout_s)
+            why = None if done.ok else done.why(self.timeout_s)
+        except OSError as exc:
+            why = str(exc)
+        if why is not None:                # worded as the glusterfs collector's check
+            return (f"volume {self.volume}: {self.cli[0]} volume info failed: {why} (is "
+                    f"glusterd running and reachable?)")
+        try:
+            key, _ = self.option(param)
+            out = self._run(["volume", "get", self.volume, key], param)
+        except ApplyError as exc:
+            return str(exc)
+        if not parse_volume_get(out, key):
+            return f"{key!r} is not an option of volume {self.volume}"
+        return None
+
     def supports(self, param: str, categorical: bool) -> str | None:
         if categorical and self.units.get(param, self.unit):
             return (f"a categorical parameter is set by its value's name: give it no unit "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 
-from capes.common.bounded_run import MAX_OUTPUT, run_bounded
+from capes.common.bounded_run import MAX_OUTPUT, program_problem, run_bounded
 from monitor_agent.collectors.base import Collector, register
 
 log = logging.getLogger(__name__)
@@ -48,15 +48,31 @@ class CommandCollector(Collector):
         self._argv, self._timeout = list(argv), float(timeout_s)
         self._max_output = max_output_bytes
         self.failures = 0
-        if names is None:
-            first = self._run()
-            if first is None:
-                raise ValueError(f"argv: {argv[0]!r} failed on its first run, so its PI "
-                                 f"names are unknown (give them as 'names')")
-            names = sorted(first)
-            if not names:
-                raise ValueError(f"argv: {argv[0]!r} printed no 'name value' lines")
-        self._names = list(names)
+        if names is not None and (not isinstance(names, list) or
+                                  not all(isinstance(n, str) and n for n in names)):
+            raise ValueError("names: must be a list of PI names")
+        self._names = list(names) if names is not None else None
+
+    def check(self) -> list[str]:
+        """The program exists and may be run (it is not run: a check runs nothing)."""
+        why = program_problem(self._argv[0])
+        return [f"argv: {why}"] if why else []
+
+    def effects(self) -> list[str]:
+        return [f"runs {self._argv[0]} every tick"
+                + ("" if self._names is not None else ", and once at start for its names")]
+
+    def start(self) -> None:
+        """Without ``names``: run the program once and take the names it prints."""
+        if self._names is not None:
+            return
+        first = self._run()
+        if first is None:
+            raise ValueError(f"argv: {self._argv[0]!r} failed on its first run, so its "
+                             f"PI names are unknown (give them as 'names')")
+        if not first:
+            raise ValueError(f"argv: {self._argv[0]!r} printed no 'name value' lines")
+        self._names = sorted(first)
 
     def _run(self) -> dict[str, float] | None:
         try:
@@ -74,6 +90,7 @@ class CommandCollector(Collector):
         return None
 
     def names(self) -> list[str]:
+        self.start()
         return list(self._names)
 
     def collect(self) -> dict[str, float]:
