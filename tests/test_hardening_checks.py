@@ -343,3 +343,28 @@ def test_monitor_agent_test_turns_off_what_it_turned_on(tmp_path):
     for key, value in sets:
         final[key] = value
     assert final == {k: start[k] for k in final}, sets   # before: left at on / 1
+
+
+def test_building_every_shipped_plugin_runs_no_program(monkeypatch):
+    """The rule behind a check that acts on nothing, for every plug-in of every shipped
+    config: building it starts no process (its ``start`` does, in an agent)."""
+    from capes.common import shipped_configs
+    from capes.settings import load_settings
+    from control_agent.appliers import build_applier
+    from monitor_agent.collectors import build_collector
+
+    def refuse(self, argv, *a, **k):
+        raise AssertionError(f"building a plug-in ran {argv}")
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    built = 0
+    for name in shipped_configs.config_names():
+        cfg = load_settings(shipped_configs.config_path(name))
+        plugins = [(build_collector, c.name, c.options) for c in cfg.monitor.collectors]
+        plugins += [(build_applier, a.name, a.options) for a in cfg.control.appliers.values()]
+        for build, plugin, options in plugins:
+            try:
+                build(plugin, options).close()
+                built += 1
+            except ValueError:          # a device this host does not have (sda, Lustre)
+                pass
+    assert built >= 20
