@@ -368,3 +368,111 @@ def test_building_every_shipped_plugin_runs_no_program(monkeypatch):
             except ValueError:          # a device this host does not have (sda, Lustre)
                 pass
     assert built >= 20
+
+
+# ------------------------------------------------------------------ D: apply what changes
+
+@pytest.fixture
+def fake_daemon():
+    zmq = pytest.importorskip("zmq")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.linger = 0
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    yield sock, port
+    sock.close()
+    ctx.term()
+
+
+def next_ack(sock, predicate=lambda m: True, timeout: float = 15.0):
+    from capes.common.protocol import Ack, decode
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sock.poll(100):
+            ident, data = sock.recv_multipart()
+            msg = decode(data)
+            if isinstance(msg, Ack) and predicate(msg):
+                return ident, msg
+    raise AssertionError("fake daemon: the expected ack never came")
+
+
+def test_the_control_agent_sets_only_what_changes_and_leaves_a_hand_made_change(
+        tmp_path, fake_daemon):
+    """Three knobs set by a program that logs each call. One step of one knob is one
+    set (before: three); a knob changed by hand is not put back when another is
+    stepped (before: it was), and the agent tells the daemon (``Ack.drift``), also
+    for a change it finds on its own (``drift_check_s``)."""
+    from capes.common.protocol import Action, encode
+    sock, port = fake_daemon
+    knobs = tmp_path / "knobs"
+    knobs.mkdir()
+    for name, value in (("a", 10), ("b", 20), ("c", 30)):
+        (knobs / name).write_text(f"{value}\n")
+    calls = tmp_path / "sets.log"
+    setter = script(tmp_path / "set.sh", f'echo "$1 $2" >> "{calls}"\n'
+                                         f'echo "$2" > "{knobs}/$1"\n')
+    getter = script(tmp_path / "get.sh", f'cat "{knobs}/$1"\n')
+    appliers = "".join(
+        f'[control.appliers.{k}]\nname = "command"\noptions = {{ argv = ["{setter}", '
+        f'"{{param}}", "{{value}}"], read_argv = ["{getter}", "{{param}}"] }}\n'
+        f"[parameters.{k}]\nmin = 1\nmax = 100\nstep = 1\ndefault = 50\n" for k in "abc")
+    cfg = tmp_path / "ctl.toml"
+    cfg.write_text(f'[keys]\nenabled = false\n[control]\nnode = "n1"\n'
+                   f'daemon = "tcp://127.0.0.1:{port}"\nstate_file = "{tmp_path}/st.json"\n'
+                   f"drift_check_s = 1.0\n" + appliers)
+    log = (tmp_path / "agent.log").open("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "capes", "control-agent", "--config",
+                             str(cfg)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        ident, hello = next_ack(sock, lambda m: m.seq == 0)
+        assert hello.values == {"a": 10, "b": 20, "c": 30}
+
+        def act(seq, values):
+            sock.send_multipart([ident, encode(Action(seq, seq, values))])
+            return next_ack(sock, lambda m: m.seq == seq)[1]
+
+        ack = act(1, {"a": 11, "b": 20, "c": 30})
+        assert calls.read_text().splitlines() == ["a 11"]      # before: a, b and c set
+        assert ack.values == {"a": 11, "b": 20, "c": 30}
+
+        (knobs / "b").write_text("25\n")                       # an operator's change
+        ack = act(2, {"a": 12, "b": 20, "c": 30})              # CAPES steps another knob
+        assert calls.read_text().splitlines() == ["a 11", "a 12"]
+        assert (knobs / "b").read_text() == "25\n"             # before: put back to 20
+        _, hello = next_ack(sock, lambda m: m.seq == 0 and m.drift, timeout=10)
+        assert hello.drift == {"b": 25} and hello.values["b"] == 25   # found within 1 s
+
+        (knobs / "c").write_text("33\n")                       # by hand, then CAPES steps
+        ack = act(3, {"a": 12, "b": 20, "c": 31})              # c from its old value
+        assert ack.drift == {"c": 33} and ack.values["c"] == 33
+        assert (knobs / "c").read_text() == "33\n"
+        assert calls.read_text().splitlines() == ["a 11", "a 12"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    log.seek(0)
+    err = log.read()
+    assert "changed behind CAPES's back" in err and "2 changed by hand" in err
+    # restoring at the stop puts back a's original, and leaves b and c as the operator
+    # set them
+    assert [(knobs / k).read_text() for k in "abc"] == ["10\n", "25\n", "33\n"]
+
+
+def test_the_daemon_takes_a_hand_made_value_as_current():
+    """The daemon side of ``Ack.drift``: the value becomes the daemon's current one
+    (what the engine's next action steps from, and its reply's values), counted."""
+    from capes.common.params import ParameterSpec
+    from capes.common.protocol import Ack, encode
+    from interface_daemon.action_checker import ActionChecker
+    from interface_daemon.action_plane import ActionPlane
+    from interface_daemon.counters import Counters
+    specs = [ParameterSpec(1, 100, 1, 50, name="a"), ParameterSpec(1, 100, 1, 50, name="b")]
+    counters = Counters()
+    plane = ActionPlane(specs, ActionChecker(specs), counters, lambda i, p: True)
+    verdict, _, _ = plane.submit(1, 1, {"a": 20, "b": 20}, True)
+    assert verdict.ok and plane.current == {"a": 20.0, "b": 20.0}
+    assert plane.handle(encode(Ack("n1", 0, {"a": 20, "b": 25}, drift={"b": 25})), b"x") \
+        is None
+    assert plane.current == {"a": 20.0, "b": 25.0} and counters.actions["drift"] == 1
+    plane.handle(encode(Ack("n1", 0, {"a": 20, "b": 500}, drift={"b": 500})), b"x")
+    assert plane.current["b"] == 25.0 and counters.actions["drift_refused"] == 1

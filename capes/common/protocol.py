@@ -94,14 +94,19 @@ class Ack:
     ``dwell``: seconds before each parameter under its ``min_dwell_s`` may change again
     on the node (a restarted daemon learns them from the hello). On the wire they are
     entries ``"dwell_s <parameter>"`` of the values map: a name with a space is never a
-    parameter's, so a daemon that does not know them ignores them."""
+    parameter's, so a daemon that does not know them ignores them. ``drift``: knobs
+    found changed behind the agent's back (by hand), with the value found, which the
+    agent now keeps; entries ``"drift <parameter>"`` the same way (protocol version
+    unchanged: an older daemon ignores them and an older agent sends none)."""
     node: str
     seq: int
     values: dict[str, float] = field(default_factory=dict)
     dwell: dict[str, float] = field(default_factory=dict)
+    drift: dict[str, float] = field(default_factory=dict)
 
 
 DWELL_PREFIX = "dwell_s "
+DRIFT_PREFIX = "drift "
 
 
 Message = Indicators | FullRequest | Action | Ack
@@ -232,10 +237,11 @@ def _body(msg: Message) -> tuple[int, bytes]:
     if isinstance(msg, Ack):
         _string(out, msg.node)
         _varint(out, msg.seq)
-        dwell = {DWELL_PREFIX + n: v for n, v in msg.dwell.items()
-                 if len((DWELL_PREFIX + n).encode()) <= MAX_STRING}
+        extra = {prefix + n: v for prefix, table in ((DWELL_PREFIX, msg.dwell),
+                                                     (DRIFT_PREFIX, msg.drift))
+                 for n, v in table.items() if len((prefix + n).encode()) <= MAX_STRING}
         room = max(0, MAX_PARAMS - len(msg.values))       # the values always fit first
-        _float_map(out, {**msg.values, **dict(list(dwell.items())[:room])})
+        _float_map(out, {**msg.values, **dict(list(extra.items())[:room])})
         return MSG_ACK, bytes(out)
     raise TypeError(f"not a CAPES message: {type(msg).__name__}")
 
@@ -435,8 +441,11 @@ def _decode_body(kind: int, r: _Reader) -> Message:
         seq, entries = r.varint(), r.float_map()
         dwell = {n[len(DWELL_PREFIX):]: v for n, v in entries.items()
                  if n.startswith(DWELL_PREFIX)}
-        values = {n: v for n, v in entries.items() if not n.startswith(DWELL_PREFIX)}
-        msg = Ack(node, seq, values, dwell)
+        drift = {n[len(DRIFT_PREFIX):]: v for n, v in entries.items()
+                 if n.startswith(DRIFT_PREFIX)}
+        values = {n: v for n, v in entries.items()
+                  if not n.startswith((DWELL_PREFIX, DRIFT_PREFIX))}
+        msg = Ack(node, seq, values, dwell, drift)
     r.end()
     return msg
 
