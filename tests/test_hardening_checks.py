@@ -84,6 +84,32 @@ def test_deep_nesting_is_one_line_not_a_recursion_traceback(tmp_path, how):
     assert len((out.stdout + out.stderr).strip().splitlines()) == 1
 
 
+def test_vars_naming_each_other_cannot_blow_up_a_config(tmp_path):
+    """[vars] whose values name each other (12 x {v1} in v0, 12 x {v2} in v1, ...) grew
+    a string of 12**11 copies before (a hang, then the OOM killer): a var's value is put
+    in once, never expanded again, and all the text the vars add is bounded."""
+    import resource
+    names = [f"v{i}" for i in range(12)]
+    lines = ["[vars]"] + [f'{n} = "' + ("{" + names[i + 1] + "}") * 12 + '"'
+                          for i, n in enumerate(names[:-1])]
+    lines += [f'{names[-1]} = "xxxxxxxx"', "[daemon]", 'label = "{v0}"']
+    nested = tmp_path / "nested.toml"
+    nested.write_text("\n".join(lines) + "\n")
+    wide = tmp_path / "wide.toml"
+    wide.write_text('[vars]\nbig = "' + "x" * 1_000_000 + '"\n[daemon]\nlabel = "'
+                    + "{big}" * 100 + '"\n')
+
+    def one_gib():                       # before: would have taken the machine down
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    for cfg in (nested, wide):
+        out = subprocess.run([sys.executable, "-m", "capes", "config", "check", str(cfg)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             preexec_fn=one_gib)
+        no_traceback(out)
+        assert len(out.stdout.strip().splitlines()) == 1, out.stdout
+    assert "larger than 16 MiB" in out.stdout
+
+
 # ------------------------------------------------------------------ F: config show
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot", "repo-path"])

@@ -93,9 +93,10 @@ def check_file(path: str, overrides: list[str] = (), host: bool = True) -> list[
             cfg = load_settings(path, overrides, without=dropped)
             break
         except ConfigError as exc:
+            if any(exc.key == k or exc.key.startswith(k + ".") for k in dropped):
+                return problems                # taking it out did not help: stop here
             problems.append(str(exc))
-            if not exc.key or any(exc.key == k or exc.key.startswith(k + ".")
-                                  for k in dropped):
+            if not exc.key:
                 return problems                # no key to take out: nothing further
             dropped.append(exc.key)
     if cfg is None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import stat
 import tomllib
 import types
@@ -87,6 +88,7 @@ def _deepcopy(table: dict) -> dict:
 
 MAX_CONFIG_BYTES = 4 << 20   # a deployment file is kilobytes; /dev/zero is not a config
 MAX_DEPTH = 32               # tables and lists inside each other; ours nest 5 deep
+MAX_EXPANDED_BYTES = 16 << 20   # text the [vars] may put into a config, in all
 
 
 def read_toml(path: str | Path) -> dict:
@@ -384,12 +386,24 @@ def expand_vars(table: dict, source: str = "<config>") -> dict:
             raise ConfigError(source, _join(VARS, name),
                               f"expected a string or a number, got {_typename(value)}")
     subs = {"{" + k + "}": str(v) for k, v in names.items()}
+    if not subs:
+        return {k: v for k, v in table.items() if k != VARS}
+    # one pass: a var's value is put in as it is, never expanded again, so that vars
+    # naming each other cannot grow a string exponentially ({a} -> 12 x {b} -> ...)
+    pattern = re.compile("|".join(re.escape(p) for p in sorted(subs, key=len, reverse=True)))
+    budget = [MAX_EXPANDED_BYTES]
+
+    def put(match: re.Match) -> str:
+        text = subs[match.group(0)]
+        budget[0] -= len(text)
+        if budget[0] < 0:
+            raise ConfigError(source, VARS, f"expanding the vars makes the config larger "
+                                            f"than {MAX_EXPANDED_BYTES >> 20} MiB")
+        return text
 
     def expand(value: Any) -> Any:
         if isinstance(value, str):
-            for placeholder, text in subs.items():
-                value = value.replace(placeholder, text)
-            return value
+            return pattern.sub(put, value)
         if isinstance(value, dict):
             return {expand(k): expand(v) for k, v in value.items()}
         if isinstance(value, list):
