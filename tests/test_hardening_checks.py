@@ -110,6 +110,19 @@ def test_vars_naming_each_other_cannot_blow_up_a_config(tmp_path):
     assert "larger than 16 MiB" in out.stdout
 
 
+def test_a_file_knob_glob_over_all_of_sysfs_is_refused_quickly(tmp_path):
+    """``/sys/*/*/.../nope`` walked sysfs (whose symlinks loop) for minutes, in the
+    check and at every read and apply of the knob: the walk is bounded."""
+    cfg = tmp_path / "glob.toml"
+    cfg.write_text('[keys]\nenabled = false\n[control]\nnode = "n1"\nstate_file = ""\n'
+                   '[control.appliers.k]\nname = "file"\n'
+                   'options = { path = "/sys/*/*/*/*/*/*/*/*/*/*/*/*/nope" }\n'
+                   "[parameters.k]\nmin = 1\nmax = 9\nstep = 1\ndefault = 5\n")
+    out = capes("config", "check", str(cfg), timeout=45)       # before: still walking
+    no_traceback(out)
+    assert out.returncode == 2 and "narrower pattern" in out.stdout
+
+
 # ------------------------------------------------------------------ F: config show
 
 @pytest.mark.parametrize("how", ["absolute", "dotdot", "repo-path"])
