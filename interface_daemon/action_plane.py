@@ -147,7 +147,8 @@ class ActionPlane:
     def _adopt_drift(self, msg: Ack, key: str | None, held: list[str]) -> None:
         """A knob changed by hand on the node (the agent leaves it so): its value becomes
         the daemon's, so the engine's next action steps from it and does not put the old
-        one back; counted (``drift``) and logged. From a vouched node only, and only a
+        one back; counted (``drift``) and logged. A knob every node holds a copy of stays
+        as the others have it (the node's agent keeps the hand-made value). From a vouched node only, and only a
         value the action checker allows (else ``drift_refused``: the engine's own value
         stays the daemon's)."""
         vouched = self.vouched(key, msg.node)
@@ -162,6 +163,11 @@ class ActionPlane:
                             self.checker.check_value(name, value))
                 continue
             self.counters.actions["drift"] += 1
+            holders = [p for p in self.peers if name in self.targets(p)]
+            if len(holders) > 1:           # one node's copy of a knob every node holds
+                log.warning("node %s: %s changed by hand to %g; that node keeps it, the "
+                            "others keep %g", msg.node, name, value, self.current[name])
+                continue
             log.warning("node %s: %s changed by hand, %g -> %g; the engine now steps "
                         "from %g", msg.node, name, self.current[name], value, value)
             self.current[name] = float(value)

@@ -515,3 +515,6 @@ def test_the_daemon_takes_a_hand_made_value_as_current():
     assert plane.current == {"a": 20.0, "b": 25.0} and counters.actions["drift"] == 1
     plane.handle(encode(Ack("n1", 0, {"a": 20, "b": 500}, drift={"b": 500})), b"x")
     assert plane.current["b"] == 25.0 and counters.actions["drift_refused"] == 1
+    plane.handle(encode(Ack("n2", 0, {"a": 20, "b": 25})), b"y")   # a 2nd node holds b
+    plane.handle(encode(Ack("n1", 0, {"a": 20, "b": 30}, drift={"b": 30})), b"x")
+    assert plane.current["b"] == 25.0        # n1 keeps its 30; n2 is not moved to it
