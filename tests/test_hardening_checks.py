@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from test_agents import router  # noqa: F401 -- a fake daemon's ROUTER socket
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -411,18 +413,6 @@ def test_building_every_shipped_plugin_runs_no_program(monkeypatch):
 
 # ------------------------------------------------------------------ D: apply what changes
 
-@pytest.fixture
-def fake_daemon():
-    zmq = pytest.importorskip("zmq")
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.linger = 0
-    port = sock.bind_to_random_port("tcp://127.0.0.1")
-    yield sock, port
-    sock.close()
-    ctx.term()
-
-
 def next_ack(sock, predicate=lambda m: True, timeout: float = 15.0):
     from capes.common.protocol import Ack, decode
     deadline = time.monotonic() + timeout
@@ -436,13 +426,13 @@ def next_ack(sock, predicate=lambda m: True, timeout: float = 15.0):
 
 
 def test_the_control_agent_sets_only_what_changes_and_leaves_a_hand_made_change(
-        tmp_path, fake_daemon):
+        tmp_path, router):
     """Three knobs set by a program that logs each call. One step of one knob is one
     set (before: three); a knob changed by hand is not put back when another is
     stepped (before: it was), and the agent tells the daemon (``Ack.drift``), also
     for a change it finds on its own (``drift_check_s``)."""
     from capes.common.protocol import Action, encode
-    sock, port = fake_daemon
+    sock, port = router
     knobs = tmp_path / "knobs"
     knobs.mkdir()
     for name, value in (("a", 10), ("b", 20), ("c", 30)):
