@@ -88,6 +88,8 @@ class Sampler:
         self.names: list[str] = []
         owner: dict[str, str] = {}
         for col in collectors:
+            for effect in col.effects():   # what it does beyond reading, said once
+                log.info("collector %s %s", col.name, effect)
             col.start()                    # what acts happens here, never at build
             names = col.names()
             for n in names:

@@ -384,6 +384,7 @@ def test_monitor_agent_test_turns_off_what_it_turned_on(tmp_path):
     for key, value in sets:
         final[key] = value
     assert final == {k: start[k] for k in final}, sets   # before: left at on / 1
+    assert "collector glusterfs turns on the bricks source of volume capes" in out.stderr
 
 
 def test_building_every_shipped_plugin_runs_no_program(monkeypatch):
