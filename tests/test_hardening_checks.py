@@ -509,3 +509,44 @@ def test_the_daemon_takes_a_hand_made_value_as_current():
     plane.handle(encode(Ack("n2", 0, {"a": 20, "b": 25})), b"y")   # a 2nd node holds b
     plane.handle(encode(Ack("n1", 0, {"a": 20, "b": 30}, drift={"b": 30})), b"x")
     assert plane.current["b"] == 25.0        # n1 keeps its 30; n2 is not moved to it
+
+
+@pytest.mark.slow
+def test_a_real_volume_is_left_as_found_by_a_check_and_a_test(tmp_path):
+    """On a real GlusterFS volume (root, GlusterFS installed): ``config check`` and
+    ``monitor-agent --test`` of the shipped GlusterFS config, retargeted at it, leave
+    the diagnostics options as they were (before: both left the three on)."""
+    from capes.experiments import gluster_volume as gv
+    from test_glusterfs import _skip_reason
+    why = _skip_reason()
+    if why:
+        pytest.skip(why)
+    vol = gv.GlusterTestVolume(tmp_path / "vol")
+    keys = ("diagnostics.count-fop-hits", "diagnostics.latency-measurement",
+            "diagnostics.stats-dump-interval")
+
+    def diagnostics() -> dict:
+        from monitor_agent.collectors.glusterfs import parse_volume_get
+        got = parse_volume_get(vol.gluster("volume", "get", vol.volume, "all").stdout)
+        return {k: got[k] for k in keys}
+    try:
+        vol.up()
+        cfg = tmp_path / "gluster.toml"
+        cfg.write_text((ROOT / "configs" / "glusterfs.toml").read_text()
+                       .replace("/var/tmp/capes-gluster/run/glusterd.socket", vol.socket_path)
+                       .replace("/var/tmp/capes-gluster/mnt", str(vol.mount))
+                       .replace('volume = "capes"', f'volume = "{vol.volume}"')
+                       .replace("glusterfs.capes.", f"glusterfs.{vol.volume}."))
+        found = diagnostics()
+        out = capes("config", "check", str(cfg), timeout=120)
+        assert (out.returncode, out.stdout) == (0, "ok\n"), out.stdout + out.stderr
+        assert diagnostics() == found
+        out = capes("monitor-agent", "--test", "--config", str(cfg), timeout=120)
+        no_traceback(out)
+        assert "turns on the bricks source" in out.stderr
+        assert diagnostics() == found
+        bad = capes("config", "check", str(cfg), "--set", "control.appliers.io_thread_count"
+                    '.options.key="performance.io-thread-countt"', timeout=120)
+        assert bad.returncode == 2 and "io-thread-countt" in bad.stdout
+    finally:
+        vol.down()
