@@ -64,8 +64,14 @@ def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
     engine preset applied. A bad value is one ``ConfigError`` naming the file and the
     dotted key, or the ``--set`` that caused it. ``without``: dotted keys taken out
     first (``config check`` drops each bad key in turn to find the next problem)."""
-    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
     table = resolve_config_paths(cfgmod.read_toml(path), path) if path else {}
+    return settings_from_table(table, path, overrides, preset, without)
+
+
+def settings_from_table(table: dict, path: str | Path | None, overrides: Iterable[str] = (),
+                        preset: str | None = None, without: Iterable[str] = ()) -> Settings:
+    """``load_settings`` of a table already read from ``path`` (which it changes)."""
+    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
     source = str(path) if path else "<defaults>"
     if overrides:          # paths given with --set stay relative to the current directory
         table = cfgmod.apply_overrides(table, overrides)

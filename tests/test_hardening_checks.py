@@ -550,3 +550,16 @@ def test_a_real_volume_is_left_as_found_by_a_check_and_a_test(tmp_path):
         assert bad.returncode == 2 and "io-thread-countt" in bad.stdout
     finally:
         vol.down()
+
+
+def test_a_file_of_a_quarter_million_bad_keys_is_checked_in_bounded_time(tmp_path):
+    """Each bad key is taken out in turn to find the next: on a hostile file (4 MB of
+    unknown keys) that stops, saying so, instead of reparsing it for minutes."""
+    many = tmp_path / "many.toml"
+    many.write_text("".join(f"k{i} = {i}\n" for i in range(250_000)))
+    t0 = time.monotonic()
+    out = capes("config", "check", str(many), timeout=240)
+    no_traceback(out)
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 2 and "the check stops after" in lines[-1]
+    assert 2 <= len(lines) <= 51 and time.monotonic() - t0 < 120

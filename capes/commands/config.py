@@ -73,6 +73,7 @@ def run(args) -> int:
 
 
 MAX_PROBLEMS = 50
+MAX_CHECK_S = 10.0        # a hostile file of 250,000 bad keys: say the first, stop
 
 
 def check_file(path: str, overrides: list[str] = (), host: bool = True) -> list[str]:
@@ -83,14 +84,25 @@ def check_file(path: str, overrides: list[str] = (), host: bool = True) -> list[
     and asked, read-only, what is wrong on this host (``host``). Nothing here acts: a
     plug-in's ``__init__`` and ``check`` run no program the config names and change no
     target (``monitor_agent.collectors.base.Collector``)."""
-    from capes.common.config import ConfigError
-    from capes.settings import load_settings
+    import time
+
+    from capes.common.config import ConfigError, copy_tree, read_toml
+    from capes.common.deployment import resolve_config_paths
+    from capes.settings import settings_from_table
     problems: list[str] = []
     dropped: list[str] = []
     cfg = None
-    while len(problems) < MAX_PROBLEMS:
+    try:
+        table = resolve_config_paths(read_toml(path), path)      # read once
+    except ConfigError as exc:
+        return [str(exc)]
+    deadline = time.monotonic() + MAX_CHECK_S
+    while True:
+        if len(problems) >= MAX_PROBLEMS or time.monotonic() > deadline:
+            return problems + [f"{path}: ... and maybe more: the check stops after "
+                               f"{len(problems)} problems"]
         try:
-            cfg = load_settings(path, overrides, without=dropped)
+            cfg = settings_from_table(copy_tree(table), path, overrides, without=dropped)
             break
         except ConfigError as exc:
             if any(exc.key == k or exc.key.startswith(k + ".") for k in dropped):

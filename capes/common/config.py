@@ -82,6 +82,15 @@ def apply_overrides(table: dict, overrides: Iterable[str]) -> dict:
     return merged
 
 
+def copy_tree(value: Any) -> Any:
+    """A copy of a TOML value's tables and lists (their leaves are immutable)."""
+    if isinstance(value, dict):
+        return {k: copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_tree(v) for v in value]
+    return value
+
+
 def _deepcopy(table: dict) -> dict:
     return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in table.items()}
 
@@ -148,13 +157,16 @@ def _bracket_depth(text: str) -> int:
     """The deepest run of opening brackets and braces, ignoring what closes them: a cheap
     upper bound that cannot be fooled into recursion (strings are counted too)."""
     depth = best = 0
-    for ch in text:
-        if ch in "[{":
+    for match in _BRACKETS.finditer(text):          # the brackets only, not every char
+        if match.group() in "[{":
             depth += 1
             best = max(best, depth)
-        elif ch in "]}":
+        else:
             depth = max(0, depth - 1)
     return best
+
+
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
 def check_depth(value: Any, source: str, key: str = "") -> None:
