@@ -120,9 +120,12 @@ def test_a_file_knob_glob_over_all_of_sysfs_is_refused_quickly(tmp_path):
                    '[control.appliers.k]\nname = "file"\n'
                    'options = { path = "/sys/*/*/*/*/*/*/*/*/*/*/*/*/nope" }\n'
                    "[parameters.k]\nmin = 1\nmax = 9\nstep = 1\ndefault = 5\n")
-    out = capes("config", "check", str(cfg), timeout=45)       # before: still walking
+    out = capes("config", "check", str(cfg), timeout=45)       # before: "ok" (not looked)
     no_traceback(out)
     assert out.returncode == 2 and "narrower pattern" in out.stdout
+    out = capes("restore-defaults", "--dry-run", "--config", str(cfg), timeout=45)
+    no_traceback(out)                                  # before: still walking after 90 s
+    assert "now unknown" in out.stdout
 
 
 # ------------------------------------------------------------------ F: config show
@@ -563,3 +566,13 @@ def test_a_file_of_a_quarter_million_bad_keys_is_checked_in_bounded_time(tmp_pat
     lines = out.stdout.strip().splitlines()
     assert out.returncode == 2 and "the check stops after" in lines[-1]
     assert 2 <= len(lines) <= 51 and time.monotonic() - t0 < 120
+
+
+def test_a_program_printing_inf_gives_no_reading_not_infinity(tmp_path):
+    prog = script(tmp_path / "inf.sh", "echo x inf\necho y 1e999\necho z 3\n")
+    cfg = collector_config(tmp_path, [prog])
+    cfg.write_text(cfg.read_text().replace('names = ["x"]', 'names = ["x", "y", "z"]'))
+    out = capes("monitor-agent", "--test", "--config", str(cfg))
+    no_traceback(out)
+    got = dict(line.split() for line in out.stdout.splitlines())
+    assert got == {"x": "-", "y": "-", "z": "3"}         # before: x inf, y inf

@@ -6,7 +6,7 @@ tick, in a process group of its own that is killed whole when it is done (a hang
 wrapper leaves no child behind); at most ``max_output_bytes`` of its output are read
 (default 1 MiB; more is a failure). It should be quick. PI names are fixed at start: given as ``names``, or taken
 from what the program prints on a first run. A name the program stops printing, a
-value that is not a number, a non-zero exit or a timeout gives NaN for that tick.
+value that is not a finite number (``inf``, ``nan``, ``1e999``), a non-zero exit or a timeout gives NaN for that tick.
 """
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ def parse_lines(text: str) -> dict[str, float]:
         if len(parts) != 2 or parts[0].startswith("#"):
             continue
         try:
-            out[parts[0]] = float(parts[1])
+            value = float(parts[1])
         except ValueError:
             continue
+        if math.isfinite(value):            # "inf", "nan", 1e999: no reading (NaN)
+            out[parts[0]] = value
     return out
 
 
