@@ -534,6 +534,12 @@ def test_a_real_volume_is_left_as_found_by_a_check_and_a_test(tmp_path):
         return {k: got[k] for k in keys}
     try:
         vol.up()
+    except gv.GlusterError as exc:
+        vol.down()
+        if "already running" in str(exc):        # another test's volume: only one glusterd
+            pytest.skip(str(exc))
+        raise
+    try:
         cfg = tmp_path / "gluster.toml"
         cfg.write_text((ROOT / "configs" / "glusterfs.toml").read_text()
                        .replace("/var/tmp/capes-gluster/run/glusterd.socket", vol.socket_path)
