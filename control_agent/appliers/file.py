@@ -313,6 +313,10 @@ class FileApplier(Applier):
                 os.close(self.open_resolved(real, os.O_RDONLY, roots))
             except FileNotFoundError:
                 return f"{param}: {path} does not exist"
+            except PermissionError:
+                if os.geteuid() == 0:
+                    return f"{param}: cannot open {path}: permission denied"
+                # a check as a user of a file only root reads: the agent runs as root
             except OSError as exc:
                 return f"{param}: cannot open {path}: {exc.strerror or exc}"
         return None
