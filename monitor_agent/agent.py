@@ -87,10 +87,10 @@ class Sampler:
         self.layout: list[tuple[Collector, list[str], int]] = []
         self.names: list[str] = []
         owner: dict[str, str] = {}
-        for col in collectors:
-            for effect in col.effects():   # what it does beyond reading, said once
+        for col in collectors:             # (a duck-typed collector may have neither)
+            for effect in getattr(col, "effects", list)():   # beyond reading, said once
                 log.info("collector %s %s", col.name, effect)
-            col.start()                    # what acts happens here, never at build
+            getattr(col, "start", lambda: None)()     # what acts: here, never at build
             names = col.names()
             for n in names:
                 if n in owner:

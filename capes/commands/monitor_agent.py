@@ -67,7 +67,7 @@ def print_once(cfg, source: str) -> int:
         values = sampler.sample()
     finally:
         for col in collectors:             # a test leaves the target as it found it
-            col.undo()
+            getattr(col, "undo", lambda: None)()
             col.close()
     width = max((len(n) for n in sampler.names), default=0)
     for name, value in zip(sampler.names, values):
