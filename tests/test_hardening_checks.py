@@ -146,6 +146,7 @@ def test_config_show_prints_only_shipped_configs(tmp_path, how):
 
 # ------------------------------------------------------------------ G: the demo's files
 
+@pytest.mark.slow
 def test_the_demo_keeps_its_control_state_in_its_workdir(tmp_path):
     """The control agent's recorded originals live in the demo's work dir while it runs,
     and nothing is written under the user's state dir (as root: /var/lib/capes-agent,
@@ -561,6 +562,7 @@ def test_a_real_volume_is_left_as_found_by_a_check_and_a_test(tmp_path):
         vol.down()
 
 
+@pytest.mark.slow
 def test_a_file_of_a_quarter_million_bad_keys_is_checked_in_bounded_time(tmp_path):
     """Each bad key is taken out in turn to find the next: on a hostile file (4 MB of
     unknown keys) that stops, saying so, instead of reparsing it for minutes."""
