@@ -59,17 +59,26 @@ class Settings(DeploymentConfig):
 
 
 def load_settings(path: str | Path | None, overrides: Iterable[str] = (),
-                  preset: str | None = None) -> Settings:
+                  preset: str | None = None, without: Iterable[str] = ()) -> Settings:
     """The whole file (or the defaults when None) with ``--set`` overrides and the
     engine preset applied. A bad value is one ``ConfigError`` naming the file and the
-    dotted key, or the ``--set`` that caused it."""
-    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
+    dotted key, or the ``--set`` that caused it. ``without``: dotted keys taken out
+    first (``config check`` drops each bad key in turn to find the next problem)."""
     table = resolve_config_paths(cfgmod.read_toml(path), path) if path else {}
+    return settings_from_table(table, path, overrides, preset, without)
+
+
+def settings_from_table(table: dict, path: str | Path | None, overrides: Iterable[str] = (),
+                        preset: str | None = None, without: Iterable[str] = ()) -> Settings:
+    """``load_settings`` of a table already read from ``path`` (which it changes)."""
+    overrides = list(overrides) + ([f'engine.preset="{preset}"'] if preset else [])
     source = str(path) if path else "<defaults>"
     if overrides:          # paths given with --set stay relative to the current directory
         table = cfgmod.apply_overrides(table, overrides)
         source = f"{source} (with --set)"
     table = cfgmod.expand_vars(table, source)
+    for key in without:
+        cfgmod.drop_key(table, key)
     try:
         engine = dict(table.get("engine") or {}) if isinstance(table.get("engine"), dict) \
             else table.get("engine", {})

@@ -14,6 +14,13 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
   the hello tells the daemon how long each knob is held), and refuses what fails
   (counted and logged with the reason), whatever the daemon said;
   a categorical value (an index) is handed to the applier by name;
+* sets only what changes: a value the daemon asked for before (every action carries
+  every knob) is not set again, so one step of one knob is one set (one ``gluster
+  volume set``, not nine);
+* reads the knob just before changing it, and every ``control.drift_check_s``: a knob
+  found changed behind its back (by hand) is **left as it is**, logged, counted, and
+  told to the daemon (``Ack.drift``), which makes the value its own so the engine steps
+  from it; its recorded original is dropped (a restore leaves the operator's value);
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
   the unchanged values, which is the truth; its hellos and acks say it is a dry run, so
@@ -106,6 +113,8 @@ class ControlCounters:
     acks_dropped: int = 0          # daemon away when the ack was due
     restores: int = 0
     originals_recorded: int = 0
+    unchanged: int = 0             # values the daemon asked for before: not set again
+    drift: int = 0                 # knobs found changed behind the agent's back
 
 
 class ControlAgent:
@@ -144,6 +153,8 @@ class ControlAgent:
             value = self._read(name)
             if value is not None:
                 self.current[name] = value
+        self.requested: dict[str, float] = {}    # knob -> the daemon's last value for it
+        self.drift_pending: dict[str, float] = {}   # hand-made changes not yet told
         self.last_seq = 0
         self.last_ack: Ack | None = None
         self.ctx: zmq.Context | None = None
@@ -285,19 +296,81 @@ class ControlAgent:
         self.last_seq = action.seq
         acked: dict[str, float] = {}
         for param, value in action.values.items():
-            why = self.check(param, value)
-            if why is not None:
+            if self._unchanged(param, value):
+                self.counters.unchanged += 1
+            elif (why := self.check(param, value)) is not None:
                 self._refuse(param, value, why)
             elif self.dry_run:
                 log.info("dry run: would set %s = %s (now %s)", param,
                          self.specs[param].describe(value),
                          self.specs[param].describe(self.current.get(param)))
+            elif self.check_drift([param]):
+                # changed by hand since: the engine stepped from a value no longer in
+                # force; the operator's value stays, and the daemon is told
+                self.requested[param] = value
+                self._refuse(param, value, "changed by hand: left as it is")
             else:
+                applied = self.counters.applied
                 self._set(param, value)
+                if self.counters.applied > applied:      # failed: asked again, tried again
+                    self.requested[param] = value
             if param in self.current:
                 acked[param] = self.current[param]
-        self.last_ack = Ack(self.node, action.seq, acked, dry_run=self.dry_run)
+        self.last_ack = Ack(self.node, action.seq, acked, dry_run=self.dry_run,
+                            drift=self._drift_to_tell())
         return self.last_ack
+
+    def _unchanged(self, param: str, value: float) -> bool:
+        """Whether the daemon asked for this value of ``param`` before (applied then, or
+        left to an operator who changed it by hand), or, at the first action, the knob
+        already holds it: either way there is nothing to set. Actions carry every knob's
+        value; only the ones that change are set (one `volume set`, not nine)."""
+        spec = self.specs.get(param)
+        if spec is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False                   # the checks say why (NaN is never "the same")
+        asked = self.requested.get(param)
+        if asked is None:
+            cur = self.current.get(param)
+            if cur is None or abs(value - cur) > 1e-6 * spec.step:
+                return False
+            self.requested[param] = value
+            return True
+        return abs(value - asked) <= 1e-6 * spec.step
+
+    def check_drift(self, params=None) -> list[str]:
+        """Read ``params`` (default: every knob) and note each found changed behind the
+        agent's back since it last set or read it: logged, counted, kept (never put
+        back: an operator's change wins) and told to the daemon with the next ack or
+        hello. Its recorded original is dropped: the operator's value is the host's
+        now, and a restore leaves it. Returns the knobs that drifted."""
+        out = []
+        for param in self.specs if params is None else params:
+            known = self.current.get(param)
+            if known is None:
+                continue
+            live = self._read(param)
+            spec = self.specs[param]
+            if live is None or abs(live - known) <= 1e-6 * spec.step:
+                continue
+            self.counters.drift += 1
+            out.append(param)
+            log.warning("%s: changed behind CAPES's back, %s -> %s (by hand?); left as it "
+                        "is and told to the daemon (%d such changes)", param,
+                        spec.describe(known), spec.describe(live), self.counters.drift)
+            self.current[param] = live
+            self.drift_pending[param] = live
+            self.touched.discard(param)
+            try:
+                self.originals.forget([param])
+            except OSError as exc:
+                log.error("cannot save %s: %s", self.originals.path, exc.strerror or exc)
+        return out
+
+    def _drift_to_tell(self) -> dict[str, float]:
+        """The hand-made changes not yet told to the daemon (each told once, with the
+        next ack or hello that goes out)."""
+        told, self.drift_pending = self.drift_pending, {}
+        return told
 
     def restore_plan(self, fallback: bool = False) -> dict[str, tuple[float | str, str]]:
         """What restoring sets: parameter -> (value for the applier, "original" or
@@ -345,6 +418,8 @@ class ControlAgent:
             else:
                 self.current[param] = now
         self._note_change(list(restored))       # a restore is a change (never held)
+        for param in restored:                   # the daemon's value is set again if asked
+            self.requested.pop(param, None)
         self.originals.forget(restored)
         self.touched.difference_update(restored)
         log.info("restored (%s): %s%s", why,
@@ -375,8 +450,12 @@ class ControlAgent:
             return False
 
     def hello(self) -> bool:
-        return self._send(Ack(self.node, 0, dict(self.current), self.dwell_left(),
-                              self.dry_run))
+        drift = self._drift_to_tell()
+        if self._send(Ack(self.node, 0, dict(self.current), self.dwell_left(),
+                          dry_run=self.dry_run, drift=drift)):
+            return True
+        self.drift_pending = {**drift, **self.drift_pending}     # tell it next time
+        return False
 
     def run(self, stop: StopSignal) -> int:
         """Serve the daemon until ``stop``; then restore the originals. Returns 0, or 1
@@ -391,6 +470,8 @@ class ControlAgent:
         silent_restored = False
         hello_until = 0.0          # after a handshake: retry the hello until it goes out
         next_heartbeat = time.monotonic() + self.HEARTBEAT_S
+        drift_every = self.cfg.control.drift_check_s
+        next_drift = time.monotonic() + drift_every
         log.info("control agent %s%s: %d parameters (%s) from %s", self.node,
                  " (DRY RUN)" if self.dry_run else "", len(self.specs),
                  ", ".join(self.specs), self.cfg.control.daemon)
@@ -406,6 +487,11 @@ class ControlAgent:
             elif now >= next_heartbeat:
                 self.hello()
                 next_heartbeat = now + self.HEARTBEAT_S
+            if drift_every > 0 and now >= next_drift:
+                next_drift = now + drift_every
+                if self.check_drift():
+                    self.hello()               # the daemon learns it now
+                    next_heartbeat = now + self.HEARTBEAT_S
             if restore_after > 0 and not silent_restored and now - last_heard > restore_after:
                 log.warning("no daemon for %.1f s", now - last_heard)
                 self.restore_defaults("daemon silent")
@@ -421,6 +507,8 @@ class ControlAgent:
             wake = next_heartbeat - now
             if connected and not heard_any:
                 wake = min(wake, connected_at + self.QUIET_WARN_S - now + 0.01)
+            if drift_every > 0:
+                wake = min(wake, next_drift - now)
             if now < hello_until:
                 wake = 0.02
             elif restore_after > 0 and not silent_restored:
@@ -484,5 +572,6 @@ class ControlAgent:
         return (f"{c.actions} actions, {c.applied} values applied, refused: {refused}, "
                 f"{c.apply_failed} failed, "
                 f"{c.duplicates} duplicates, {c.stale} stale, {c.bad_messages} bad messages, "
-                f"{c.restores} restores, {c.originals_recorded} originals recorded"
+                f"{c.restores} restores, {c.originals_recorded} originals recorded, "
+                f"{c.unchanged} values unchanged (not set again), {c.drift} changed by hand"
                 f"{f', {len(self.originals.values)} kept in {self.originals.path}' if self.originals.values else ''}")

@@ -19,6 +19,7 @@ broadcast`: an action that reaches a control agent is always recorded.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,6 +28,8 @@ from capes.common.params import ParameterSpec
 from capes.common.protocol import Ack, Action, DecodeError, decode, encode
 from interface_daemon.action_checker import ActionChecker, Verdict
 from interface_daemon.counters import Counters
+
+log = logging.getLogger("capes.interface_daemon")
 
 
 @dataclass
@@ -115,6 +118,8 @@ class ActionPlane:
         for name, left in msg.dwell.items():       # the node's dwell outlives our restart
             if name in held:
                 self.checker.hold(name, left, now)
+        if msg.drift:
+            self._adopt_drift(msg, key, held)
         if msg.seq == 0:                                     # hello / heartbeat
             adopt = held if self.vouched(key, msg.node) else ()
             dry = set(self.dry_only(adopt))     # only dry-run agents: the host's values
@@ -142,6 +147,37 @@ class ActionPlane:
         else:
             self.counters.actions["stale_ack"] += 1
         return None
+
+    def _adopt_drift(self, msg: Ack, key: str | None, held: list[str]) -> None:
+        """A knob changed by hand on the node (the agent leaves it so): its value becomes
+        the daemon's, so the engine's next action steps from it and does not put the old
+        one back; counted (``drift``) and logged. A knob every node holds a copy of stays
+        as the others have it (the node's agent keeps the hand-made value). From a vouched node only, and only a
+        value the action checker allows (else ``drift_refused``: the engine's own value
+        stays the daemon's)."""
+        vouched = self.vouched(key, msg.node)
+        for name, value in msg.drift.items():
+            if name not in held:
+                continue
+            if not vouched or self.checker.check_value(name, value) is not None:
+                self.counters.actions["drift_refused"] += 1
+                log.warning("node %s: %s changed by hand to %g, which is not taken as "
+                            "current (%s)", msg.node, name, value,
+                            "node not vouched for" if not vouched else
+                            self.checker.check_value(name, value))
+                continue
+            self.counters.actions["drift"] += 1
+            holders = [p for p in self.peers if name in self.targets(p)]
+            if len(holders) > 1:           # one node's copy of a knob every node holds
+                log.warning("node %s: %s changed by hand to %g; that node keeps it, the "
+                            "others keep %g", msg.node, name, value, self.current[name])
+                continue
+            log.warning("node %s: %s changed by hand, %g -> %g; the engine now steps "
+                        "from %g", msg.node, name, self.current[name], value, value)
+            self.current[name] = float(value)
+            peer = self.peers.get(msg.node)
+            if peer is not None and name in peer.desired:
+                peer.desired[name] = float(value)
 
     def _live(self, peer: ControlPeer, now: float) -> bool:
         """Whether ``peer``'s connection is live: heard from within ``liveness_s`` and

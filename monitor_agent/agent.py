@@ -79,14 +79,18 @@ class MonitorCounters:
 
 
 class Sampler:
-    """All collectors as one vector with a fixed order of names."""
+    """All collectors as one vector with a fixed order of names; started here (a
+    collector's ``start``: what acts), so that building one never acts."""
 
     def __init__(self, collectors: list[Collector]):
         self.collectors = collectors
         self.layout: list[tuple[Collector, list[str], int]] = []
         self.names: list[str] = []
         owner: dict[str, str] = {}
-        for col in collectors:
+        for col in collectors:             # (a duck-typed collector may have neither)
+            for effect in getattr(col, "effects", list)():   # beyond reading, said once
+                log.info("collector %s %s", col.name, effect)
+            getattr(col, "start", lambda: None)()     # what acts: here, never at build
             names = col.names()
             for n in names:
                 if n in owner:

@@ -129,6 +129,9 @@ class ClusterConfig:
             raise ValueError(f"thrash_power: must lie in [1, 8] (got {self.thrash_power})")
         if self.noise < 0:
             raise ValueError(f"noise: must be >= 0 (got {self.noise})")
+        if self.noise > 1:            # as converge-test --noise: 10 is not 1,000 %
+            raise ValueError(f"noise: a fraction of the throughput, at most 1 (0.1 is 10 %); "
+                             f"{self.noise:g} would be {self.noise * 100:g} %")
         if self.delay_ticks < 0:
             raise ValueError(f"delay_ticks: must be >= 0 (got {self.delay_ticks})")
         if self.fairness_alpha < 0:

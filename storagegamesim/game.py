@@ -102,6 +102,9 @@ class GameConfig:
             raise ValueError(f"delay_ticks: must be >= 0 (got {self.delay_ticks})")
         if self.noise < 0:
             raise ValueError(f"noise: must be >= 0 (got {self.noise})")
+        if self.noise > 1:            # as converge-test --noise: 10 is not 1,000 %
+            raise ValueError(f"noise: a fraction of the throughput, at most 1 (0.1 is 10 %); "
+                             f"{self.noise:g} would be {self.noise * 100:g} %")
         if not 0 < self.win_band < 1:
             raise ValueError(f"win_band: must lie in (0, 1) (got {self.win_band})")
         if self.win_hold_ticks < 0:

@@ -221,8 +221,9 @@ def test_command_collector_timeout_and_failure_give_nan(tmp_path):
     failing = [sys.executable, "-c", "import sys; print('x 1'); sys.exit(3)"]
     col = build_collector("command", {"argv": failing, "names": ["x"]})
     assert math.isnan(col.collect()["x"]) and col.failures == 1
+    unnamed = build_collector("command", {"argv": failing})     # building runs nothing
     with pytest.raises(ValueError, match="first run"):
-        build_collector("command", {"argv": failing})
+        unnamed.start()                                         # the agent starts it
 
 
 def test_monitor_agent_never_imports_torch():

@@ -224,6 +224,8 @@ def test_collector_discovers_bricks_and_reads_knobs(tmp_path):
                                           "unit": "MB"},
                                   "cache": "performance.cache-size",
                                   "threads": "performance.io-thread-count"})
+    assert c.bricks is None and not (tmp_path / "argv.log").exists()  # built: ran nothing
+    c.start()
     assert c.bricks == ["/srv/gl/b1", "/srv/gl/b2", "/srv/gl/b3"]
     v = c.collect()
     assert v["glusterfs.capes.write_bytes_s"] == 237502464.0
@@ -249,6 +251,7 @@ def test_collector_profile_source_uses_its_own_clock(tmp_path):
     cli = fake_gluster(tmp_path, {"info incremental": FIX / "profile-incremental-write.txt"})
     now = [100.0]
     c = GlusterFSCollector("capes", source="profile", gluster=cli, clock=lambda: now[0])
+    c.start()                                  # starts the first interval
     now[0] = 102.0
     v = c.collect()
     assert v["glusterfs.capes.write_bytes_s"] == 309723136 / 2

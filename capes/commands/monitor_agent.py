@@ -4,7 +4,8 @@ interface daemon (the ``[monitor]`` section of the deployment config).
 ``--test`` prints what the agent would send and exits, with no daemon and no keys: every
 PI name and its value, as Telegraf's ``--test`` does. Collectors report rates (bytes/s,
 IOPS), which need two readings, so it collects twice, one tick apart, and prints the
-second."""
+second. What a collector turned on to read its source (GlusterFS profiling or
+per-second stat dumps) is turned off again before it exits."""
 from __future__ import annotations
 
 import argparse
@@ -53,14 +54,21 @@ def print_once(cfg, source: str) -> int:
     """``--test``: one collection of every PI, printed as ``name value``."""
     import math
     import time
+    from capes.common.config import ConfigError
     from monitor_agent.agent import Sampler, build_collectors
-    sampler = Sampler(build_collectors(cfg, source))
+    collectors = build_collectors(cfg, source)
     try:
+        try:
+            sampler = Sampler(collectors)
+        except ValueError as exc:          # a program that names the PIs failed
+            raise ConfigError(source, "monitor.collectors", str(exc)) from None
         sampler.sample()
         time.sleep(min(cfg.tick_seconds, 5.0))
         values = sampler.sample()
     finally:
-        sampler.close()
+        for col in collectors:             # a test leaves the target as it found it
+            getattr(col, "undo", lambda: None)()
+            col.close()
     width = max((len(n) for n in sampler.names), default=0)
     for name, value in zip(sampler.names, values):
         print(f"{name:<{width}}  {'-' if math.isnan(value) else format(value, '.6g')}")

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
+import stat
 import tomllib
 import types
 import typing
@@ -52,9 +55,13 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not key or any(not part for part in key.split(".")):
         raise ConfigError("--set", key, "empty key")
+    if key.count(".") >= MAX_DEPTH:
+        raise ConfigError("--set", key[:60] + "...", f"nested more than {MAX_DEPTH} levels deep")
     try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = parse_toml(f"v = {raw}", f"--set {key}")["v"]
+    except ConfigError as exc:
+        if "nested" in exc.problem:
+            raise ConfigError(f"--set {key}", "", exc.problem) from None
         value = raw
     return key.split("."), value
 
@@ -71,32 +78,115 @@ def apply_overrides(table: dict, overrides: Iterable[str]) -> dict:
                 raise ConfigError("--set", ".".join(path), f"{part!r} is not a table")
             node = child
         node[path[-1]] = value
+    check_depth(merged, "--set")
     return merged
+
+
+def copy_tree(value: Any) -> Any:
+    """A copy of a TOML value's tables and lists (their leaves are immutable)."""
+    if isinstance(value, dict):
+        return {k: copy_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [copy_tree(v) for v in value]
+    return value
 
 
 def _deepcopy(table: dict) -> dict:
     return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in table.items()}
 
 
+MAX_CONFIG_BYTES = 4 << 20   # a deployment file is kilobytes; /dev/zero is not a config
+MAX_DEPTH = 32               # tables and lists inside each other; ours nest 5 deep
+MAX_EXPANDED_BYTES = 16 << 20   # text the [vars] may put into a config, in all
+
+
 def read_toml(path: str | Path) -> dict:
+    """The TOML table of ``path``: a regular file (a FIFO, a device, /dev/zero are refused
+    at once, never read or waited on) of at most ``MAX_CONFIG_BYTES``, nested at most
+    ``MAX_DEPTH`` deep; every problem is one ``ConfigError``."""
     path = Path(path)
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ConfigError(str(path), "", "file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(str(path), "", "is a directory, not a TOML file") from None
     except PermissionError:
         raise ConfigError(str(path), "", "permission denied") from None
     except OSError as exc:
         raise ConfigError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError(str(path), "", "is a directory, not a TOML file")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(str(path), "", f"not a regular file (a {_file_kind(mode)}); "
+                                             f"give a TOML file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(str(path), "", f"larger than {MAX_CONFIG_BYTES >> 20} MiB: not a "
+                                         f"config file")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), "", f"not valid TOML: not UTF-8 text (byte "
                                          f"{exc.object[exc.start]:#04x} at offset "
                                          f"{exc.start})") from None
+    return parse_toml(text, str(path))
+
+
+def parse_toml(text: str, source: str, key: str = "") -> dict:
+    """``tomllib.loads`` with the nesting bounded: tables or lists deeper than
+    ``MAX_DEPTH`` are a ``ConfigError`` (tomllib itself recurses once per level)."""
+    if _bracket_depth(text) > 4 * MAX_DEPTH:          # refuse before tomllib recurses
+        raise ConfigError(source, key, f"nested more than {MAX_DEPTH} levels deep")
+    try:
+        table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
+        raise ConfigError(source, key, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(source, key, f"nested more than {MAX_DEPTH} levels deep") from None
+    check_depth(table, source, key)
+    return table
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest run of opening brackets and braces, ignoring what closes them: a cheap
+    upper bound that cannot be fooled into recursion (strings are counted too)."""
+    depth = best = 0
+    for match in _BRACKETS.finditer(text):          # the brackets only, not every char
+        if match.group() in "[{":
+            depth += 1
+            best = max(best, depth)
+        else:
+            depth = max(0, depth - 1)
+    return best
+
+
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def check_depth(value: Any, source: str, key: str = "") -> None:
+    """A ``ConfigError`` when ``value`` nests tables/lists more than ``MAX_DEPTH`` deep
+    (iterative: a hostile value cannot overflow the stack here)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ConfigError(source, key, f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+
+
+def _file_kind(mode: int) -> str:
+    return ("FIFO" if stat.S_ISFIFO(mode) else "character device" if stat.S_ISCHR(mode)
+            else "block device" if stat.S_ISBLK(mode) else "socket" if stat.S_ISSOCK(mode)
+            else "special file")
 
 
 def build(cls: type[T], table: dict, source: str = "<config>", prefix: str = "") -> T:
@@ -282,6 +372,28 @@ def _check_raw(value: Any, source: str, key: str) -> None:
             _check_raw(v, source, _join(key, k))
 
 
+def drop_key(table: dict, key: str) -> bool:
+    """Take the dotted ``key`` (``a.b``, ``a[0].b``) out of ``table``; False when it is
+    not there or names a list item (removing one would renumber the others)."""
+    parts = [p for p in key.replace("[", ".[").split(".") if p]
+    node: Any = table
+    for part in parts[:-1]:
+        if part.startswith("[") and part.endswith("]") and part[1:-1].isdigit():
+            i = int(part[1:-1])
+            if not isinstance(node, list) or i >= len(node):
+                return False
+            node = node[i]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return False
+    last = parts[-1] if parts else ""
+    if not isinstance(node, dict) or last not in node:
+        return False
+    del node[last]
+    return True
+
+
 VARS = "vars"
 
 
@@ -298,12 +410,24 @@ def expand_vars(table: dict, source: str = "<config>") -> dict:
             raise ConfigError(source, _join(VARS, name),
                               f"expected a string or a number, got {_typename(value)}")
     subs = {"{" + k + "}": str(v) for k, v in names.items()}
+    if not subs:
+        return {k: v for k, v in table.items() if k != VARS}
+    # one pass: a var's value is put in as it is, never expanded again, so that vars
+    # naming each other cannot grow a string exponentially ({a} -> 12 x {b} -> ...)
+    pattern = re.compile("|".join(re.escape(p) for p in sorted(subs, key=len, reverse=True)))
+    budget = [MAX_EXPANDED_BYTES]
+
+    def put(match: re.Match) -> str:
+        text = subs[match.group(0)]
+        budget[0] -= len(text)
+        if budget[0] < 0:
+            raise ConfigError(source, VARS, f"expanding the vars makes the config larger "
+                                            f"than {MAX_EXPANDED_BYTES >> 20} MiB")
+        return text
 
     def expand(value: Any) -> Any:
         if isinstance(value, str):
-            for placeholder, text in subs.items():
-                value = value.replace(placeholder, text)
-            return value
+            return pattern.sub(put, value)
         if isinstance(value, dict):
             return {expand(k): expand(v) for k, v in value.items()}
         if isinstance(value, list):

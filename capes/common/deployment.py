@@ -157,6 +157,10 @@ class ControlConfig:
     # control-<node>.json as root, else $XDG_STATE_HOME/capes/...; "{node}" is replaced; "" keeps
     # them in memory only (a killed agent then forgets them)
     state_file: str = "auto"
+    # every this many seconds the agent reads its knobs to notice a value changed behind
+    # its back (by hand): logged, counted, told to the daemon, and left as it is; a knob
+    # is also read just before each change. 0: only before a change
+    drift_check_s: float = 30.0
 
     MAX_RESTORE_AFTER_S = 7 * 86400.0
 
@@ -167,6 +171,10 @@ class ControlConfig:
         if not 0 <= self.restore_after_s <= self.MAX_RESTORE_AFTER_S:
             raise ValueError(f"restore_after_s: must lie in [0, {self.MAX_RESTORE_AFTER_S:g}] "
                              f"seconds, 0 meaning never (got {self.restore_after_s})")
+        if not 0 <= self.drift_check_s <= self.MAX_RESTORE_AFTER_S:
+            raise ValueError(f"drift_check_s: must lie in [0, {self.MAX_RESTORE_AFTER_S:g}] "
+                             f"seconds, 0 meaning only before a change (got "
+                             f"{self.drift_check_s})")
         if self.state_file.endswith(("/", "\\")):
             raise ValueError(f"state_file: must name a file, not a directory "
                              f"(got {self.state_file!r})")

@@ -101,15 +101,20 @@ class Ack:
     entries ``"dwell_s <parameter>"`` of the values map: a name with a space is never a
     parameter's, so a daemon that does not know them ignores them. ``dry_run``: the
     agent sets nothing (``--dry-run``), so the daemon records no change as applied; on
-    the wire the entry :data:`DRY_RUN_ENTRY` = 1."""
+    the wire the entry :data:`DRY_RUN_ENTRY` = 1. ``drift``: knobs
+    found changed behind the agent's back (by hand), with the value found, which the
+    agent now keeps; entries ``"drift <parameter>"`` the same way (protocol version
+    unchanged: an older daemon ignores them and an older agent sends none)."""
     node: str
     seq: int
     values: dict[str, float] = field(default_factory=dict)
     dwell: dict[str, float] = field(default_factory=dict)
     dry_run: bool = False
+    drift: dict[str, float] = field(default_factory=dict)
 
 
 DWELL_PREFIX = "dwell_s "
+DRIFT_PREFIX = "drift "
 DRY_RUN_ENTRY = "mode dry_run"
 
 
@@ -241,11 +246,12 @@ def _body(msg: Message) -> tuple[int, bytes]:
     if isinstance(msg, Ack):
         _string(out, msg.node)
         _varint(out, msg.seq)
-        dwell = {DWELL_PREFIX + n: v for n, v in msg.dwell.items()
-                 if len((DWELL_PREFIX + n).encode()) <= MAX_STRING}
         flag = {DRY_RUN_ENTRY: 1.0} if msg.dry_run and len(msg.values) < MAX_PARAMS else {}
+        extra = {prefix + n: v for prefix, table in ((DWELL_PREFIX, msg.dwell),
+                                                     (DRIFT_PREFIX, msg.drift))
+                 for n, v in table.items() if len((prefix + n).encode()) <= MAX_STRING}
         room = max(0, MAX_PARAMS - len(msg.values) - len(flag))   # the values fit first
-        _float_map(out, {**msg.values, **flag, **dict(list(dwell.items())[:room])})
+        _float_map(out, {**msg.values, **flag, **dict(list(extra.items())[:room])})
         return MSG_ACK, bytes(out)
     raise TypeError(f"not a CAPES message: {type(msg).__name__}")
 
@@ -446,8 +452,11 @@ def _decode_body(kind: int, r: _Reader) -> Message:
         dwell = {n[len(DWELL_PREFIX):]: v for n, v in entries.items()
                  if n.startswith(DWELL_PREFIX)}
         dry_run = entries.pop(DRY_RUN_ENTRY, 0.0) == 1.0
-        values = {n: v for n, v in entries.items() if not n.startswith(DWELL_PREFIX)}
-        msg = Ack(node, seq, values, dwell, dry_run)
+        drift = {n[len(DRIFT_PREFIX):]: v for n, v in entries.items()
+                 if n.startswith(DRIFT_PREFIX)}
+        values = {n: v for n, v in entries.items()
+                  if not n.startswith((DWELL_PREFIX, DRIFT_PREFIX))}
+        msg = Ack(node, seq, values, dwell, dry_run=dry_run, drift=drift)
     r.end()
     return msg
 

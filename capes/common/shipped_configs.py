@@ -40,6 +40,15 @@ def find_config(name_or_path: str) -> Path | None:
     path = Path(name_or_path)
     if path.is_file():
         return path
-    if "/" not in name_or_path and config_path(name_or_path).is_file():
+    if is_name(name_or_path) and config_path(name_or_path).is_file():
         return config_path(name_or_path)
+    if path.exists():          # a FIFO, a device, a directory: the loader says which
+        return path
     return None
+
+
+def is_name(text: str) -> bool:
+    """Whether ``text`` can name a shipped config: no folder in it, no ``..``, no
+    leading dot (``config show /etc/shadow`` or ``../x`` names nothing shipped)."""
+    return bool(text) and "/" not in text and "\\" not in text and not text.startswith(".") \
+        and "\0" not in text

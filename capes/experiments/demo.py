@@ -150,7 +150,10 @@ def _run(opts: DemoOptions, out, workdir: Path) -> dict:
             f"daemon.metrics=127.0.0.1:{ports['daemon_metrics']}",
             f"monitor.daemon=tcp://127.0.0.1:{ports['ingest']}",
             f"control.daemon=tcp://127.0.0.1:{ports['control']}", *opts.overrides,
-            f'keys.dir="{keys_dir}"', f'daemon.db="{db}"']
+            f'keys.dir="{keys_dir}"', f'daemon.db="{db}"',
+            # the agents' recorded originals too: never /var/lib/capes-agent (as root) or
+            # ~/.local/state, where two demos at once would share them
+            f'control.state_file="{workdir / "control-{node}.json"}"']
     config = str(Path(opts.config).resolve())
     if opts.nodes == 1:
         nodes = [deploy.control.node]

@@ -49,6 +49,12 @@ class Applier:
                     f"parameters, not {kind} ones")
         return None
 
+    def check(self, param: str) -> str | None:
+        """What is wrong with ``param``'s knob on this host (None: nothing found):
+        read-only, for ``capes config check``; runs no program the config names and
+        changes nothing. Building an applier never acts either."""
+        return None
+
     def apply(self, param: str, value: float) -> None:
         raise NotImplementedError
 

@@ -30,6 +30,7 @@ Options: ``path`` (one pattern, for an applier serving one parameter) and/or ``p
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
 import logging
 import os
@@ -64,6 +65,58 @@ def parse_choice(text: str) -> tuple[str | None, list[str]]:
     if active is not None:
         return active, [t.strip("[]") for t in tokens]
     return (tokens[0] if len(tokens) == 1 else None), []
+
+
+MAX_GLOB_ENTRIES = 100_000   # directory entries one pattern may look at
+MAX_GLOB_MATCHES = 4096      # files one knob may be set in
+
+
+def bounded_glob(pattern: str, max_entries: int = MAX_GLOB_ENTRIES,
+                 max_matches: int = MAX_GLOB_MATCHES) -> list[str]:
+    """``glob.glob(pattern)``, sorted, that gives up (ApplyError) after looking at
+    ``max_entries`` directory entries or finding more than ``max_matches`` paths at any
+    level: ``/sys/*/*/*/*/*/*/*/*/*/*/nope`` walked sysfs for minutes (its symlinks
+    loop), at every read and apply of the knob and in ``capes config check``. Same
+    rules as glob: ``*``, ``?``, ``[...]`` within one component, hidden names only for
+    a pattern that starts with a dot, symlinks to directories followed."""
+    parts = [p for p in pattern.split(os.sep) if p]
+    level = [os.sep if pattern.startswith(os.sep) else ""]
+    scanned = 0
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        found = []
+        for d in level:
+            if not glob.has_magic(part):
+                path = os.path.join(d, part)
+                if os.path.lexists(path) if last else os.path.isdir(path):
+                    found.append(path)
+                continue
+            try:
+                entries = os.scandir(d or os.curdir)
+            except OSError:
+                continue
+            with entries:
+                for entry in entries:
+                    scanned += 1
+                    if scanned > max_entries:
+                        raise ApplyError(f"{pattern} makes CAPES look at more than "
+                                         f"{max_entries} files; give a narrower pattern")
+                    if entry.name.startswith(".") and not part.startswith("."):
+                        continue
+                    if fnmatch.fnmatchcase(entry.name, part) and (last or _is_dir(entry)):
+                        found.append(os.path.join(d, entry.name))
+        if len(found) > max_matches:
+            raise ApplyError(f"{pattern} matches more than {max_matches} paths; give a "
+                             f"narrower pattern")
+        level = found
+    return sorted(level) if parts else []
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
 
 
 def _within(path: str, root: str) -> bool:
@@ -136,7 +189,7 @@ class FileApplier(Applier):
         """([(file, its resolved path)], the allowed roots resolved): see ``files``."""
         pattern = self.pattern(param)
         try:
-            matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+            matches = bounded_glob(pattern) if glob.has_magic(pattern) else [pattern]
             roots = [os.path.realpath(r) for r in self.allowed_roots(pattern)]
             resolved = [(path, os.path.realpath(path)) for path in matches]
         except (OSError, ValueError, RuntimeError) as exc:
@@ -243,6 +296,30 @@ class FileApplier(Applier):
     def _read_file(self, real: str, roots: list[str]) -> float | None:
         text = self._read_text(real, roots)
         return None if text is None else _parse(text)
+
+    def check(self, param: str) -> str | None:
+        """Read-only: the pattern matches inside the allowed roots, and a file under
+        /sys or /proc (which cannot be created) exists and can be opened for reading.
+        Elsewhere (the simulator's directory) a missing file is fine: it is created."""
+        try:
+            files, roots = self.resolve(param)
+        except ApplyError as exc:
+            return str(exc)
+        kernel = any(_within(r, t) for r in roots for t in KERNEL_TREES)
+        for path, real in files:
+            if not kernel and not os.path.lexists(real):
+                continue
+            try:
+                os.close(self.open_resolved(real, os.O_RDONLY, roots))
+            except FileNotFoundError:
+                return f"{param}: {path} does not exist"
+            except PermissionError:
+                if os.geteuid() == 0:
+                    return f"{param}: cannot open {path}: permission denied"
+                # a check as a user of a file only root reads: the agent runs as root
+            except OSError as exc:
+                return f"{param}: cannot open {path}: {exc.strerror or exc}"
+        return None
 
     def read(self, param: str) -> float | None:
         """The knob's value if every matching file agrees on it, else None."""

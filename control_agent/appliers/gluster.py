@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import time
 
+from capes.common.bounded_run import run_bounded
 from control_agent.appliers.base import (CATEGORICAL, NUMERIC, Applier, ApplyError,
                                          format_value, register)
 
@@ -129,18 +129,36 @@ class GlusterApplier(Applier):
     def _run(self, args: list[str], param: str) -> str:
         argv = [*self.cli, "--mode=script", *args]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  text=True, errors="replace", timeout=self.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise ApplyError(f"{param}: {' '.join(args[:3])} timed out after "
-                             f"{self.timeout_s} s") from None
+            done = run_bounded(argv, self.timeout_s)
         except OSError as exc:
             raise ApplyError(f"{param}: cannot run {argv[0]}: {exc}") from None
+        if done.timed_out or done.overflow:
+            raise ApplyError(f"{param}: {' '.join(args[:3])} {done.why(self.timeout_s)}")
         if done.returncode != 0:
             msg = (done.stderr.strip() or done.stdout.strip())[-300:]
             raise ApplyError(f"{param}: {' '.join(args[:2])} {args[3] if len(args) > 3 else ''}"
                              f" exited with status {done.returncode}: {msg}")
         return done.stdout
+
+    def check(self, param: str) -> str | None:
+        """Read-only (``volume get VOL KEY``): glusterd answers and the option exists."""
+        try:
+            done = run_bounded([*self.cli, "--mode=script", "volume", "info", self.volume],
+                               self.timeout_s)
+            why = None if done.ok else done.why(self.timeout_s)
+        except OSError as exc:
+            why = str(exc)
+        if why is not None:                # worded as the glusterfs collector's check
+            return (f"volume {self.volume}: {self.cli[0]} volume info failed: {why} (is "
+                    f"glusterd running and reachable?)")
+        try:
+            key, _ = self.option(param)
+            out = self._run(["volume", "get", self.volume, key], param)
+        except ApplyError as exc:
+            return str(exc)
+        if not parse_volume_get(out, key):
+            return f"{key!r} is not an option of volume {self.volume}"
+        return None
 
     def supports(self, param: str, categorical: bool) -> str | None:
         if categorical and self.units.get(param, self.unit):

@@ -16,7 +16,18 @@ COLLECTORS = Registry("collector", "monitor_agent.collectors")
 
 class Collector:
     """One source of PIs. ``names()`` is fixed after construction; ``collect()`` returns
-    a value for each name (NaN when a value cannot be read this tick)."""
+    a value for each name (NaN when a value cannot be read this tick).
+
+    What a collector does is declared by where it does it, so that ``capes config
+    check`` can build every collector without acting: ``__init__`` only checks its
+    options (no program run, nothing changed, at most a read of the host);
+    ``check()`` reports, read-only, what is wrong with the source on this host (it may
+    query, never change, and never runs a program the config names); ``start()`` does
+    what acts (runs the configured program to learn its PI names, turns on a target's
+    statistics) and runs at the first ``names()`` or ``collect()``, never in a check;
+    ``undo()`` puts back what ``start()`` changed on the target (``monitor-agent
+    --test`` leaves the target as it found it). ``effects()`` says in words what
+    ``start()`` and ``collect()`` do beyond reading."""
 
     name: str = ""
 
@@ -25,6 +36,21 @@ class Collector:
 
     def collect(self) -> dict[str, float]:
         raise NotImplementedError
+
+    def check(self) -> list[str]:
+        """What is wrong with this collector's source on this host, one line each
+        ([]: nothing found); read-only."""
+        return []
+
+    def start(self) -> None:
+        """What acts before the first collection (nothing by default)."""
+
+    def undo(self) -> None:
+        """Put back what ``start()`` changed on the target (nothing by default)."""
+
+    def effects(self) -> list[str]:
+        """What ``start()`` and ``collect()`` do beyond reading, in words."""
+        return []
 
     def close(self) -> None:
         pass

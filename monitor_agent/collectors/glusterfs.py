@@ -48,7 +48,11 @@ for its fields this tick; ``collect`` never raises. ``gluster``, ``glusterd_sock
 ``remote_host`` say how to reach glusterd (the test volume of
 ``tools/gluster-test-volume`` has its own socket). ``enable = true`` turns the chosen
 source on when the collector starts (``volume set`` of the three diagnostics options
-above, or ``volume profile … start``); a failure there is a warning.
+above that are not already so, or ``volume profile … start``); a failure there is a
+warning. Building the collector runs nothing; ``check()`` (``capes config check``) only
+queries (``volume info``, ``volume get``); ``monitor-agent --test`` puts back what it
+turned on (``undo``), while a running agent leaves it on (the options are the volume's,
+shared with the other nodes' agents).
 """
 from __future__ import annotations
 
@@ -57,10 +61,10 @@ import logging
 import math
 import os
 import re
-import subprocess
 import time
 from typing import Callable
 
+from capes.common.bounded_run import run_bounded
 from monitor_agent.collectors.base import Collector, register
 
 log = logging.getLogger(__name__)
@@ -352,54 +356,109 @@ class GlusterFSCollector(Collector):
                        "client_rss_bytes", *self.knobs]
         self._names = [f"glusterfs.{volume}.{f}" for f in self.fields]
         self.failures = 0
+        self.last_error = ""
         self._client_pid: int | None = None
         self._ticks = 0
         self._knob_values: dict[str, float] = {}
-        if enable:
-            self._enable()
+        self.enable = bool(enable)
         self.bricks = bricks
-        if source == "bricks" and bricks is None:
-            out = self._run(["volume", "info", volume])
+        self._started = False
+        self._undo: list[list[str]] = []    # gluster commands that put back what start did
+        self._prev_t = clock()
+
+    # -------------------------------------------------------------- lifecycle
+
+    def effects(self) -> list[str]:
+        out = [f"runs {self._cli[0]} volume get every {self.knobs_every} ticks"] \
+            if self.knobs else []
+        if self.source == "profile":
+            out.append(f"runs {self._cli[0]} volume profile info every tick")
+        if self.enable:
+            out.append(f"turns on the {self.source} source of volume {self.volume} at "
+                       f"start ({'volume profile start' if self.source == 'profile' else 'volume set diagnostics.*'})")
+        return out
+
+    def check(self) -> list[str]:
+        """Read-only: glusterd answers for the volume (``volume info``), and every knob
+        it reads is an option of the volume (``volume get VOL all``)."""
+        if self._run(["volume", "info", self.volume], quiet=True) is None:
+            return [f"volume {self.volume}: {self._cli[0]} volume info failed: "
+                    f"{self.last_error} (is glusterd running and reachable?)"]
+        if not self.knobs:
+            return []
+        text = self._run(["volume", "get", self.volume, "all"], quiet=True)
+        if text is None:
+            return [f"volume {self.volume}: {self._cli[0]} volume get failed: "
+                    f"{self.last_error}"]
+        known = parse_volume_get(text)
+        return [f"knobs.{name}: {key!r} is not an option of volume {self.volume}"
+                for name, (key, _) in self.knobs.items() if key not in known]
+
+    def start(self) -> None:
+        """Turn the source on (``enable``), find the bricks, start a profile interval:
+        once, before the first collection."""
+        if self._started:
+            return
+        self._started = True
+        if self.enable:
+            self._enable()
+        if self.source == "bricks" and self.bricks is None:
+            out = self._run(["volume", "info", self.volume])
             found = parse_volume_info_bricks(out) if out is not None else []
             self.bricks = found or None     # None: every fresh brick dump in stats_dir
-        self._prev_t = clock()
-        if source == "profile":
+        self._prev_t = self._clock()
+        if self.source == "profile":
             self._run(self._profile_args())          # starts a fresh interval
+
+    def undo(self) -> None:
+        """Put back the options ``start`` changed (``monitor-agent --test``). The
+        agent itself leaves them on: several agents share one volume's options."""
+        for args in reversed(self._undo):
+            if self._run(args) is None:
+                log.warning("glusterfs collector: could not put back %s of volume %s",
+                            " ".join(args[3:]) or args[2], self.volume)
+        self._undo = []
 
     def _enable(self) -> None:
         if self.source == "profile":
-            steps = [["volume", "profile", self.volume, "start"]]
-        else:
-            steps = [["volume", "set", self.volume, key, value] for key, value in
-                     (("diagnostics.count-fop-hits", "on"),
-                      ("diagnostics.latency-measurement", "on"),
-                      ("diagnostics.stats-dump-interval", "1"))]
-        for args in steps:
-            if self._run(args) is None:
+            if self._run(["volume", "profile", self.volume, "start"], quiet=True) is not None:
+                self._undo.append(["volume", "profile", self.volume, "stop"])
+            return                 # failed: most often already started, which is fine
+        text = self._run(["volume", "get", self.volume, "all"]) or ""
+        before = parse_volume_get(text)
+        for key, value in (("diagnostics.count-fop-hits", "on"),
+                           ("diagnostics.latency-measurement", "on"),
+                           ("diagnostics.stats-dump-interval", "1")):
+            old = before.get(key, [None])[0]
+            if old == value:
+                continue
+            if self._run(["volume", "set", self.volume, key, value]) is None:
                 log.warning("glusterfs collector: could not enable the %s source of "
                             "volume %s", self.source, self.volume)
                 return
+            self._undo.append(["volume", "set", self.volume, key, old] if old is not None
+                              else ["volume", "reset", self.volume, key])
 
     # -------------------------------------------------------------- commands
 
     def _profile_args(self) -> list[str]:
         return ["volume", "profile", self.volume, "info", "incremental"]
 
-    def _run(self, args: list[str]) -> str | None:
-        """The command's stdout; None (logged sparingly) when it fails or times out."""
+    def _run(self, args: list[str], quiet: bool = False) -> str | None:
+        """The command's stdout; None (logged sparingly, unless ``quiet``; the reason in
+        ``last_error``) when it fails or times out."""
         argv = [*self._cli, "--mode=script", *args]
         try:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=self.timeout_s, text=True, errors="replace")
-        except subprocess.TimeoutExpired:
-            reason = f"timed out after {self.timeout_s} s"
+            done = run_bounded(argv, self.timeout_s)
         except OSError as exc:
             reason = str(exc)
         else:
-            if done.returncode == 0:
+            if done.ok:
                 return done.stdout
-            reason = (f"exit status {done.returncode}: "
-                      f"{(done.stderr or done.stdout).strip()[-200:]}")
+            reason = done.why(self.timeout_s)
+        self.last_error = reason
+        if quiet:
+            return None
         self.failures += 1
         if self.failures == 1 or math.log2(self.failures).is_integer():
             log.warning("glusterfs collector: %s %s: %s (%d failures)", self._cli[0],
@@ -470,6 +529,7 @@ class GlusterFSCollector(Collector):
         return list(self._names)
 
     def collect(self) -> dict[str, float]:
+        self.start()
         now = self._clock()
         dt, self._prev_t = now - self._prev_t, now
         try:
