@@ -108,10 +108,8 @@ class SharedColdStart:
             action = step_towards(shared, best, self.n_steps, self.cfg.action_steps)
             self.held = self.held + 1 if action == 0 else 0
         self.ticks += 1
-        target = shared.copy()
         move = actions.decode(action, len(shared))
-        if move is not None:
-            target[move[0]] = np.clip(target[move[0]] + move[1], 0, self.n_steps[move[0]])
+        target = shared if move is None else self.grid.move(shared, *move)   # over forbidden
         values = cur.copy()
         every = present[:, None] & self.dynamic[None, :]
         values = np.where(every, self.grid.values(target)[None, :], values)

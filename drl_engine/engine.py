@@ -66,13 +66,9 @@ action_name = actions.name
 
 def apply_action(action: int, values, specs) -> list[float]:
     """New parameter values after ``action``: moved by its steps, kept in range, over
-    forbidden values (``ParameterSpec.next_value``, as the daemon's step rule)."""
-    out = [float(v) for v in values]
-    move = actions.decode(action, len(specs))
-    if move is not None:
-        k, steps = move
-        out[k] = actions.moved(specs[k], out[k], steps)
-    return out
+    forbidden values (``StepGrid.apply``, the per-node mode's too, as the daemon's step
+    rule)."""
+    return StepGrid.of(specs).apply([float(v) for v in values], action).tolist()
 
 
 @dataclasses.dataclass

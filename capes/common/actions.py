@@ -12,6 +12,8 @@ thesis' 2P + 1 outputs and learns a larger move (the guide's probe walks,
 """
 from __future__ import annotations
 
+import numpy as np
+
 MAX_STEPS = 8        # the largest move one action may make, in steps (any engine)
 
 # Per-node knobs (``docs/deploying-per-node.md``): parameters named ``<node>/<knob>``, one
@@ -45,6 +47,15 @@ def decode(action: int, n_params: int) -> tuple[int, int] | None:
     size, rest = divmod(action - 1, 2 * n_params)
     k, down = divmod(rest, 2)
     return k, -(size + 1) if down else size + 1
+
+
+def decode_rows(acts, n_params: int):
+    """:func:`decode` over an array of actions: (knob, signed steps) arrays, (0, 0) for
+    NULL."""
+    acts = np.asarray(acts, np.int64)
+    size, rest = np.divmod(np.maximum(acts - 1, 0), 2 * n_params)
+    knob, down = np.divmod(rest, 2)
+    return knob, np.where(acts == 0, 0, np.where(down == 1, -(size + 1), size + 1))
 
 
 def encode(k: int, steps: int, n_params: int) -> int:
