@@ -40,7 +40,7 @@ import numpy as np
 from capes.common import actions
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
-from capes.common.step_grid import StepGrid
+from capes.common.step_grid import StepGrid, walk_action
 from drl_engine import checkpoint
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
@@ -50,10 +50,11 @@ from drl_engine.experience import Experience
 from drl_engine import demonstrations
 from drl_engine.context import WorkloadContexts, fresh_q
 from drl_engine.decision import Decision
-from drl_engine.guide import Guide, step_towards
+from drl_engine.guide import Guide
 from drl_engine.node_replay import RowData
 from drl_engine.row_context import RowContexts
 from drl_engine.row_controller import RowController
+from drl_engine.tuner import Checkpointed
 
 log = logging.getLogger("capes.engine")
 
@@ -80,8 +81,9 @@ class RowShape:
     nodes: int
 
 
-class Engine:
-    """See the module docstring. ``rows`` or ``deployment`` (None: one row) select the
+class Engine(Checkpointed):
+    """See the module docstring (the tick loop's ``drl_engine.tuner.Tuner``, kept across
+    restarts: ``Checkpointed``). ``rows`` or ``deployment`` (None: one row) select the
     per-node mode; :meth:`over_rows` and :meth:`for_deployment` build it."""
 
     def __init__(self, dqn: DQNConfig, reward: RewardConfig,
@@ -97,13 +99,13 @@ class Engine:
         self.deployment = deployment         # per-node rows of a live deployment
         self.action_ticks = 0
         self.train_steps = 0
-        self.bumped_at: int | None = None
+        self.bumped_at: int | None = None     # ε raised here (raise_epsilon) ...
+        self.local_bump = False               # ... by the guide's detector
         self.pretrained = False          # started from another run's model (--init-model)
         self.last_loss: float | None = None
         self._train_calls = 0                  # calls of train() on the tick schedule
         self.restore_error: str | None = None   # why a checkpoint could not be used
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
-        self._eps_cfg: tuple | None = None     # (cfg, mcfg, the per-node mode's ε cfg)
         if deployment is not None:           # the per-node mode, built by update()
             self.mcfg = model or NodeModelConfig()
             self.reader, self.dqn, self.data = reader, None, None
@@ -142,12 +144,12 @@ class Engine:
         dqn = self.cfg
         self.experience = Experience(reader, self.reward_cfg, dqn.stack,
                                      dqn.missing_tolerance, dqn.normalise_inputs, dqn.n_step,
-                                     dqn.gamma, dqn.return_shift)
+                                     dqn.gamma, dqn.return_shift,
+                                     scale_rewards=dqn.scale_rewards)
         self.dqn: DQN | None = None
         self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
         self._context_built = False
-        self.local_bump = False              # ε raised by the guide's change detector
         self.change_alarms = 0
         self.guide_session: int | None = None  # the session the guide credits
         self._pending_state: dict | None = None
@@ -191,24 +193,27 @@ class Engine:
 
     @property
     def epsilon(self) -> float:
-        if self.context is not None:         # [context hook] ε on the context's own clock
-            return self.context.epsilon(self)
-        cfg = self.cfg
-        if self.per_node:                    # the per-node mode's own bump and start
-            cfg = self._per_node_eps_cfg()
-        return epsilon(self.action_ticks, cfg, self.bumped_at, self.pretrained)
+        """ε now, the one way in: the one schedule (``dqn.epsilon``) on the engine's
+        clock, or on the current workload context's (its ticks counted from the
+        context's first: ``WorkloadContexts.origin``), with the per-node mode's own start
+        and bump length (``cluster_engine.epsilon_start``, ``bump_ticks``)."""
+        ticks, bumped = self.action_ticks, self.bumped_at
+        origin = self.context.origin if self.context is not None else None
+        if origin is not None:
+            ticks = max(0, ticks - origin)
+            bumped = bumped - origin if bumped is not None and bumped > origin else None
+        if self.per_node:
+            return epsilon(ticks, self.cfg, bumped, self.pretrained,
+                           start=self.mcfg.epsilon_start or None,
+                           bump_ticks=self.mcfg.bump_ticks)
+        return epsilon(ticks, self.cfg, bumped, self.pretrained)
 
-    def _per_node_eps_cfg(self):
-        """The per-node mode's ε settings, built once per (cfg, mcfg) pair: a
-        ``dataclasses.replace`` every tick was ~0.1 ms, 1 % of a 1,000-node tick."""
-        cached = self._eps_cfg
-        if cached is not None and cached[0] is self.cfg and cached[1] is self.mcfg:
-            return cached[2]
-        cfg = dataclasses.replace(self.cfg, workload_ticks=self.mcfg.bump_ticks)
-        if self.mcfg.epsilon_start:
-            cfg = dataclasses.replace(cfg, epsilon_start=self.mcfg.epsilon_start)
-        self._eps_cfg = (self.cfg, self.mcfg, cfg)
-        return cfg
+    def raise_epsilon(self, at: int | None, local: bool = False) -> None:
+        """The one place ε's bump changes: raised at action tick ``at`` (None: not
+        raised), ``local`` when by the guide's change detector (probes stay local).
+        A workload change, an alarm, a context switch (which also restores a context's
+        own bump) all come here."""
+        self.bumped_at, self.local_bump = at, local
 
     @property
     def global_share(self) -> float:
@@ -226,8 +231,7 @@ class Engine:
     def change_detected(self) -> None:
         """The guide's detector saw the objective leave the levels its settings had: ε is
         raised as for a new workload, but probes stay local (no global search)."""
-        self.bumped_at = self.action_ticks
-        self.local_bump = True
+        self.raise_epsilon(self.action_ticks, local=True)
         self.change_alarms += 1
 
     def workload_changed(self) -> None:
@@ -240,8 +244,7 @@ class Engine:
             if self.control.cold is not None:
                 self.control.cold.restart()
             return
-        self.bumped_at = self.action_ticks
-        self.local_bump = False
+        self.raise_epsilon(self.action_ticks)
         if self.guide is not None:
             self.guide.forget()
 
@@ -368,7 +371,8 @@ class Engine:
             return action, True, None
         if not self._q_greedy:                # [ablation hook] greedy holds the best-known
             best = guide.best                 # setting (q_scope: the network only walks)
-            return (step_towards(cur, best, guide.n_steps) if best is not None else 0), False, None
+            return (walk_action(cur, best, guide.n_steps, straight=True) if best is not None
+                    else 0), False, None
         q = self.dqn.q_values(obs[None])[0]
         return guide.guard(int(q.argmax()), cur), False, float(q.max())
 
@@ -397,8 +401,8 @@ class Engine:
             if sampler is not None:                # cluster_engine.device_sampling
                 loss = sampler.learn(self.dqn, self.data, self.cfg.batch_size * every)
             else:
-                arrays = batch(every)
-                loss = None if arrays is None else self.dqn.learn(*arrays)
+                b = batch(every)
+                loss = None if b is None else self.dqn.learn(b)
             if loss is None:
                 break
             losses.append(loss)
@@ -409,18 +413,15 @@ class Engine:
         return self.last_loss
 
     def _flat_batch(self, times: int = 1):
-        """An Algorithm-2 minibatch of the flat mode (``times`` × batch_size): the DQN's
-        ``train_step`` arguments as numpy arrays."""
+        """An Algorithm-2 minibatch of the flat mode (``times`` × batch_size), its
+        rewards in the reward's scale (``Experience.reward_scale``)."""
         batch = self.experience.sample(self.cfg.batch_size * times, self.rng)
         if batch is None:
             return None
-        scale = 1.0 / self.experience.objective_std if self.cfg.scale_rewards else 1.0
-        arrays = [batch.obs, batch.actions, batch.rewards * scale, batch.discounts,
-                  batch.next_obs]
         if self.cfg.demo_margin and self.context is not None and self.guide is not None:
             # [context hook] DQfD's demonstrations (a restored engine: after its first act)
-            arrays.append(self._demo_labels(batch))
-        return arrays
+            batch.demo = self._demo_labels(batch)
+        return batch
 
     def _demo_labels(self, batch) -> np.ndarray:
         """Each transition's demonstrated action (drl_engine/demonstrations.py)."""
@@ -707,7 +708,7 @@ class Engine:
     def _forget_best(self, tick: int | None = None) -> None:
         """A new workload: raise ε, forget the best-known setting, and track it afresh
         only over windows that start after the change has settled."""
-        self.bumped_at = self.action_ticks
+        self.raise_epsilon(self.action_ticks)
         self.control.forget(self.data.replay.last if tick is None else tick)
 
     def _act_rows(self, after_tick: int | None, current) -> Decision | None:
@@ -809,17 +810,9 @@ class Engine:
         return self.control.recommendations(self.data.replay) if self.per_node else []
 
     def _rows_batch(self, times: int = 1):
-        """A minibatch of (``times`` × batch_size) ticks × nodes (``RowData.sample``): the
-        model's ``train_step`` arguments as numpy arrays."""
-        b = self.data.sample(self.cfg.batch_size * times, self.rng)
-        if b is None:
-            return None
-        # a mask of every node (the usual case) is passed as None: the network pools all
-        # nodes then, with the same sums and quotients, in ~20 fewer ops a step (4 %)
-        mask = None if b.mask.all() else b.mask
-        next_mask = None if b.next_mask.all() else b.next_mask
-        return (b.obs, mask, b.actions, b.returns, b.discounts, b.next_obs, next_mask,
-                b.valid, b.abar, b.next_abar)
+        """A minibatch of (``times`` × batch_size) ticks × nodes (``RowData.sample``,
+        its returns in the reward's scale: ``RowData.p_scale``)."""
+        return self.data.sample(self.cfg.batch_size * times, self.rng)
 
     def _rows_state(self) -> dict:
         data, control = self.data, self.control

@@ -134,13 +134,12 @@ class RowController:
         per-node step rule allows (one knob of a row a tick). The rollback's walk and the
         recall's of a known workload (``drl_engine.row_context``)."""
         idx = self.grid.index(cur)
-        diff = np.where(cells, target - idx, 0)
-        rows = np.flatnonzero(diff.any(axis=1))
-        k = np.argmax(np.abs(diff[rows]) / np.maximum(self.n_steps, 1), axis=1)
-        d = diff[rows, k]
-        idx[rows, k] += np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
+        knob, steps = self.grid.walk(idx, target, actions.MAX_STEPS, cells)
+        rows = np.flatnonzero(steps)
+        k = knob[rows]
         out = cur.copy()          # the row's other knobs as they are, even off the grid
-        out[rows, k] = self.grid.values(idx)[rows, k]
+        out[rows, k] = self.grid.values(self.grid.move(idx[rows], k, steps[rows]))[
+            np.arange(len(rows)), k]
         return out
 
     def walk_ticks(self, cur: np.ndarray, target: np.ndarray, cells: np.ndarray) -> int:

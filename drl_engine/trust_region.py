@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from capes.common import actions
+from capes.common.step_grid import walk
+
 
 def outside(idx: np.ndarray, knob: np.ndarray, steps: np.ndarray, best: np.ndarray,
             n_steps: np.ndarray, limit: int,
@@ -29,10 +32,8 @@ def outside(idx: np.ndarray, knob: np.ndarray, steps: np.ndarray, best: np.ndarr
     d_after = np.where(movable, np.abs(after - best), 0).max(axis=1)
     d_now = np.where(movable, np.abs(idx - best), 0).max(axis=1)
     out = (steps != 0) & (d_after > limit) & (d_after >= d_now)
-    rel = np.where(movable, np.abs(best - idx) / np.maximum(n_steps, 1), -1.0)
-    k = rel.argmax(axis=1)
-    diff = (best - idx)[rows, k]
-    back = np.where(diff > 0, 1 + 2 * k, np.where(diff < 0, 2 + 2 * k, 0))
+    k, step = walk(idx, best, n_steps, 1, movable)          # the one walk, one step
+    back = actions.encode_rows(k, step, idx.shape[1])
     return out, back
 
 

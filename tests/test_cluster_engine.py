@@ -115,10 +115,10 @@ def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
             x, nx = (rng.normal(0, 1, (B, M, 12)).astype(np.float32) for _ in range(2))
             abar, nabar = (rng.dirichlet(np.ones(5), (B, M)).astype(np.float32)
                            if model.mean_field else None for _ in range(2))
-            losses.append(dqn.learn(x, None, rng.integers(0, 5, (B, M)),
-                                    rng.normal(0, 3, B).astype(np.float32),
-                                    np.full(B, 0.95, np.float32), nx, None,
-                                    rng.random((B, M)) > 0.2, abar, nabar))
+            losses.append(dqn.learn_arrays(x, None, rng.integers(0, 5, (B, M)),
+                                           rng.normal(0, 3, B).astype(np.float32),
+                                           np.full(B, 0.95, np.float32), nx, None,
+                                           rng.random((B, M)) > 0.2, abar, nabar))
         states.append((losses, list(dqn.optimizer.square_avg),
                        list(dqn.q.parameters()) + list(dqn.target.parameters())))
     (l1, g1, w1), (l2, g2, w2) = states

@@ -59,3 +59,19 @@ def test_moves_cross_forbidden_values_as_next_value_does():
     assert g.apply([0.0, 3.0], actions.encode(1, 1, 2)).tolist() == [0, 6]   # over 4 and 5
     assert g.apply([0.0, 8.0], actions.encode(1, 1, 2)).tolist() == [0, 8]   # only 9 above
     assert not set(out[:, 1]) & {4.0, 5.0, 9.0}
+
+
+def test_one_walk_for_rows_a_row_and_a_straight_path():
+    """The one walk (recall, rollback, probes, the trust region's step back, the
+    demonstrations): the knob farthest from the target relative to its range, by up to
+    ``most`` steps; only ``cells``; ``straight`` stops where another knob would lead."""
+    from capes.common.step_grid import walk, walk_action
+    n = np.array([19, 99])
+    knob, steps = walk(np.array([[13, 78], [4, 50], [4, 50]]),
+                       np.array([[11, 22], [4, 50], [10, 50]]), n, 8,
+                       cells=np.array([[True, True], [True, True], [False, True]]))
+    assert knob.tolist()[:1] == [1] and steps.tolist() == [-8, 0, 0]
+    assert walk(np.array([13, 78]), np.array([11, 22]), n, 8) == (1, -8)
+    # straight: the window leads while its relative distance is the largest
+    assert walk(np.array([13, 30]), np.array([11, 22]), n, 8, straight=True) == (0, -1)
+    assert walk_action(np.array([4, 50]), np.array([4, 50]), n, 8) == 0

@@ -64,6 +64,13 @@ def encode(k: int, steps: int, n_params: int) -> int:
     return 1 + 2 * n_params * size + 2 * k + (1 if steps < 0 else 0)
 
 
+def encode_rows(knob, steps, n_params: int):
+    """:func:`encode` over arrays (knob, signed steps); NULL where ``steps`` is 0."""
+    knob, steps = np.asarray(knob, np.int64), np.asarray(steps)
+    size = np.maximum(np.abs(steps).astype(np.int64) - 1, 0)
+    return np.where(steps == 0, 0, 1 + 2 * n_params * size + 2 * knob + (steps < 0))
+
+
 def direction(action, n_params: int):
     """The one-step action with the same parameter and sign (NULL stays NULL): what a
     Q-network of one-step actions learns a larger move as. Works on numpy arrays."""

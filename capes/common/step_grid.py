@@ -44,7 +44,8 @@ class StepGrid:
         step = np.array([s.step for s in specs], np.float64)
         n = np.floor((hi - lo) / step + TOLERANCE).astype(np.int64)
         n += lo + n * step < hi - TOLERANCE * step          # max itself is the last point
-        return cls(lo, step, n, hi, tuple(specs) if any(s.forbidden for s in specs) else ())
+        return cls(lo, step, n, hi, tuple(specs) if any(getattr(s, "forbidden", ()) for s in specs)
+                   else ())
 
     def knob_values(self, k: int) -> np.ndarray:
         """Every setting of knob ``k``, in index order."""
@@ -119,5 +120,52 @@ class StepGrid:
                 out[r, k] = self.index(np.full(len(self.lo), v))[k]
         return out[0] if one else out
 
+    def walk(self, idx, target, most: int = 1, cells=None, straight: bool = False):
+        """One tick of a walk to ``target`` (grid indices): :func:`walk` on this grid."""
+        return walk(idx, target, self.n_steps, most, cells, straight)
 
-__all__ = ["StepGrid"]
+
+def walk(idx, target, n_steps, most: int = 1, cells=None, straight: bool = False
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """One tick of a walk from grid indices ``idx`` to ``target`` (rows (N, K) or a row
+    (K,)): per row, the knob farthest from it relative to its range (the first of equals)
+    and its signed steps towards it, at most ``most`` (0 when the row is there). Only
+    ``cells`` (a mask like ``idx``, or (K,)) count. ``straight``: fewer steps while
+    another knob would become the farthest, so that the walk keeps a straight path (the
+    guide's probes); else as many as allowed, the fewest ticks there (a recall, a
+    rollback). Every walk of both modes, and the trust region's step back, is this one;
+    :meth:`StepGrid.move` or an action (``walk_action``) makes it."""
+    diff = np.asarray(target) - np.asarray(idx)
+    one = diff.ndim == 1
+    diff = diff[None] if one else diff
+    if cells is not None:
+        diff = np.where(cells, diff, 0)
+    scale = np.maximum(n_steps, 1)
+    rows = np.arange(len(diff))
+    knob = np.argmax(np.abs(diff) / scale, axis=1)
+    d = diff[rows, knob]
+    sign = np.sign(d)
+    if straight:
+        steps = (d != 0).astype(np.int64)
+        alive = d != 0
+        diff = diff.copy()
+        for _ in range(1, most):
+            diff[rows, knob] -= sign * alive
+            alive = alive & (diff[rows, knob] != 0) & \
+                (np.argmax(np.abs(diff) / scale, axis=1) == knob)
+            if not alive.any():
+                break
+            steps += alive
+    else:
+        steps = np.minimum(np.abs(d), most)
+    steps = sign * steps
+    return (knob[0], steps[0]) if one else (knob, steps)
+
+
+def walk_action(idx, target, n_steps, most: int = 1, straight: bool = False) -> int:
+    """:func:`walk` of one row as an action (``capes.common.actions``; 0: NULL, there)."""
+    knob, steps = walk(idx, target, n_steps, most, straight=straight)
+    return actions.encode(int(knob), int(steps), len(idx)) if steps else 0
+
+
+__all__ = ["StepGrid", "walk", "walk_action"]
