@@ -47,7 +47,7 @@ context what the guide knows:
   ``drl_engine/demonstrations.py``), so the walk above points where the memory would.
 
 * **The network may act only in that walk** (``engine.q_scope = "new_contexts"``, off by
-  default; ``Engine._q_greedy``): greedy elsewhere holds the best-known setting, so the
+  default; ``FlatEngine._q_greedy``): greedy elsewhere holds the best-known setting, so the
   engine plays ``use_q_network = false``'s moves until a new workload's walk, and the
   paired difference carries what the walk adds (``docs/recall.md``, round 5).
 
@@ -55,11 +55,13 @@ context what the guide knows:
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
 
-Hooks (marked ``[context hook]``): ``Engine._guided_action`` calls
-:meth:`WorkloadContexts.follow` before the guide credits new ticks, then
-:meth:`WorkloadContexts.recall_action`, :meth:`WorkloadContexts.lead` and
-:meth:`WorkloadContexts.holding` before the probes; ``Engine.epsilon`` asks
-:meth:`WorkloadContexts.epsilon`; ``Engine.state_dict`` keeps :meth:`WorkloadContexts.state`.
+Hooks (marked ``[context hook]`` in ``drl_engine/flat_engine.py``):
+``FlatEngine._guided_action`` calls :meth:`WorkloadContexts.follow` before the guide
+credits new ticks, then :meth:`WorkloadContexts.recall_action`,
+:meth:`WorkloadContexts.lead` and :meth:`WorkloadContexts.holding` before the probes;
+``Engine.epsilon`` reads :attr:`WorkloadContexts.origin` (ε's clock); a switch raises or
+restores ε's bump through ``Engine.raise_epsilon``; ``FlatEngine.state_dict`` keeps
+:meth:`WorkloadContexts.state`.
 """
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ Signature PIs must be named (``engine.context_pis``): a node's own latency or qu
 depth moves with its knobs, so the one-row default (every PI that is neither the
 objective's nor a knob's) would cluster the tuner's own moves. Without them, or with
 ``engine.use_context = false``, nothing here is built and the engine plays as before
-(a test compares the traces). Hooks in ``drl_engine/engine.py`` are marked
+(a test compares the traces). Hooks in ``drl_engine/row_engine.py`` are marked
 ``[row context hook]``.
 """
 from __future__ import annotations
