@@ -59,10 +59,12 @@ class Engine(Checkpointed):
 
     def __new__(cls, *args, rows=None, deployment=None, **kwargs):
         if cls is Engine:            # the mode's class, chosen by what it is built over
-            if rows is None and deployment is None:
-                from drl_engine.flat_engine import FlatEngine as cls
-            else:
+            if deployment is not None:
+                from drl_engine.per_node import DeploymentEngine as cls
+            elif rows is not None:
                 from drl_engine.row_engine import RowEngine as cls
+            else:
+                from drl_engine.flat_engine import FlatEngine as cls
         return super().__new__(cls)
 
     def __init__(self, dqn: DQNConfig, reward: RewardConfig, device: str = "auto",

@@ -106,7 +106,7 @@ class FlatEngine(Engine):
         """Choose the action for the newest tick of ``session``; None when there is not
         enough data yet or no tick newer than ``after_tick``. ``current``: the values in
         effect now, when the caller knows them better than the DB does (a live daemon
-        may not have committed the previous action yet; per node: (N, K))."""
+        may not have committed the previous action yet)."""
         # guided, where the network reads only fresh observations (q_scope new_contexts)
         # or nothing: no choice reads this observation's values, only whether its stack
         # is full (3 % of an hour). Decided from the config, not from _q_greedy, which a

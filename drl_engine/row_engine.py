@@ -7,15 +7,14 @@ of the node count), the controller :class:`~drl_engine.row_controller.RowControl
 trust region, rollback, change detection by a vote of the rows) and the per-node
 workload contexts (``drl_engine.row_context``, their hooks marked ``[row context
 hook]``). Built by :meth:`Engine.over_rows <drl_engine.engine.Engine.over_rows>` (rows
-fed or read from a replay DB) or :meth:`Engine.for_deployment
-<drl_engine.engine.Engine.for_deployment>` (a live deployment's ``<node>/<knob>``
-knobs). What both modes share is :class:`drl_engine.engine.Engine`.
+fed or read from a replay DB); a live deployment's ``<node>/<knob>`` knobs are
+:class:`drl_engine.per_node.DeploymentEngine`'s. What both modes share is
+:class:`drl_engine.engine.Engine`.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 import numpy as np
 
@@ -46,23 +45,15 @@ class RowShape:
 
 
 class RowEngine(Engine):
-    """The per-node mode (``Engine.over_rows``, ``Engine.for_deployment``)."""
+    """The per-node mode (``Engine.over_rows``)."""
 
     per_node = True
 
     def __init__(self, dqn: DQNConfig, reward: RewardConfig,
                  reader: ReplayReader | None = None, device: str = "auto", seed: int = 0,
-                 *, rows: RowShape | None = None, model: NodeModelConfig | None = None,
-                 deployment=None):
+                 *, rows: RowShape, model: NodeModelConfig | None = None):
         super().__init__(dqn, reward, device, seed)
-        self.deployment = deployment         # per-node rows of a live deployment
-        if deployment is not None:           # built by update() once its nodes are in
-            self.mcfg = model or NodeModelConfig()
-            self.reader, self.dqn, self.data = reader, None, None
-            self._pending_load: tuple[Path, bool] | None = None
-            self.update()
-        else:
-            self._init_rows(rows, model or NodeModelConfig(), reader)
+        self._init_rows(rows, model or NodeModelConfig(), reader)
 
     def _init_rows(self, rows: RowShape, model: NodeModelConfig,
                    reader: ReplayReader | None) -> None:
@@ -122,8 +113,6 @@ class RowEngine(Engine):
         """Reader mode: pull new rows and ingest the ticks that are complete."""
         if self.reader is None:
             return 0
-        if self.data is None and not self._build_deployment():
-            return 0
         n = self.reader.refresh()
         if not self.reader.sessions:
             return n
@@ -151,34 +140,8 @@ class RowEngine(Engine):
         self._seen = max(self._seen, end)
         return n
 
-    def _build_deployment(self) -> bool:
-        """Build the per-node mode once every deployment row's node is in the replay DB
-        (False: not yet); then resume a checkpoint ``load`` was given before."""
-        self.reader.refresh()
-        layout, rows = self.reader.layout, self.deployment
-        if layout is None or not self.reader.sessions or \
-                not set(rows.nodes) <= set(layout.node_names):
-            return False
-        missing = [k.name for k in rows.knobs if k.name not in layout.pi_names]
-        if missing:
-            raise ValueError(f"per-node knobs {missing} are not among the PIs the "
-                             f"nodes report ({list(layout.pi_names)}): each node's "
-                             f"monitoring agent must report each knob's value")
-        self._init_rows(RowShape(list(layout.pi_names), rows.knobs, len(layout.node_names)),
-                        self.mcfg, self.reader)
-        if self._pending_load is not None:
-            path, weights_only = self._pending_load
-            self._pending_load = None
-            try:
-                self.load(path, weights_only)
-            except ValueError as exc:          # another layout: start afresh, say why
-                self.restore_error = str(exc)
-        return True
-
     def param_names(self) -> list[str]:
         """The parameters, in the order of a decision's values."""
-        if self.deployment is not None:
-            return list(self.deployment.names)
         return [s.name for s in self.params]
 
     def new_session(self) -> None:
@@ -246,8 +209,6 @@ class RowEngine(Engine):
     def workload_changed(self) -> None:
         """A new workload started: as an alarm, uncounted (a cold start under way starts
         its search over)."""
-        if self.data is None:
-            return
         self._forget_best()
         if self.control.cold is not None:
             self.control.cold.restart()
@@ -256,46 +217,9 @@ class RowEngine(Engine):
     def act(self, session: int | None = None, after_tick: int | None = None,
             current=None) -> Decision | None:
         """Every row's action for the newest tick newer than ``after_tick`` (None: none
-        yet); ``current``: the values in effect, (N, K) (a deployment: its flat
-        ``<node>/<knob>`` list). ``session``: the newest is the one read."""
-        if self.deployment is not None:
-            return self._act_deployment(after_tick, current)
+        yet); ``current``: the values in effect, (N, K). ``session``: the newest is the
+        one read."""
         return self._act_rows(after_tick, current)
-
-    def _row_index(self) -> np.ndarray:
-        """Each deployment row's node index in the engine (the replay DB's node order)."""
-        order = list(self.reader.layout.node_names)
-        return np.array([order.index(n) for n in self.deployment.nodes])
-
-    def _act_deployment(self, after_tick: int | None, current) -> Decision | None:
-        """A per-node decision in the deployment's terms: ``current`` and the values are
-        the flat ``<node>/<knob>`` lists, the rows in the deployment's order."""
-        if self.data is None or self.data.replay.last is None:
-            return None
-        rep, idx, cells = self.data.replay, self._row_index(), self.deployment.cells
-        now = rep.knobs[rep.slot(rep.last)].astype(np.float64)    # (nodes, knobs)
-        if current is not None:           # the daemon's values: newer than the PIs
-            for (i, j), v in zip(cells, current):
-                now[idx[i], j] = v
-        d = self._act_rows(after_tick, now)
-        if d is None:
-            return None
-        values = [float(d.values[idx[i], j]) for i, j in cells]
-        return dataclasses.replace(d, values=values, explored=bool(d.row_explored[idx].any()),
-                                   row_actions=d.row_actions[idx],
-                                   row_explored=d.row_explored[idx])
-
-    def best_values(self) -> dict[str, float] | None:
-        """The per-node best-known setting, per ``<node>/<knob>`` (None: none yet, or
-        not a deployment's per-node mode)."""
-        if self.deployment is None or self.data is None:
-            return None
-        best = self.control.best.best_idx
-        if best is None:
-            return None
-        vals, idx = self.control.grid.values(best), self._row_index()
-        return {n: float(vals[idx[i], j])
-                for n, (i, j) in zip(self.deployment.names, self.deployment.cells)}
 
     def _act_rows(self, after_tick: int | None, current) -> Decision | None:
         """Every node's action for the newest tick, in the controller's order: cold
@@ -432,14 +356,6 @@ class RowEngine(Engine):
                 "controller": {**control.state(), "p_scale": checkpoint.encode(data.p_scale)},
                 "row_contexts": None if self.row_context is None else   # [row context hook]
                 self.row_context.state()}
-
-    def load(self, path: str | Path, weights_only: bool = False) -> None:
-        """:meth:`Engine.load`; a deployment's engine not built yet (its nodes not all in
-        the DB) loads it once it is."""
-        if self.data is None:                        # built later: loaded then
-            self._pending_load = (Path(path), weights_only)
-            return
-        super().load(path, weights_only)
 
     def resume(self, state: dict, path, weights_only: bool) -> None:
         """Resume the per-node mode, from a cluster of any size (the model does not
