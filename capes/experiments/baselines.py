@@ -1,7 +1,7 @@
 """Baseline tuners for the converge test: search-then-commit, in CAPES's own tick loop.
 
-A baseline is a drop-in for :class:`drl_engine.engine.Engine` in
-:func:`drl_engine.loop.run_ticks` (duck-typed): every tick it reads the same delayed,
+A baseline is, as the engine, a :class:`drl_engine.tuner.Tuner` of
+:func:`drl_engine.loop.run_ticks`: every tick it reads the same delayed,
 noisy PIs from the same replay DB, computes the same objective (``[reward] objective``
 over ``[reward] pis``) and returns a :class:`~drl_engine.decision.Decision` whose
 ``values`` are the full setting it wants in effect now. It knows only what a real tuner
