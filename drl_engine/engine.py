@@ -201,8 +201,14 @@ class Engine(Checkpointed):
         """The mode's part of :meth:`load`, given the checked checkpoint."""
         raise NotImplementedError
 
-    def restore_counters(self, state: dict) -> None:
+    def counters_state(self) -> dict:
         """The counters a checkpoint keeps (both modes), and the random generator."""
+        return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,
+                "bumped_at": self.bumped_at, "pretrained": self.pretrained,
+                "rng": self.rng.bit_generator.state}
+
+    def restore_counters(self, state: dict) -> None:
+        """:meth:`counters_state`'s counters back."""
         self.action_ticks = state["action_ticks"]
         self.train_steps = state["train_steps"]
         self.bumped_at = state["bumped_at"]

@@ -260,10 +260,7 @@ class FlatEngine(Engine):
                 "reward": dataclasses.asdict(self.reward_cfg),
                 "layout": dataclasses.asdict(layout) if layout else None,
                 "stats": self.experience.normaliser.state(),
-                "action_ticks": self.action_ticks, "train_steps": self.train_steps,
-                "bumped_at": self.bumped_at, "epsilon": self.epsilon,
-                "pretrained": self.pretrained,
-                "rng": self.rng.bit_generator.state,
+                **self.counters_state(), "epsilon": self.epsilon,
                 # the controller: what a restart must not forget (best-known setting, ...)
                 "guide": self.guide.state() if self.guide is not None else None,
                 "contexts": self.context.state() if self.context is not None else None,

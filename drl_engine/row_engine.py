@@ -342,13 +342,11 @@ class RowEngine(Engine):
                 "stats": None if data.mean is None else
                 {"mean": data.mean.tolist(), "std": data.std.tolist()},
                 "nodes_trained": self.nodes, "weights": self.weights,
-                "action_ticks": self.action_ticks, "train_steps": self.train_steps,
-                "bumped_at": self.bumped_at, "pretrained": self.pretrained,
+                **self.counters_state(),
                 "alarm_ticks": list(control.alarm_ticks),
                 "rollback_ticks": list(control.rollback.rollback_ticks),
                 "stale_bests": control.rollback.stale_bests,
                 "unconfirmed_rollbacks": control.rollback.unconfirmed,
-                "rng": self.rng.bit_generator.state,
                 "cold_start": None if control.cold is None else control.cold.state(),
                 "handed_over_at": control.handed_over_at,
                 # what a restart must not forget beyond the counters (per node: kept only
