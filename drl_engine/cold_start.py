@@ -26,9 +26,9 @@ from __future__ import annotations
 import numpy as np
 
 from capes.common import actions
-from capes.common.step_grid import StepGrid
+from capes.common.step_grid import StepGrid, walk_action
 from drl_engine import checkpoint
-from drl_engine.guide import Guide, step_towards
+from drl_engine.guide import Guide
 
 
 class SharedColdStart:
@@ -105,13 +105,12 @@ class SharedColdStart:
             if best is None or self.held >= self.hold_ticks:
                 self.done, self.best = True, best
                 return None
-            action = step_towards(shared, best, self.n_steps, self.cfg.action_steps)
+            action = walk_action(shared, best, self.n_steps, self.cfg.action_steps,
+                                 straight=True)
             self.held = self.held + 1 if action == 0 else 0
         self.ticks += 1
-        target = shared.copy()
         move = actions.decode(action, len(shared))
-        if move is not None:
-            target[move[0]] = np.clip(target[move[0]] + move[1], 0, self.n_steps[move[0]])
+        target = shared if move is None else self.grid.move(shared, *move)   # over forbidden
         values = cur.copy()
         every = present[:, None] & self.dynamic[None, :]
         values = np.where(every, self.grid.values(target)[None, :], values)

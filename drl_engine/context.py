@@ -47,7 +47,7 @@ context what the guide knows:
   ``drl_engine/demonstrations.py``), so the walk above points where the memory would.
 
 * **The network may act only in that walk** (``engine.q_scope = "new_contexts"``, off by
-  default; ``Engine._q_greedy``): greedy elsewhere holds the best-known setting, so the
+  default; ``FlatEngine._q_greedy``): greedy elsewhere holds the best-known setting, so the
   engine plays ``use_q_network = false``'s moves until a new workload's walk, and the
   paired difference carries what the walk adds (``docs/journal.md``, recall round 5).
 
@@ -55,11 +55,13 @@ context what the guide knows:
 workloads, forgotten on a change-detector alarm). Contexts are kept in checkpoints
 (:meth:`WorkloadContexts.state`): a restarted engine recognises the workloads it has seen.
 
-Hooks (marked ``[context hook]``): ``Engine._guided_action`` calls
-:meth:`WorkloadContexts.follow` before the guide credits new ticks, then
-:meth:`WorkloadContexts.recall_action`, :meth:`WorkloadContexts.lead` and
-:meth:`WorkloadContexts.holding` before the probes; ``Engine.epsilon`` asks
-:meth:`WorkloadContexts.epsilon`; ``Engine.state_dict`` keeps :meth:`WorkloadContexts.state`.
+Hooks (marked ``[context hook]`` in ``drl_engine/flat_engine.py``):
+``FlatEngine._guided_action`` calls :meth:`WorkloadContexts.follow` before the guide
+credits new ticks, then :meth:`WorkloadContexts.recall_action`,
+:meth:`WorkloadContexts.lead` and :meth:`WorkloadContexts.holding` before the probes;
+``Engine.epsilon`` reads :attr:`WorkloadContexts.origin` (ε's clock); a switch raises or
+restores ε's bump through ``Engine.raise_epsilon``; ``FlatEngine.state_dict`` keeps
+:meth:`WorkloadContexts.state`.
 """
 from __future__ import annotations
 
@@ -69,9 +71,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from capes.common import actions
+from capes.common.step_grid import walk_action
 from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
-from drl_engine.dqn import epsilon as epsilon_schedule
 from drl_engine.guide import Guide
 
 
@@ -328,7 +330,7 @@ class WorkloadContexts:
             _clear_stats(guide)
             guide.best = None
             guide.detector = _fresh_detector(guide)
-            engine.bumped_at, engine.local_bump = now, False
+            engine.raise_epsilon(now)
             return
         mem = self.memory[switch.context]
         mem.visits += 1
@@ -337,7 +339,7 @@ class WorkloadContexts:
         else:
             guide.sums = copy.deepcopy(mem.stats)
         guide.detector = mem.detector
-        engine.bumped_at, engine.local_bump = mem.bumped_at, mem.local_bump
+        engine.raise_epsilon(mem.bumped_at, mem.local_bump)
         guide.best = mem.best
         best = guide.best_setting(now)
         self.target = best if best is not None else mem.best
@@ -349,7 +351,7 @@ class WorkloadContexts:
         if self.target is None:
             return None
         target = np.where(guide.frozen, current, self.target)
-        action = walk(current, target, guide.n_steps, self.cfg.context_recall_steps)
+        action = walk_action(current, target, guide.n_steps, self.cfg.context_recall_steps)
         if action == 0:
             self.target = None
             self.hold_until = now + self.cfg.context_hold_ticks
@@ -414,7 +416,7 @@ class WorkloadContexts:
             if self.cfg.context_infer_local:
                 # trust the walk: its end is searched around, not away from by the new
                 # context's global probes (issue 25 round 9)
-                engine.local_bump = True
+                engine.raise_epsilon(engine.bumped_at, local=True)
             return None
         net.update(wait=now + self.cfg.settle_ticks + 1, moves=net["moves"] + 1,
                    last=(k, sign))
@@ -438,17 +440,12 @@ class WorkloadContexts:
         k, steps = move
         return actions.encode(k, int(np.sign(steps)) * self.cfg.context_recall_steps, n_params)
 
-    def epsilon(self, engine) -> float:
-        """ε on the current context's own clock: a new workload is explored as a new
-        session is, a return no more than its context still needs."""
-        if not self.memory:
-            return epsilon_schedule(engine.action_ticks, self.cfg, engine.bumped_at,
-                                    engine.pretrained)
-        created = self.memory[self.current].created_at
-        bumped = engine.bumped_at
-        since_bump = bumped - created if bumped is not None and bumped > created else None
-        return epsilon_schedule(max(0, engine.action_ticks - created), self.cfg, since_bump,
-                                engine.pretrained)
+    @property
+    def origin(self) -> int | None:
+        """The action tick ε's clock starts at in the current context (``Engine.epsilon``:
+        a new workload is explored as a new session is, a return no more than its context
+        still needs); None before the first context."""
+        return self.memory[self.current].created_at if self.memory else None
 
     def counters(self) -> dict:
         return {"contexts": self.clusters.count, "switches": len(self.switches),
@@ -485,18 +482,6 @@ class WorkloadContexts:
         self._left = state.get("left")
         self.switches = [Switch(*s) for s in state.get("switches", [])]
         self._session_from = len(self.switches)    # a session's indices are its own
-
-
-def walk(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray, most: int) -> int:
-    """The move towards ``target`` of the parameter farthest from it (relative to its
-    range) by up to ``most`` steps: the fewest ticks to get there (the guide's
-    ``step_towards`` keeps a straight path instead, at the cost of shorter moves)."""
-    diff = np.asarray(target - current)
-    if not diff.any():
-        return 0
-    k = int(np.argmax(np.abs(diff) / np.maximum(n_steps, 1)))
-    steps = int(min(abs(diff[k]), most))
-    return actions.encode(k, steps if diff[k] > 0 else -steps, len(current))
 
 
 def fresh_q(engine, session: int, current: np.ndarray, guide: Guide) -> np.ndarray:

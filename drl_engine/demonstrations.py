@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from capes.common import actions
+from capes.common.step_grid import walk
+
 NONE = -1      # no demonstration for this transition
 
 
@@ -33,13 +36,8 @@ def demo_actions(current: np.ndarray, best: np.ndarray, n_steps: np.ndarray,
     """The demonstrated one-step action per row: the knob farthest from ``best``
     (grid indices, (B, K); relative to its range) one step towards it; NULL (0) at it.
     Frozen knobs never move."""
-    diff = np.where(frozen, 0, np.asarray(best) - np.asarray(current))
-    rel = np.abs(diff) / np.maximum(n_steps, 1)
-    k = rel.argmax(axis=1)
-    d = diff[np.arange(len(diff)), k]
-    steps = np.sign(d).astype(np.int64)
-    out = 1 + 2 * k + (steps < 0)                   # actions.encode(k, ±1, K), vectorised
-    return np.where(steps == 0, 0, out).astype(np.int64)
+    k, steps = walk(current, best, n_steps, 1, ~np.asarray(frozen, bool))   # the one walk
+    return actions.encode_rows(k, steps, np.shape(current)[1]).astype(np.int64)
 
 
 def labels(contexts, guide, values: np.ndarray, sessions: np.ndarray, index: np.ndarray,

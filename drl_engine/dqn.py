@@ -28,40 +28,32 @@ from __future__ import annotations
 
 from drl_engine.config import PRESETS, DQNConfig, with_preset  # noqa: F401  (re-exported)
 
-# the torch side, from drl_engine.qnet on first use (``from drl_engine.dqn import RMSprop``)
-TORCH_NAMES = ("QNetwork", "TargetNetworkLearner", "clip_grad_norm", "RMSprop",
-               "DQNLearner")
-
-
-def __getattr__(name: str):
-    if name in TORCH_NAMES:
-        from drl_engine import qnet
-        return getattr(qnet, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def epsilon(action_ticks: int, cfg: DQNConfig, bumped_at: int | None = None,
-            pretrained: bool = False) -> float:
+            pretrained: bool = False, start: float | None = None,
+            bump_ticks: int | None = None) -> float:
     """ε after ``action_ticks`` actions; a workload change at ``bumped_at`` lifts it.
     A pretrained model starts from ``pretrained_epsilon_start``: it already knows
-    something, and exploring as if it knew nothing throws that away."""
-    start = cfg.pretrained_epsilon_start if pretrained else cfg.epsilon_start
+    something, and exploring as if it knew nothing throws that away. ``start`` and
+    ``bump_ticks``: a mode's own ``epsilon_start`` and ``workload_ticks`` (per node)."""
+    start = cfg.pretrained_epsilon_start if pretrained else \
+        (cfg.epsilon_start if start is None else start)
+    workload_ticks = cfg.workload_ticks if bump_ticks is None else bump_ticks
     frac = min(1.0, action_ticks / cfg.exploration_ticks)
     eps = start + frac * (cfg.epsilon_final - start)
     if bumped_at is not None and action_ticks >= bumped_at:
         since = action_ticks - bumped_at
-        frac = min(1.0, since / cfg.workload_ticks) if cfg.workload_ticks else 1.0
+        frac = min(1.0, since / workload_ticks) if workload_ticks else 1.0
         bump = cfg.workload_epsilon + frac * (cfg.epsilon_final - cfg.workload_epsilon)
         eps = max(eps, bump)
     return eps
 
 
 class DQN:
-    """The online and target Q-networks, their optimiser, and one training step
-    (:class:`drl_engine.qnet.DQNLearner`), built on first use: the shape is known at
-    once, torch is imported when a Q-value or a training step is first asked for.
-    ``torch.manual_seed(seed)`` runs at that build, so the weights are those an eager
-    build would have had (nothing else here draws from torch's generator)."""
+    """The flat mode's deep Q-learner, in the order of the algorithm; torch and the
+    networks (:class:`drl_engine.qnet.DQNLearner`) come the first time one is needed,
+    built from the seed (``torch.manual_seed(seed)`` then: the weights an eager build
+    would have had; nothing else draws from torch's generator)."""
 
     def __init__(self, obs_dim: int, n_actions: int, cfg: DQNConfig,
                  device="cpu", seed: int = 0):
@@ -80,12 +72,50 @@ class DQN:
             self.learner = DQNLearner(*self._build_args)
         return self.learner
 
-    def __getattr__(self, name: str):
-        # everything else (q_values, train_step, q, target, optimizer, device, ...) is
-        # the learner's; only reached for names this front does not have
-        if name.startswith("__") or name in ("learner", "_build_args"):
-            raise AttributeError(name)
-        return getattr(self.build(), name)
+    # the networks: Q(s, ·; θ), its target Q⁻(s, ·; θ⁻), RMSProp on θ
+    @property
+    def q(self):
+        return self.build().q
+
+    @property
+    def target(self):
+        return self.build().target
+
+    @property
+    def optimizer(self):
+        return self.build().optimizer
+
+    def q_values(self, obs):
+        """Q(s, ·) of each observation (numpy): the greedy action is its argmax."""
+        return self.build().q_values(obs)
+
+    def td_target(self, rewards, discounts, next_obs):
+        """y = r + d · Q⁻(s', a*), a* = argmax Q⁻(s') (Double DQN: argmax Q(s'))."""
+        return self.build().td_target(rewards, discounts, next_obs)
+
+    def train_step(self, obs, actions, rewards, discounts, next_obs, demo=None):
+        """One minibatch (tensors) of Eq. 2.1, its gradient step on θ and the soft
+        target update; the loss."""
+        return self.build().train_step(obs, actions, rewards, discounts, next_obs, demo)
+
+    def learn(self, batch):
+        """:meth:`train_step` on a minibatch from the replay DB
+        (``drl_engine.experience.Batch``: numpy, rewards scaled, n-step returns)."""
+        return self.build().learn(batch)
+
+    def soft_update(self) -> None:
+        """θ⁻ ← (1 − α) · θ⁻ + α · θ (:meth:`train_step` does it after each step)."""
+        self.build().soft_update()
+
+    def mean_loss(self, losses) -> float | None:
+        """The mean of a tick's losses, as a float."""
+        return self.build().mean_loss(losses)
+
+    def state_dict(self) -> dict:
+        return self.build().state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.build().load_state_dict(state)
 
 
 def device_name(requested: str = "auto") -> str:

@@ -47,6 +47,7 @@ class Batch:
     discounts: np.ndarray  # (B,) float32: γ^n, what the TD target multiplies max Q⁻(s_{t+n}) by
     sessions: np.ndarray   # (B,) session ids
     ticks: np.ndarray      # (B,) ticks t
+    demo: np.ndarray | None = None   # (B,) demonstrated actions (−1: none), DQfD's
 
 
 def _zero_nonfinite(a: np.ndarray) -> np.ndarray:
@@ -75,8 +76,10 @@ class _Derived:
 class Experience:
     def __init__(self, reader: ReplayReader, reward: RewardConfig, stack: int,
                  missing_tolerance: float = 0.2, normalise: bool = False,
-                 n_step: int = 1, gamma: float = 0.99, return_shift: int = 0):
+                 n_step: int = 1, gamma: float = 0.99, return_shift: int = 0,
+                 scale_rewards: bool = False):
         self.reader = reader
+        self.scale_rewards = scale_rewards      # minibatch rewards in reward_scale's unit
         self.n_step = n_step
         self.shift = return_shift       # the returns start this many ticks after t
         self.gamma = gamma
@@ -146,6 +149,13 @@ class Experience:
     def objective_std(self) -> float:
         """Spread of the objective, to scale rewards (1 before statistics exist)."""
         return self.normaliser.objective_std
+
+    @property
+    def reward_scale(self) -> float:
+        """What a minibatch's rewards are multiplied by: 1 / the objective's spread with
+        ``engine.scale_rewards``, else 1 (the per-node mode's is ``RowData.p_scale``,
+        applied in its sample likewise)."""
+        return 1.0 / self.objective_std if self.scale_rewards else 1.0
 
     def _derive(self, data: SessionData, d: _Derived, start: int) -> None:
         L = data.length
@@ -286,6 +296,6 @@ class Experience:
             ts.append(i + data.first_tick)
         cat = lambda xs: np.concatenate(xs)[:n]  # noqa: E731
         discounts = np.full(n, self.gamma ** self.n_step, np.float32)
-        return Batch(cat(obs), cat(act), cat(rew).astype(np.float32), cat(nxt), discounts,
-                     cat(ss), cat(ts))
+        return Batch(cat(obs), cat(act), cat(rew).astype(np.float32) * self.reward_scale,
+                     cat(nxt), discounts, cat(ss), cat(ts))
 

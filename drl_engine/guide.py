@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capes.common import actions
-from capes.common.step_grid import StepGrid
+from capes.common.step_grid import StepGrid, walk_action
 from drl_engine import checkpoint, trust_region
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
@@ -526,7 +526,7 @@ class Guide:
         if self._below_floor(probe):          # unsafe here: walk back to the best at once
             probe = self.probe = Probe(self.best.copy(), 0, back=True)
         most = self.cfg.action_steps
-        action = step_towards(current, probe.target, self.n_steps, most)
+        action = walk_action(current, probe.target, self.n_steps, most, straight=True)
         if action != 0 and probe.replan:
             # every settle+1 moves of the walk the ticks it passed are credited: re-aim
             # (a far target chosen on little data is often passed by the peak)
@@ -535,7 +535,7 @@ class Guide:
                 target = self.model_target(current)
                 if target is not None:
                     probe.target = np.where(self.frozen, current, target)
-                    action = step_towards(current, target, self.n_steps, most)
+                    action = walk_action(current, target, self.n_steps, most, straight=True)
         if action == 0:
             probe.dwell_left -= 1
             if probe.dwell_left < 0:
@@ -634,22 +634,3 @@ def _rbf(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     d2 = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * (a @ b.T)
     return np.exp(-0.5 * np.maximum(d2, 0.0))
 
-
-def step_towards(current: np.ndarray, target: np.ndarray, n_steps: np.ndarray,
-                 most: int = 1) -> int:
-    """The action that most reduces the largest relative distance to ``target``: that
-    parameter moved by up to ``most`` steps, while it stays the farthest (0, NULL, when
-    there): the same path as one step per tick, taken in fewer ticks."""
-    diff = np.array(target - current)
-    scale = np.maximum(n_steps, 1)
-    if not diff.any():
-        return 0
-    k = int(np.argmax(np.abs(diff) / scale))
-    sign = 1 if diff[k] > 0 else -1
-    steps = 1
-    while steps < most:
-        diff[k] -= sign
-        if diff[k] == 0 or int(np.argmax(np.abs(diff) / scale)) != k:
-            break
-        steps += 1
-    return actions.encode(k, sign * steps, len(current))

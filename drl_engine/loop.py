@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
 from drl_engine.decision import Decision
-from drl_engine.engine import Engine
+from drl_engine.tuner import Tuner
 
 
 @dataclass
@@ -102,11 +102,12 @@ class PollingClock(WallClock):
         self.next = time.monotonic()
 
 
-def run_ticks(engine: Engine, source: Source, clock=None,
+def run_ticks(engine: Tuner, source: Source, clock=None,
               observers: Iterable[Callable[[TickRecord], None]] = (),
               max_ticks: int = 0) -> int:
-    """Run ticks until the source is done, the clock is stopped, or ``max_ticks``
-    (0: no limit). Returns the number of ticks run."""
+    """Run ticks of ``engine`` (the engine or a baseline: ``drl_engine.tuner.Tuner``)
+    until the source is done, the clock is stopped, or ``max_ticks`` (0: no limit).
+    Returns the number of ticks run."""
     clock = clock or SimulatedClock()
     observers = list(observers)
     epoch = last_tick = None

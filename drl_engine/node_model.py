@@ -214,6 +214,16 @@ class NodeDQN(TargetNetworkLearner):
         time, for no gain measured)."""
         return self.device.type == "cuda" and self.cfg.cuda_graph and self.cfg.compile_step
 
+    @staticmethod
+    def inputs(b) -> tuple:
+        """``train_step``'s arrays from a minibatch (``drl_engine.node_replay.NodeBatch``).
+        A mask of every node (the usual case) is passed as None: the network pools all
+        nodes then, with the same sums and quotients, in ~20 fewer ops a step (4 %)."""
+        mask = None if b.mask.all() else b.mask
+        next_mask = None if b.next_mask.all() else b.next_mask
+        return (b.obs, mask, b.actions, b.returns, b.discounts, b.next_obs, next_mask,
+                b.valid, b.abar, b.next_abar)
+
     @property
     def weights(self) -> int:
         return weight_count(self.q)

@@ -90,7 +90,12 @@ class TargetNetworkLearner:
             self.cfg.cuda_graph else None
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
 
-    def learn(self, *arrays) -> torch.Tensor:
+    def learn(self, batch) -> torch.Tensor:
+        """One minibatch, a typed batch of the learner's mode (``inputs`` names its
+        arrays in ``train_step``'s order). Returns the loss."""
+        return self.learn_arrays(*self.inputs(batch))
+
+    def learn_arrays(self, *arrays) -> torch.Tensor:
         """One minibatch from numpy arrays (``train_step``'s arguments in its order, None
         where it takes none): on a CUDA device replayed as a CUDA graph
         (``cfg.cuda_graph``), else converted and run as it is written. Returns the loss."""
@@ -470,6 +475,14 @@ class DQNLearner(TargetNetworkLearner):
             (torch._C._nn.mse_loss, torch.ops.aten.mse_loss_backward.default, (1,)))
         # on CPU the step's gradients by hand (:meth:`_cpu_step`), not by autograd
         self._by_hand = self.device.type == "cpu"
+
+    @staticmethod
+    def inputs(batch) -> tuple:
+        """``train_step``'s arrays from a minibatch (``drl_engine.experience.Batch``):
+        its rewards already scaled (``Experience.reward_scale``), its demonstrations
+        only where there are any."""
+        arrays = (batch.obs, batch.actions, batch.rewards, batch.discounts, batch.next_obs)
+        return arrays if batch.demo is None else (*arrays, batch.demo)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.no_grad():

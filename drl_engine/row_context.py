@@ -39,7 +39,7 @@ Signature PIs must be named (``engine.context_pis``): a node's own latency or qu
 depth moves with its knobs, so the one-row default (every PI that is neither the
 objective's nor a knob's) would cluster the tuner's own moves. Without them, or with
 ``engine.use_context = false``, nothing here is built and the engine plays as before
-(a test compares the traces). Hooks in ``drl_engine/engine.py`` are marked
+(a test compares the traces). Hooks in ``drl_engine/row_engine.py`` are marked
 ``[row context hook]``.
 """
 from __future__ import annotations
@@ -269,7 +269,7 @@ class RowContexts:
         if self._event_new:                            # only the new rows explore (also
             self.hold_until[list(self._event_new)] = 0  # those new a tick or two before)
         if new_rows or engine.mcfg.return_epsilon:
-            engine.bumped_at = engine.action_ticks
+            engine.raise_epsilon(engine.action_ticks)
         if self._event_new and engine.mcfg.context_search:
             self._search_at = self._snapshot_until     # once the rows have confirmed
             self._search_rows = set(self._event_new)

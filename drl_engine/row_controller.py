@@ -134,13 +134,12 @@ class RowController:
         per-node step rule allows (one knob of a row a tick). The rollback's walk and the
         recall's of a known workload (``drl_engine.row_context``)."""
         idx = self.grid.index(cur)
-        diff = np.where(cells, target - idx, 0)
-        rows = np.flatnonzero(diff.any(axis=1))
-        k = np.argmax(np.abs(diff[rows]) / np.maximum(self.n_steps, 1), axis=1)
-        d = diff[rows, k]
-        idx[rows, k] += np.sign(d) * np.minimum(np.abs(d), actions.MAX_STEPS)
+        knob, steps = self.grid.walk(idx, target, actions.MAX_STEPS, cells)
+        rows = np.flatnonzero(steps)
+        k = knob[rows]
         out = cur.copy()          # the row's other knobs as they are, even off the grid
-        out[rows, k] = self.grid.values(idx)[rows, k]
+        out[rows, k] = self.grid.values(self.grid.move(idx[rows], k, steps[rows]))[
+            np.arange(len(rows)), k]
         return out
 
     def walk_ticks(self, cur: np.ndarray, target: np.ndarray, cells: np.ndarray) -> int:
@@ -152,32 +151,30 @@ class RowController:
         """Which rows explore this tick and their actions (``drl_engine.row_probes``)."""
         return self.probes.explore(idx, eps, rng, self.best.best_idx, self.cfg.guard_steps)
 
-    def guard(self, idx: np.ndarray, actions: np.ndarray, explore: np.ndarray) -> np.ndarray:
+    def guard(self, idx: np.ndarray, acts: np.ndarray, explore: np.ndarray) -> np.ndarray:
         """The trust region: a move that takes a knob more than ``guard_steps`` steps
         from the row's best-known setting (and not closer to it) becomes a step back
-        towards it; a probe so blocked ends."""
+        towards it; a probe so blocked ends. A move over a forbidden value is judged
+        where it lands."""
         g = self.cfg.guard_steps
         best = self.best.best_idx
         if best is None or g <= 0:
-            return actions
-        k = np.maximum(actions - 1, 0) // 2
-        sign = np.where(actions == 0, 0, np.where((actions - 1) % 2 == 0, 1, -1))
+            return acts
+        k, steps = actions.decode_rows(acts, len(self.params))
+        after = self.grid.move(idx, k, steps) if self.grid.forbids.any() else None
         # a knob that never moves online is not guarded
-        bad, back = trust_region.outside(idx, k, sign, best, self.n_steps, g, self.dynamic)
+        bad, back = trust_region.outside(idx, k, steps, best, self.n_steps, g, self.dynamic,
+                                         after)
         if not bad.any():
-            return actions
+            return acts
         self.probes.knob[bad & explore] = -1
         self.guarded += int(bad.sum())
-        return np.where(bad, back, actions)
+        return np.where(bad, back, acts)
 
-    def apply(self, cur: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """Every row's knob values after its action (one step of one knob, in range)."""
-        k = np.maximum(actions - 1, 0) // 2
-        sign = np.where(actions == 0, 0.0, np.where((actions - 1) % 2 == 0, 1.0, -1.0))
-        out = cur.copy()
-        rows = np.arange(len(actions))
-        out[rows, k] = np.clip(cur[rows, k] + sign * self.step[k], self.lo[k], self.hi[k])
-        return out
+    def apply(self, cur: np.ndarray, acts: np.ndarray) -> np.ndarray:
+        """Every row's knob values after its action: one knob moved, in range, over
+        forbidden values (``StepGrid.apply``, as the one-row mode and the daemon)."""
+        return self.grid.apply(cur, acts)
 
     def recommendations(self, rep) -> list[dict]:
         """The knobs that are not dynamic (their cost category says remount, reboot or

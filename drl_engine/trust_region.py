@@ -10,26 +10,30 @@ from __future__ import annotations
 
 import numpy as np
 
+from capes.common import actions
+from capes.common.step_grid import walk
+
 
 def outside(idx: np.ndarray, knob: np.ndarray, steps: np.ndarray, best: np.ndarray,
             n_steps: np.ndarray, limit: int,
-            movable: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+            movable: np.ndarray | None = None,
+            after: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per row, whether moving ``knob`` by ``steps`` (0: NULL) from grid indices
     ``idx`` (N, K) leaves the region of ``limit`` steps around ``best`` (N, K), and the
     one-step action back towards ``best`` (``capes.common.actions``: 1 + 2k up, 2 + 2k
     down, 0 when there): the knob farthest from it relative to its range. Knobs not
-    ``movable`` (K,) (a remount/reboot cost) are left out of both."""
+    ``movable`` (K,) (a remount/reboot cost) are left out of both. ``after``: where the
+    moves land, when not ``idx`` plus ``steps`` (a move over a forbidden value)."""
     rows = np.arange(len(knob))
     movable = np.ones(idx.shape[1], bool) if movable is None else movable
-    after = idx.copy()
-    after[rows, knob] += steps
+    if after is None:
+        after = idx.copy()
+        after[rows, knob] += steps
     d_after = np.where(movable, np.abs(after - best), 0).max(axis=1)
     d_now = np.where(movable, np.abs(idx - best), 0).max(axis=1)
     out = (steps != 0) & (d_after > limit) & (d_after >= d_now)
-    rel = np.where(movable, np.abs(best - idx) / np.maximum(n_steps, 1), -1.0)
-    k = rel.argmax(axis=1)
-    diff = (best - idx)[rows, k]
-    back = np.where(diff > 0, 1 + 2 * k, np.where(diff < 0, 2 + 2 * k, 0))
+    k, step = walk(idx, best, n_steps, 1, movable)          # the one walk, one step
+    back = actions.encode_rows(k, step, idx.shape[1])
     return out, back
 
 

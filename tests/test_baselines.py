@@ -222,3 +222,27 @@ def test_run_one_scores_a_tuner_with_the_honest_metrics():
     assert res.tuner == "hill:budget=200" and res.train_steps == 0
     assert res.ticks == 400 and res.tp_frac_hour is not None
     assert res.min_tp_frac_after_300 is not None
+
+
+def test_the_engine_and_every_baseline_meet_the_tick_loops_tuner_protocol(tmp_path):
+    """``run_ticks`` types its tuner as ``drl_engine.tuner.Tuner`` (issue 39): the
+    engine of both modes (which also checkpoints) and the baselines meet it."""
+    from drl_engine.config import DQNConfig, RewardConfig
+    from drl_engine.engine import Engine
+    from drl_engine.tuner import Checkpointed, Tuner
+    from storagegamesim.cluster import PI_NAMES as NODE_PIS, ClusterConfig
+    cfg = game_config()
+    specs = list(cfg.game.param_specs().values())
+    writer = ReplayWriter(tmp_path / "r.db")
+    writer.begin_session(SessionInfo(pi_names=list(PI_NAMES), node_names=["sim0"],
+                                     params=specs))
+    reader = ReplayReader(tmp_path / "r.db")
+    for name in ("random", "hill"):
+        tuner = make_tuner(name, specs, reader, cfg.reward, 0)
+        assert isinstance(tuner, Tuner) and not isinstance(tuner, Checkpointed)
+    flat = Engine(DQNConfig(), RewardConfig(), reader, device="cpu")
+    rows = Engine.over_rows(DQNConfig(), RewardConfig(), list(NODE_PIS),
+                            list(ClusterConfig().param_specs().values()), 4)
+    assert isinstance(flat, Checkpointed) and isinstance(rows, Checkpointed)
+    reader.close()
+    writer.close()

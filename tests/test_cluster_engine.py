@@ -115,10 +115,10 @@ def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
             x, nx = (rng.normal(0, 1, (B, M, 12)).astype(np.float32) for _ in range(2))
             abar, nabar = (rng.dirichlet(np.ones(5), (B, M)).astype(np.float32)
                            if model.mean_field else None for _ in range(2))
-            losses.append(dqn.learn(x, None, rng.integers(0, 5, (B, M)),
-                                    rng.normal(0, 3, B).astype(np.float32),
-                                    np.full(B, 0.95, np.float32), nx, None,
-                                    rng.random((B, M)) > 0.2, abar, nabar))
+            losses.append(dqn.learn_arrays(x, None, rng.integers(0, 5, (B, M)),
+                                           rng.normal(0, 3, B).astype(np.float32),
+                                           np.full(B, 0.95, np.float32), nx, None,
+                                           rng.random((B, M)) > 0.2, abar, nabar))
         states.append((losses, list(dqn.optimizer.square_avg),
                        list(dqn.q.parameters()) + list(dqn.target.parameters())))
     (l1, g1, w1), (l2, g2, w2) = states
@@ -638,6 +638,63 @@ def test_only_dynamic_knobs_are_tuned_online(explore):
             p.zero_()
         eng.dqn.q.head[-1].bias[1 + 1] = 100.0            # advantage of "rate_limit +"
     assert not np.isin(eng.act().row_actions, [1, 2]).any()
+
+
+def forbidding_specs():
+    """The cluster's knobs with forbidden values around where the nodes start."""
+    out = specs()
+    out[0].forbidden = [950.0, 1050.0]               # rate_limit (starts at 1000)
+    out[1].forbidden = [19.0, 21.0, 22.0]            # window (starts at 20)
+    return out
+
+
+def test_a_per_node_move_steps_over_forbidden_values_as_the_one_row_move():
+    from drl_engine.engine import apply_action
+    sp = forbidding_specs()
+    eng = Engine.over_rows(default_dqn(), RewardConfig(), list(PI_NAMES), sp, 4, seed=0,
+                           model=FAST_MODEL)
+    cur = np.array([[1000.0, 20.0]] * 4)
+    out = eng.control.apply(cur, np.array([0, 1, 3, 4]))   # NULL, rate +, window +, window -
+    assert out.tolist() == [[1000, 20], [1100, 20], [1000, 23], [1000, 18]]
+    for a in range(5):        # the flat mode's move of one row: the same values
+        assert apply_action(a, cur[0], sp) == eng.control.apply(cur[:1], np.array([a]))[0].tolist()
+    # the trust region judges a move where it lands: window 20 -> 23 is 3 steps from a
+    # best at 20 (turned back: NULL, the row is at its best), rate 1000 -> 1100 is 2
+    eng.control.best.best_idx = eng.control.grid.index(np.array([[1000.0, 20.0]] * 4))
+    idx = eng.control.grid.index(cur)
+    guarded = dataclasses.replace(eng.cfg, guard_steps=2)
+    eng.control.cfg = guarded
+    assert eng.control.guard(idx, np.array([3, 3, 1, 0]), np.zeros(4, bool)).tolist() == \
+        [0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("cold_start,explore", [("shared", "probe"), ("per_node", "probe"),
+                                                ("per_node", "random")])
+def test_a_per_node_engine_never_proposes_a_forbidden_value(cold_start, explore):
+    """Issue 39: the per-node engine once moved by clipping, onto forbidden values the
+    daemon then refused; it now crosses them (cold start, probes, greedy moves, trust
+    region, walks)."""
+    sp = forbidding_specs()
+    bad = {k: set(s.forbidden) for k, s in enumerate(sp)}
+    eng = Engine.over_rows(default_dqn(exploration_ticks=10**6), RewardConfig(),
+                           list(PI_NAMES), sp, 8, seed=0,
+                           model=dataclasses.replace(FAST_MODEL, explore=explore,
+                                                     cold_start=cold_start))
+    rng = np.random.default_rng(0)
+    x = np.full((8, len(PI_NAMES)), 50.0, np.float32)
+    x[:, 4], x[:, 5] = 20, 1000
+    crossed = set()
+    for t in range(300):
+        y = x.copy()
+        y[:, :4] *= rng.normal(1.0, 0.01, (8, 4))
+        eng.ingest(t, y)
+        d = eng.act()
+        for k in bad:
+            assert not bad[k] & set(d.values[:, k].tolist()), (t, k, d.values[:, k])
+        crossed |= {k for k in bad if (d.values[:, k] < min(bad[k])).any()
+                    or (d.values[:, k] > max(bad[k])).any()}
+        x[:, 4], x[:, 5] = d.values[:, 1], d.values[:, 0]
+    assert crossed == {0, 1}          # both knobs moved past their forbidden values
 
 
 def test_a_knob_that_is_not_dynamic_is_reported_as_a_recommendation():

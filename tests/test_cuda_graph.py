@@ -46,7 +46,7 @@ def test_node_graph_steps_match_eager_steps(mean_field):
     batches = [_node_batch(rng, B=32 if i % 4 else 20, mean_field=mean_field)
                for i in range(10)]
     for b in batches:
-        lg, le = graphed.learn(*b), eager.learn(*b)
+        lg, le = graphed.learn_arrays(*b), eager.learn_arrays(*b)
         assert torch.isfinite(lg) and abs(float(lg) - float(le)) <= 1e-4 * (1 + abs(float(le)))
     assert graphed._graphs.replays > 0
     assert graphed.optimizer.steps == eager.optimizer.steps == len(batches)
@@ -66,7 +66,7 @@ def test_flat_graph_steps_match_eager_steps_with_demonstrations():
         b = (rng.normal(size=(32, 40)).astype(np.float32), rng.integers(0, 5, 32),
              rng.normal(size=32).astype(np.float32), np.full(32, 0.99, np.float32),
              rng.normal(size=(32, 40)).astype(np.float32), demo)
-        lg, le = graphed.learn(*b), eager.learn(*b)
+        lg, le = graphed.learn_arrays(*b), eager.learn_arrays(*b)
         assert abs(float(lg) - float(le)) <= 1e-4 * (1 + abs(float(le)))
     torch.testing.assert_close(_params(graphed), _params(eager), rtol=1e-4, atol=1e-6)
 
@@ -74,9 +74,9 @@ def test_flat_graph_steps_match_eager_steps_with_demonstrations():
 def test_loss_is_reported_one_call_late_without_waiting():
     learner = NodeDQN(60, 3, _cfg(), NodeModelConfig(), device="cuda", seed=0)
     rng = np.random.default_rng(2)
-    first = learner.learn(*_node_batch(rng))
+    first = learner.learn_arrays(*_node_batch(rng))
     assert learner.mean_loss([first]) is None           # nothing read yet
-    second = learner.learn(*_node_batch(rng))
+    second = learner.learn_arrays(*_node_batch(rng))
     assert learner.mean_loss([second]) == pytest.approx(float(first))
 
 

@@ -113,7 +113,7 @@ def test_the_optimiser_and_clipping_are_torch_rmsprop_and_clip_grad_norm_exactly
     dicts load into each other."""
     import copy
 
-    from drl_engine.dqn import RMSprop, clip_grad_norm
+    from drl_engine.qnet import RMSprop, clip_grad_norm
     torch.manual_seed(0)
     a = torch.nn.Sequential(torch.nn.Linear(20, 20), torch.nn.Tanh(), torch.nn.Linear(20, 5))
     b = copy.deepcopy(a)

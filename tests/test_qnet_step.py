@@ -36,7 +36,7 @@ def train(preset, by_hand, dim, n_actions, batch, steps, demo, layers=2, width=0
     calls = []
     step = learner._cpu_step
     learner._cpu_step = lambda *a: calls.append(1) or step(*a)
-    losses = [learner.learn(*a).item() for a in batches(dim, n_actions, batch, steps, demo)]
+    losses = [learner.learn_arrays(*a).item() for a in batches(dim, n_actions, batch, steps, demo)]
     state = ([p.detach().clone() for p in learner.q.parameters()]
              + [p.detach().clone() for p in learner.target.parameters()]
              + [v.clone() for v in learner.optimizer.square_avg])

@@ -60,7 +60,10 @@ def network_walk(request_kb: float, start: int, frozen=(False, False), known: in
                         SimpleNamespace(min=1, max=100, step=1)])
     guide = SimpleNamespace(step_grid=grid, n_steps=grid.n_steps, frozen=np.array(frozen))
     engine = SimpleNamespace(experience=experience([80.0, 1.0, 50.0, request_kb]),
-                             dqn=PointingNetwork(), action_ticks=0, local_bump=False)
+                             dqn=PointingNetwork(), action_ticks=0, bumped_at=None,
+                             local_bump=False)
+    engine.raise_epsilon = lambda at, local=False: setattr(engine, "local_bump", local) \
+        or setattr(engine, "bumped_at", at)
     network_walk.engine = engine
     ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True, **cfg), [3])
     ctx.memory = [SimpleNamespace(best=np.array([0, 0]))] * known + [SimpleNamespace(best=None)]

@@ -180,8 +180,7 @@ def test_cluster_recurring_config_gives_each_class_its_signature():
 
 
 def test_the_recall_walk_moves_the_farthest_knob_by_full_moves():
-    from drl_engine.context import walk
-    from drl_engine.guide import step_towards
+    from capes.common.step_grid import walk_action
     n_steps = np.array([19, 99])                       # rate_limit, window (the game's grid)
 
     def ticks(rule, cur, target):
@@ -194,8 +193,9 @@ def test_the_recall_walk_moves_the_farthest_knob_by_full_moves():
         assert (cur == target).all()
         return k
     target = np.array([11, 22])
-    fast = ticks(lambda c, t: walk(c, t, n_steps, 8), [13, 78], target)
-    assert fast == 7 + 1 and fast < ticks(lambda c, t: step_towards(c, t, n_steps, 8),
+    fast = ticks(lambda c, t: walk_action(c, t, n_steps, 8), [13, 78], target)
+    assert fast == 7 + 1 and fast < ticks(lambda c, t: walk_action(c, t, n_steps, 8,
+                                                                   straight=True),
                                           [13, 78], target)
 
 

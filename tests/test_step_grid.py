@@ -33,3 +33,45 @@ def test_float_steps_land_on_the_max_exactly():
     g = StepGrid.of([spec(0.1, 1.0, 0.1)])
     assert g.n_steps.tolist() == [9] and g.values([9]).tolist() == [1.0]
     assert g.index([1.0]).tolist() == [9]
+
+
+def test_moves_cross_forbidden_values_as_next_value_does():
+    """``apply`` (an action on values) and ``move`` (steps on indices) land where
+    repeated ``ParameterSpec.next_value`` lands: the one step rule of every engine and of
+    the daemon, forbidden values crossed (or no move where only forbidden ones lie)."""
+    from capes.common import actions
+    a, b = spec(0, 20, 2), spec(1, 9, 1)
+    b.forbidden = [4.0, 5.0, 9.0]
+    specs = [a, b]
+    g = StepGrid.of(specs)
+    assert g.forbids.tolist() == [False, True]
+    rng = np.random.default_rng(0)
+    cur = np.column_stack([rng.integers(0, 11, 200) * 2.0,
+                           rng.choice([1, 2, 3, 6, 7, 8], 200).astype(float)])
+    acts = rng.integers(0, actions.count(2, 3), 200)
+    out = g.apply(cur, acts)
+    idx = g.move(g.index(cur), *actions.decode_rows(acts, 2))
+    for r in range(200):
+        want = cur[r].tolist()
+        if (m := actions.decode(int(acts[r]), 2)) is not None:
+            want[m[0]] = actions.moved(specs[m[0]], want[m[0]], m[1])
+        assert out[r].tolist() == want and g.values(idx[r]).tolist() == want
+    assert g.apply([0.0, 3.0], actions.encode(1, 1, 2)).tolist() == [0, 6]   # over 4 and 5
+    assert g.apply([0.0, 8.0], actions.encode(1, 1, 2)).tolist() == [0, 8]   # only 9 above
+    assert not set(out[:, 1]) & {4.0, 5.0, 9.0}
+
+
+def test_one_walk_for_rows_a_row_and_a_straight_path():
+    """The one walk (recall, rollback, probes, the trust region's step back, the
+    demonstrations): the knob farthest from the target relative to its range, by up to
+    ``most`` steps; only ``cells``; ``straight`` stops where another knob would lead."""
+    from capes.common.step_grid import walk, walk_action
+    n = np.array([19, 99])
+    knob, steps = walk(np.array([[13, 78], [4, 50], [4, 50]]),
+                       np.array([[11, 22], [4, 50], [10, 50]]), n, 8,
+                       cells=np.array([[True, True], [True, True], [False, True]]))
+    assert knob.tolist()[:1] == [1] and steps.tolist() == [-8, 0, 0]
+    assert walk(np.array([13, 78]), np.array([11, 22]), n, 8) == (1, -8)
+    # straight: the window leads while its relative distance is the largest
+    assert walk(np.array([13, 30]), np.array([11, 22]), n, 8, straight=True) == (0, -1)
+    assert walk_action(np.array([4, 50]), np.array([4, 50]), n, 8) == 0

@@ -12,6 +12,8 @@ thesis' 2P + 1 outputs and learns a larger move (the guide's probe walks,
 """
 from __future__ import annotations
 
+import numpy as np
+
 MAX_STEPS = 8        # the largest move one action may make, in steps (any engine)
 
 # Per-node knobs (``docs/deploying-per-node.md``): parameters named ``<node>/<knob>``, one
@@ -47,10 +49,26 @@ def decode(action: int, n_params: int) -> tuple[int, int] | None:
     return k, -(size + 1) if down else size + 1
 
 
+def decode_rows(acts, n_params: int):
+    """:func:`decode` over an array of actions: (knob, signed steps) arrays, (0, 0) for
+    NULL."""
+    acts = np.asarray(acts, np.int64)
+    size, rest = np.divmod(np.maximum(acts - 1, 0), 2 * n_params)
+    knob, down = np.divmod(rest, 2)
+    return knob, np.where(acts == 0, 0, np.where(down == 1, -(size + 1), size + 1))
+
+
 def encode(k: int, steps: int, n_params: int) -> int:
     """The action moving parameter ``k`` by ``steps`` (signed, non-zero) steps."""
     size = abs(steps) - 1
     return 1 + 2 * n_params * size + 2 * k + (1 if steps < 0 else 0)
+
+
+def encode_rows(knob, steps, n_params: int):
+    """:func:`encode` over arrays (knob, signed steps); NULL where ``steps`` is 0."""
+    knob, steps = np.asarray(knob, np.int64), np.asarray(steps)
+    size = np.maximum(np.abs(steps).astype(np.int64) - 1, 0)
+    return np.where(steps == 0, 0, 1 + 2 * n_params * size + 2 * knob + (steps < 0))
 
 
 def direction(action, n_params: int):

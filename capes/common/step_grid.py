@@ -3,9 +3,14 @@
 Engines and tuners search over grid indices and apply values. Index k of knob j is
 ``lo[j] + k·step[j]`` for k = 0 … ``n_steps[j]``; when ``max`` is off the grid (min 0,
 max 10, step 3) its last index is ``max`` itself, as :meth:`ParameterSpec.on_grid
-<capes.common.params.ParameterSpec.on_grid>` allows. Forbidden values are the
-caller's business (``ParameterSpec.next_value`` steps over them; the search baselines
-skip them). Works on a row of knobs (K,) or on rows of them (N, K).
+<capes.common.params.ParameterSpec.on_grid>` allows. Works on a row of knobs (K,) or on
+rows of them (N, K).
+
+Moves cross forbidden values: :meth:`StepGrid.apply` (an action on values, every
+engine's) and :meth:`StepGrid.move` (steps on grid indices: walks, the cold start's
+shared setting) land where repeated ``ParameterSpec.next_value`` lands, the daemon's step
+rule; numpy does the rows whose knob forbids nothing, ``next_value`` itself the others.
+The search baselines skip forbidden settings on their own.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from capes.common import actions
 from capes.common.params import TOLERANCE, ParameterSpec
 
 
@@ -22,10 +28,14 @@ class StepGrid:
     step: np.ndarray         # (K,) its step
     n_steps: np.ndarray      # (K,) int64: its last index
     hi: np.ndarray | None = None   # (K,) its max (None: on the grid, lo + n_steps·step)
+    specs: tuple = ()        # the knobs' specs, where one has forbidden values (else ())
 
     def __post_init__(self):
         if self.hi is None:
             object.__setattr__(self, "hi", self.lo + self.n_steps * self.step)
+        forbids = np.array([bool(s.forbidden) for s in self.specs], bool) if self.specs \
+            else np.zeros(len(self.lo), bool)
+        object.__setattr__(self, "forbids", forbids)      # (K,) a knob with forbidden values
 
     @classmethod
     def of(cls, specs: list[ParameterSpec]) -> StepGrid:
@@ -34,7 +44,8 @@ class StepGrid:
         step = np.array([s.step for s in specs], np.float64)
         n = np.floor((hi - lo) / step + TOLERANCE).astype(np.int64)
         n += lo + n * step < hi - TOLERANCE * step          # max itself is the last point
-        return cls(lo, step, n, hi)
+        return cls(lo, step, n, hi, tuple(specs) if any(getattr(s, "forbidden", ()) for s in specs)
+                   else ())
 
     def knob_values(self, k: int) -> np.ndarray:
         """Every setting of knob ``k``, in index order."""
@@ -65,5 +76,96 @@ class StepGrid:
         its max)."""
         return np.minimum(self.lo + np.asarray(idx) * self.step, self.hi)
 
+    # -- moves, over forbidden values -------------------------------------------------
+    def apply(self, values, acts) -> np.ndarray:
+        """Every row's values (N, K) after its action (N,) (``capes.common.actions``:
+        NULL, or one knob moved by its steps): each step clamped to the range and over
+        forbidden values, as ``ParameterSpec.next_value``; the other knobs (and values
+        off the grid) as they are. A row of knobs (K,) with one action works too."""
+        values = np.asarray(values, np.float64)
+        one = values.ndim == 1
+        out = values[None].copy() if one else values.copy()
+        acts = np.atleast_1d(np.asarray(acts, np.int64))
+        knob, steps = actions.decode_rows(acts, out.shape[1])
+        rows = np.arange(len(acts))
+        sign = np.sign(steps).astype(np.float64)
+        for s in range(int(np.abs(steps).max(initial=0))):
+            go = np.abs(steps) > s
+            v = out[rows, knob]
+            out[rows, knob] = np.where(go, np.clip(v + sign * self.step[knob],
+                                                   self.lo[knob], self.hi[knob]), v)
+        if self.forbids.any():                    # those knobs: next_value itself
+            for r in np.flatnonzero(self.forbids[knob] & (steps != 0)):
+                k = knob[r]
+                out[r, k] = actions.moved(self.specs[k], float(values.reshape(out.shape)[r, k]),
+                                          int(steps[r]))
+        return out[0] if one else out
 
-__all__ = ["StepGrid"]
+    def move(self, idx, knob, steps) -> np.ndarray:
+        """Grid indices (N, K) with each row's ``knob`` (N,) moved by ``steps`` (N,,
+        signed; 0: none), clamped to the grid and over forbidden values (as
+        :meth:`apply`); a row (K,) with scalars works too."""
+        idx = np.asarray(idx, np.int64)
+        one = idx.ndim == 1
+        out = idx[None].copy() if one else idx.copy()
+        knob = np.atleast_1d(np.asarray(knob, np.int64))
+        steps = np.atleast_1d(np.asarray(steps, np.int64))
+        rows = np.arange(len(knob))
+        out[rows, knob] = np.clip(out[rows, knob] + steps, 0, self.n_steps[knob])
+        if self.forbids.any():
+            for r in np.flatnonzero(self.forbids[knob] & (steps != 0)):
+                k = knob[r]
+                v = actions.moved(self.specs[k], float(self.values(idx.reshape(out.shape)[r])[k]),
+                                  int(steps[r]))
+                out[r, k] = self.index(np.full(len(self.lo), v))[k]
+        return out[0] if one else out
+
+    def walk(self, idx, target, most: int = 1, cells=None, straight: bool = False):
+        """One tick of a walk to ``target`` (grid indices): :func:`walk` on this grid."""
+        return walk(idx, target, self.n_steps, most, cells, straight)
+
+
+def walk(idx, target, n_steps, most: int = 1, cells=None, straight: bool = False
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """One tick of a walk from grid indices ``idx`` to ``target`` (rows (N, K) or a row
+    (K,)): per row, the knob farthest from it relative to its range (the first of equals)
+    and its signed steps towards it, at most ``most`` (0 when the row is there). Only
+    ``cells`` (a mask like ``idx``, or (K,)) count. ``straight``: fewer steps while
+    another knob would become the farthest, so that the walk keeps a straight path (the
+    guide's probes); else as many as allowed, the fewest ticks there (a recall, a
+    rollback). Every walk of both modes, and the trust region's step back, is this one;
+    :meth:`StepGrid.move` or an action (``walk_action``) makes it."""
+    diff = np.asarray(target) - np.asarray(idx)
+    one = diff.ndim == 1
+    diff = diff[None] if one else diff
+    if cells is not None:
+        diff = np.where(cells, diff, 0)
+    scale = np.maximum(n_steps, 1)
+    rows = np.arange(len(diff))
+    knob = np.argmax(np.abs(diff) / scale, axis=1)
+    d = diff[rows, knob]
+    sign = np.sign(d)
+    if straight:
+        steps = (d != 0).astype(np.int64)
+        alive = d != 0
+        diff = diff.copy()
+        for _ in range(1, most):
+            diff[rows, knob] -= sign * alive
+            alive = alive & (diff[rows, knob] != 0) & \
+                (np.argmax(np.abs(diff) / scale, axis=1) == knob)
+            if not alive.any():
+                break
+            steps += alive
+    else:
+        steps = np.minimum(np.abs(d), most)
+    steps = sign * steps
+    return (knob[0], steps[0]) if one else (knob, steps)
+
+
+def walk_action(idx, target, n_steps, most: int = 1, straight: bool = False) -> int:
+    """:func:`walk` of one row as an action (``capes.common.actions``; 0: NULL, there)."""
+    knob, steps = walk(idx, target, n_steps, most, straight=straight)
+    return actions.encode(int(knob), int(steps), len(idx)) if steps else 0
+
+
+__all__ = ["StepGrid", "walk", "walk_action"]

@@ -1,7 +1,7 @@
 """Baseline tuners for the converge test: search-then-commit, in CAPES's own tick loop.
 
-A baseline is a drop-in for :class:`drl_engine.engine.Engine` in
-:func:`drl_engine.loop.run_ticks` (duck-typed): every tick it reads the same delayed,
+A baseline is, as the engine, a :class:`drl_engine.tuner.Tuner` of
+:func:`drl_engine.loop.run_ticks`: every tick it reads the same delayed,
 noisy PIs from the same replay DB, computes the same objective (``[reward] objective``
 over ``[reward] pis``) and returns a :class:`~drl_engine.decision.Decision` whose
 ``values`` are the full setting it wants in effect now. It knows only what a real tuner
@@ -52,6 +52,7 @@ from capes.common.replay_db import ReplayReader
 from drl_engine.config import RewardConfig
 from drl_engine.decision import Decision
 from drl_engine.rewards import OBJECTIVES, pi_columns
+from drl_engine.tuner import Tuner
 
 TUNERS = Registry("tuner")
 tuner = TUNERS.register
@@ -118,8 +119,9 @@ class Grid:
 
 # -- the base class -----------------------------------------------------------------------
 
-class SearchTuner:
-    """Search-then-commit over the step grid, driven one tick at a time by the tick loop.
+class SearchTuner(Tuner):
+    """Search-then-commit over the step grid, driven one tick at a time by the tick loop
+    (a ``drl_engine.tuner.Tuner``, as the engine; it keeps nothing across restarts).
 
     Subclasses implement ``propose() -> grid indices`` and ``observe(idx, score)``
     (score None: the evaluation failed, no data), and may override ``best()``."""

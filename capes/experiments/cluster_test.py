@@ -343,7 +343,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
             init_model: str | None = None, save_model: str | None = None,
             keep_trace: bool = False, device: str = "cpu", db_path: str | None = None,
             tuner_options: dict | None = None, write_behind: bool = True,
-            refuse_live: bool = False, check_live: bool = True) -> dict:
+            refuse_live: bool = False, check_live: bool = True, observers=()) -> dict:
     """Play one hour (the config's ``time_limit_ticks``); the same seed gives the same
     result. Returns a JSON-ready dict. ``write_behind``: with ``feed="rows"``, commit the
     PI rows in a process of their own (True, :class:`WriteProcess`: the report then has
@@ -351,7 +351,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
     ``refuse_live``: an action a live daemon would refuse (``refused_live``) is not
     applied, as live (the engine reads the nodes' values back). ``check_live = False``
     skips the check (``refused_live`` None): ~3 s of CPU an hour at 1,000 nodes, which
-    the engine's speed benchmark leaves out."""
+    the engine's speed benchmark leaves out. ``observers``: more of the tick loop's
+    observers (``observer(record, sim, player)``), e.g. tools/engine_trace.py's."""
     ccfg = cfg.cluster
     sim_seed, engine_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
     optima = phase_optima(ccfg, ccfg.best_static)
@@ -404,7 +405,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
 
         start = time.perf_counter()
         try:
-            run_ticks(player, source, observers=[record] if trace is not None else [])
+            run_ticks(player, source, observers=([record] if trace is not None else []) + [
+                lambda rec, f=f: f(rec, sim, player) for f in observers])
         finally:
             if behind is not None:
                 behind.close()

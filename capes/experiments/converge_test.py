@@ -155,9 +155,10 @@ def make_player(tuner: str, cfg: ConvergeConfig, reader: ReplayReader, device: s
 def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
             init_model: str | None = None, device: str = "cpu",
             keep_trace: bool = False, play_on: bool = True, tuner: str = "capes",
-            tensorboard: str | None = None) -> RunResult:
+            tensorboard: str | None = None, observers=()) -> RunResult:
     """Play one game to the time limit (or, without ``play_on``, to the win); the same
-    seed gives the same result."""
+    seed gives the same result. ``observers``: more of the tick loop's observers
+    (``observer(record, game, engine)``), e.g. tools/engine_trace.py's."""
     game_seed, engine_seed = np.random.SeedSequence(seed).generate_state(2)
     game = StorageGameSim(cfg.game, seed=int(game_seed))
     specs = list(cfg.game.param_specs().values())
@@ -182,7 +183,9 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
 
         source = GameSource(game, writer, session.id, [s.name for s in specs], play_on,
                             commit_actions=False)
+        extra = list(observers)
         observers = [record] if trace is not None else []
+        observers += [lambda rec, f=f: f(rec, game, engine) for f in extra]
         writer_tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
