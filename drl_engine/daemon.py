@@ -191,6 +191,11 @@ ENGINE_METRICS = [
     _m("capes_engine_checkpoint_age_seconds", "gauge", "seconds since that checkpoint"),
     _m("capes_engine_tick_duration_seconds", "gauge",
        "wall seconds the last tick's work took (observe, act, train)"),
+    _m("capes_engine_ticks_ingested_total", "counter",
+       "per-node mode: ticks of the session taken into the engine's ring"),
+    _m("capes_engine_node_ticks_seen_total", "counter",
+       "per-node mode: of those ticks, the ones each node had a row in (a node seen "
+       "in few of them is one the engine is blind to)", "node"),
 ]
 
 
@@ -295,7 +300,18 @@ class EngineView:
             "change_alarms": getattr(e, "change_alarms", None),
             "context_switches": (len(e.context.switches)
                                  if getattr(e, "context", None) is not None else None),
+            "nodes_seen": self._nodes_seen(),
         }
+
+    def _nodes_seen(self) -> dict | None:
+        """Per-node mode: ticks ingested in this session and, per node, how many of
+        them it had a row in (None in the one-row mode or before the ring is built)."""
+        e = self.engine
+        if not e.per_node or e.data is None or getattr(e, "reader", None) is None:
+            return None
+        rep = e.data.replay
+        return {"ticks": int(rep.ingested),
+                "nodes": dict(zip(e.reader.layout.node_names, rep.seen.tolist()))}
 
     def status(self) -> dict:
         with self._lock:
@@ -334,6 +350,8 @@ class EngineView:
             "capes_engine_checkpoint_timestamp_seconds": s["checkpoint_at"],
             "capes_engine_checkpoint_age_seconds": s.get("checkpoint_age_s"),
             "capes_engine_tick_duration_seconds": s["tick_duration_s"],
+            "capes_engine_ticks_ingested_total": (s["nodes_seen"] or {}).get("ticks"),
+            "capes_engine_node_ticks_seen_total": (s["nodes_seen"] or {}).get("nodes"),
         }
 
 

@@ -54,6 +54,7 @@ from drl_engine.guide import Guide, step_towards
 from drl_engine.node_replay import RowData
 from drl_engine.row_context import RowContexts
 from drl_engine.row_controller import RowController
+from drl_engine.tick_frontier import TickFrontier
 
 log = logging.getLogger("capes.engine")
 
@@ -545,6 +546,7 @@ class Engine:
                                           compiled=self.dqn.compiles)
         self._session: int | None = None
         self._seen = 0                          # reader mode: ticks of the session ingested
+        self._frontier = TickFrontier(model.node_stall_ticks, model.node_lag_ticks)
         self.control = RowController(dqn, model, self.params, self.nodes, self.seed)
         self._node_obj = np.array(self.data.replay.obj_cols)
         self.row_context = RowContexts.build(dqn, self.pi_names, self.reward_cfg.pis,
@@ -584,19 +586,15 @@ class Engine:
             if self._session is not None:
                 self.new_session()
             self._session, self._seen = sid, 0
+            self._frontier.reset()
         if data.first_tick is None:
             return n
         if data.pis.shape[1] < self.nodes:
             raise ValueError(f"replay DB session {sid} has {data.pis.shape[1]} nodes, "
                              f"this engine {self.nodes}")
-        end = data.length
-        if end > self._seen:
-            # the newest tick is partial while a node of the tick before has no row in it
-            # yet (a node that stopped sending holds it back once, not for good)
-            gone = np.isnan(data.pis[end - 1]).all(axis=1)
-            if end >= 2:
-                gone &= ~np.isnan(data.pis[end - 2]).all(axis=1)
-            end -= bool(gone.any())
+        # up to each node's own newest row (a node whose clock runs ahead waits for the
+        # others; one that stopped sending or lags far behind does not hold them back)
+        end = self._frontier.end(data.pis, data.first_tick, data.length, self._seen)
         for i in range(self._seen, end):
             self.ingest(data.first_tick + i, data.pis[i])
         self._seen = max(self._seen, end)

@@ -92,6 +92,7 @@ class NodeReplay:
         self.last: int | None = None       # newest tick
         self.first: int | None = None      # oldest tick ever ingested
         self.ingested = 0
+        self.seen = np.zeros(nodes, np.int64)    # per node: ingested ticks it had a row in
 
     @classmethod
     def capacity_for(cls, megabytes: int, nodes: int, pis: int, knobs: int) -> int:
@@ -127,6 +128,7 @@ class NodeReplay:
             self.lp[s] = np.log1p(np.maximum(x, 0.0))
         self.lp[s][np.isnan(x)] = np.nan
         present = self.present[s] = ~np.isnan(x).all(axis=1)
+        self.seen += present
         self.tick_of[s] = tick
         self.knobs[s] = x[:, self.knob_cols]
         self.actions[s] = -1
@@ -171,6 +173,7 @@ class NodeReplay:
         for name in ("tick_of", "pobj", "r", "ahist"):
             getattr(new, name)[b] = getattr(self, name)[a]
         new.first, new.last, new.ingested = int(ticks[0]), self.last, self.ingested
+        new.seen[:n] = self.seen
         return new
 
     def _clear(self, t: int) -> None:

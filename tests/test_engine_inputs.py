@@ -1,0 +1,164 @@
+"""An engine that survives its inputs (issue 38): a node whose clock runs ahead of the
+others, a checkpoint from another config or damaged, PIs that are not finite. Each as a
+user meets it: ``capes drl-engine`` against a real interface daemon, or on a real DB."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+from daemon_harness import PARAMS, ROOT, Agent, DaemonProcess, wait_for, write_config
+
+from capes.common import curve
+from capes.common.control_client import ControlClient
+from capes.common.deployment import KeysConfig
+
+NODES = ("n1", "n2", "n3", "n4")
+TICK_S = 0.05
+
+
+def per_node_params(nodes=NODES) -> str:
+    return "".join(f"""
+[parameters."{n}/window"]
+min = 1
+max = 100
+step = 1
+default = 10
+nodes = ["{n}"]
+""" for n in nodes)
+
+
+def read_status(path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class LiveCluster:
+    """An interface daemon with per-node knobs ``<node>/window``, one synthetic monitoring
+    agent per node (throughput peaks at window 50; the knob's value reported as a PI),
+    and ``capes drl-engine`` started on it. ``ahead``: ticks each node's clock runs ahead
+    of the wall clock's tick (an agent stamps frames with its own clock)."""
+
+    def __init__(self, tmp, ahead: dict[str, int], engine_args=(), nodes=NODES):
+        curve.generate(tmp / "keys", ["mon", "engine"])
+        self.cfg = write_config(tmp, max_clock_skew_s=300)       # the shipped default
+        self.cfg.write_text(self.cfg.read_text().replace(PARAMS, per_node_params(nodes)))
+        self.tmp, self.nodes, self.ahead = tmp, nodes, ahead
+        self.daemon = DaemonProcess(self.cfg, tmp / "ready.json")
+        self.ctx = zmq.Context()
+        self.engine = None
+        keys = KeysConfig(dir=str(tmp / "keys"), client="mon")
+        self.agents = [Agent(self.ctx, self.daemon.info["ingest"], keys, "mon", n,
+                             ["throughput", "window"]) for n in nodes]
+        self.control = ControlClient(self.daemon.info["grpc"], curve.load_token(keys))
+        self.tick = int(time.time() / TICK_S)
+        self.status_file = tmp / "engine.json"
+        self.engine_args = list(engine_args)
+
+    def feed(self, n: int = 1) -> None:
+        """``n`` ticks of every node, one every TICK_S (as agents on wall-clock ticks)."""
+        params = self.control.status()["parameters"]
+        for _ in range(n):
+            for a, node in zip(self.agents, self.nodes):
+                w = params[f"{node}/window"]
+                a.send(self.tick + self.ahead.get(node, 0), [100.0 - abs(w - 50.0), w])
+            self.tick += 1
+            time.sleep(TICK_S)
+
+    def start_engine(self) -> None:
+        self.engine = subprocess.Popen(
+            [sys.executable, "-m", "capes", "drl-engine", "--config", str(self.cfg),
+             "--set", f"daemon.grpc={self.daemon.info['grpc']}", "--set", "engine.stack=2",
+             "--set", "keys.client=engine", "--device", "cpu",
+             "--checkpoint-dir", str(self.tmp / "ckpt"), "--status-file",
+             str(self.status_file), "--metrics", "", *self.engine_args],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def feed_until(self, pred, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert self.engine.poll() is None, self.engine.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, read_status(self.status_file)
+            self.feed()
+
+    def close(self) -> None:
+        if self.engine is not None and self.engine.poll() is None:
+            self.engine.kill()
+            self.engine.wait()
+        for a in self.agents:
+            a.close()
+        self.control.close()
+        self.ctx.destroy(linger=0)
+        self.daemon.stop()
+
+
+def seen(status: dict) -> tuple[int, dict[str, int]]:
+    s = status.get("nodes_seen") or {}
+    return s.get("ticks", 0), s.get("nodes", {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skew_s", [0.0, 3.0])
+def test_a_node_whose_clock_runs_ahead_does_not_blind_the_engine_to_the_others(
+        tmp_path, skew_s):
+    """One node's clock 3 s ahead (60 ticks; well inside max_clock_skew_s = 300): its
+    rows are stored 60 ticks ahead of the others'. The engine took every tick up to the
+    newest row (that node's) and never went back, so the on-time nodes were seen in a
+    few % of its ticks. Each node must be seen in >= 95 % of the ticks once it sends,
+    and every frame stored."""
+    lead = round(skew_s / TICK_S)
+    c = LiveCluster(tmp_path, {"n4": lead})
+    try:
+        c.feed(20)
+        wait_for(lambda: c.control.status()["rows_written"] >= 60, timeout=15)
+        c.start_engine()
+        c.feed_until(lambda: seen(read_status(c.status_file))[0] >= 120 + lead)
+        ticks, nodes = seen(read_status(c.status_file))
+        print(f"skew {skew_s} s: {ticks} ticks ingested, seen per node {nodes}")
+        for n in ("n1", "n2", "n3"):              # on time: there from the first tick
+            assert nodes[n] >= 0.95 * ticks, (n, nodes, ticks)
+        # the fast node: from its first row, lead ticks after the others' first
+        assert nodes["n4"] >= 0.95 * (ticks - lead), (nodes, ticks)
+        st = c.control.status()
+        assert not st["drops"], st["drops"]        # no frame refused: no row lost
+    finally:
+        c.close()
+
+
+def frames(ticks: int, rows: dict[int, range]):
+    """(ticks, nodes, 1) PIs: node j has a row at the ticks ``rows[j]``."""
+    pis = np.full((ticks, len(rows), 1), np.nan, np.float32)
+    for j, have in rows.items():
+        pis[[t for t in have if t < ticks], j] = 1.0
+    return pis
+
+
+def test_the_frontier_waits_for_live_nodes_but_not_for_stopped_or_far_behind_ones():
+    from drl_engine.tick_frontier import TickFrontier
+    f = TickFrontier(stall_ticks=5, lag_ticks=10)
+    # n0, n1 on time up to tick 49; n2 sixty ticks ahead (up to 109): wait for n0, n1
+    pis = frames(110, {0: range(50), 1: range(50), 2: range(60, 110)})
+    assert f.end(pis, 1000, 110, 0) == 50
+    # they catch up: taken as far as the slower of the two; n1 one tick late
+    pis = frames(120, {0: range(70), 1: range(69), 2: range(60, 120)})
+    assert f.end(pis, 1000, 120, 50) == 69
+    # n1 stops: waited for while the newest tick moves 5 more ticks, not after
+    pis = frames(124, {0: range(74), 1: range(69), 2: range(60, 124)})
+    assert f.end(pis, 1000, 124, 69) == 69
+    pis = frames(126, {0: range(76), 1: range(69), 2: range(60, 126)})
+    assert f.end(pis, 1000, 126, 69) == 76
+    # a node 3 ticks behind the others is waited for; one 30 behind is not
+    g = TickFrontier(stall_ticks=5, lag_ticks=10)
+    pis = frames(100, {0: range(100), 1: range(100), 2: range(97), 3: range(70)})
+    assert g.end(pis, 0, 100, 0) == 97
+    # a node that joins is waited for from its first row on
+    pis = frames(100, {0: range(100), 1: range(100), 2: range(100), 3: range(70)})
+    pis = np.concatenate([pis, np.full((100, 1, 1), np.nan, np.float32)], axis=1)
+    pis[98, 4] = 1.0
+    assert g.end(pis, 0, 100, 97) == 99
