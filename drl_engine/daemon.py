@@ -36,6 +36,7 @@ from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, M
 from capes.common.one_core import single_thread_blas
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
+from drl_engine import checkpoint
 from drl_engine.config import DQNConfig
 from drl_engine.decision import Decision
 from drl_engine.engine import Engine, action_name
@@ -115,12 +116,12 @@ class LiveSource:
             self.current = [reply["values"].get(n, v) for n, v in zip(names, decision.values)]
 
 
-def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
-                  ckpt: Path, deploy: DeploymentConfig | None = None) -> Engine | None:
-    """The engine on the live DB, resumed from the latest checkpoint or started from
-    ``--init-model``; None (after one line in the log) when the DB cannot be read.
-    Parameters named ``<node>/<knob>`` (per-node knobs) get the engine's per-node mode
-    (node-count independent, ``Engine.for_deployment``), global ones its one-row mode."""
+def _new_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
+                deploy: DeploymentConfig | None = None) -> Engine | None:
+    """A fresh engine on the live DB; None (after one line in the log) when the DB
+    cannot be read. Parameters named ``<node>/<knob>`` (per-node knobs) get the engine's
+    per-node mode (node-count independent, ``Engine.for_deployment``), global ones its
+    one-row mode."""
     rows = None
     try:
         if deploy is not None:
@@ -137,16 +138,39 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
     single_thread_blas()
     if rows is None:
         engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
+    return engine
+
+
+def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
+                  ckpt: Path, deploy: DeploymentConfig | None = None) -> Engine | None:
+    """The engine on the live DB (:func:`_new_engine`), resumed from the latest
+    checkpoint or started from ``--init-model``. A checkpoint it cannot use (another
+    layout or config, damaged, unreadable) is never a crash loop: a fresh engine trains
+    afresh, ``restore_error`` says why (the file is then set aside)."""
+    engine = _new_engine(db, dqn, reward, opts, deploy)
+    if engine is None:
+        return None
     if ckpt.exists():
         try:
             engine.load(ckpt)
-        except ValueError as exc:    # another layout, or unreadable: never a crash loop
-            engine.restore_error = str(exc)      # trains afresh; the file is kept aside
+        except checkpoint.UNUSABLE as exc:
+            # validated before use, so a refused file left nothing behind; a fresh engine
+            # all the same (one that a part's own load refused may hold some of it)
+            engine.close()
+            engine = _new_engine(db, dqn, reward, opts, deploy)
+            if engine is not None:
+                engine.restore_error = checkpoint.why(exc)
         else:
             log.info("resumed from %s (action tick %d, %d training steps)", ckpt,
                      engine.action_ticks, engine.train_steps)
     elif opts.init_model:
-        engine.load(opts.init_model, weights_only=True)
+        try:
+            engine.load(opts.init_model, weights_only=True)
+        except checkpoint.UNUSABLE as exc:   # the operator's choice: said, not trained on
+            log.error("--init-model %s cannot be used: %s", opts.init_model,
+                      checkpoint.why(exc))
+            engine.close()
+            return None
         log.info("started from the model in %s", opts.init_model)
     return engine
 

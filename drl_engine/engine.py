@@ -51,7 +51,7 @@ from drl_engine import demonstrations
 from drl_engine.context import WorkloadContexts, fresh_q
 from drl_engine.decision import Decision
 from drl_engine.guide import Guide, step_towards
-from drl_engine.node_replay import RowData
+from drl_engine.node_replay import RowData, finite_or_nan
 from drl_engine.row_context import RowContexts
 from drl_engine.row_controller import RowController
 from drl_engine.tick_frontier import TickFrontier
@@ -176,8 +176,8 @@ class Engine:
                 state, self._pending_state = self._pending_state, None
                 try:
                     self._restore(state)
-                except ValueError as exc:     # another layout: start afresh, say why
-                    self.restore_error = str(exc)
+                except checkpoint.UNUSABLE as exc:   # another layout: afresh, say why
+                    self.restore_error = checkpoint.why(exc)
         return n
 
     def param_names(self) -> list[str]:
@@ -493,6 +493,8 @@ class Engine:
         if state.get("layout") and layout and state["layout"] != dataclasses.asdict(layout):
             raise ValueError("checkpoint was trained on another layout of nodes, PIs or "
                              "parameters than this replay DB holds")
+        checkpoint.validate(state, self.state_dict(), "checkpoint",
+                            weights_only="action_ticks" not in state)
         if state.get("dqn"):
             self.dqn.load_state_dict(state["dqn"])
         if state.get("stats") and self.cfg.normalise_inputs:
@@ -620,8 +622,10 @@ class Engine:
             self._pending_load = None
             try:
                 self.load(path, weights_only)
-            except ValueError as exc:          # another layout: start afresh, say why
-                self.restore_error = str(exc)
+            except checkpoint.UNUSABLE as exc:   # another layout or config: afresh, say why
+                self.restore_error = checkpoint.why(exc)
+                self._init_rows(RowShape(list(layout.pi_names), rows.knobs,
+                                         len(layout.node_names)), self.mcfg, self.reader)
         return True
 
     def _row_index(self) -> np.ndarray:
@@ -682,7 +686,8 @@ class Engine:
     def ingest(self, tick: int, pis: np.ndarray) -> None:
         """One tick of every node's PIs, (N, P) in ``pi_names`` order; more rows than
         the engine has nodes: the last ones joined (:meth:`grow`), a node without a row
-        (all NaN) is absent: it left, or its row was lost."""
+        (all NaN) is absent: it left, or its row was lost. An infinite PI is missing."""
+        pis = finite_or_nan(np.asarray(pis))
         if len(pis) > self.nodes:
             self.grow(len(pis), tick)
         if not self.data.ingest(tick, pis):
@@ -856,6 +861,7 @@ class Engine:
             raise ValueError(f"{path}: trained on PIs {state['pi_names']} and knobs "
                              f"{state['param_names']}, this cluster has {self.pi_names} "
                              f"and {names}")
+        checkpoint.validate(state, self._rows_state(), path, weights_only)
         data, control = self.data, self.control
         self.dqn.load_state_dict(state["dqn"], optimizer=True)
         if state.get("stats"):

@@ -72,6 +72,7 @@ class LiveCluster:
             time.sleep(TICK_S)
 
     def start_engine(self) -> None:
+        self.status_file.unlink(missing_ok=True)        # an earlier run's
         self.engine = subprocess.Popen(
             [sys.executable, "-m", "capes", "drl-engine", "--config", str(self.cfg),
              "--set", f"daemon.grpc={self.daemon.info['grpc']}", "--set", "engine.stack=2",
@@ -162,3 +163,109 @@ def test_the_frontier_waits_for_live_nodes_but_not_for_stopped_or_far_behind_one
     pis = np.concatenate([pis, np.full((100, 1, 1), np.nan, np.float32)], axis=1)
     pis[98, 4] = 1.0
     assert g.end(pis, 0, 100, 97) == 99
+
+
+def run_engine_until_it_saves(c: LiveCluster, *args: str) -> None:
+    """One engine run of 40 ticks (``args``: its settings), leaving its checkpoint."""
+    c.engine_args = ["--max-ticks", "40", *args]
+    c.start_engine()
+    deadline = time.monotonic() + 90
+    while c.engine.poll() is None:
+        assert time.monotonic() < deadline, "the engine did not stop after --max-ticks"
+        c.feed()
+    assert c.engine.returncode == 0, c.engine.stderr.read().decode()[-3000:]
+    assert (c.tmp / "ckpt" / "engine-latest.pt").exists()
+
+
+def damage(path, how: str) -> None:
+    import torch
+    state = torch.load(path, weights_only=True)
+    if how == "counter":
+        state["action_ticks"] = "many"
+    elif how == "rng":
+        state["rng"] = {"bit_generator": "PCG64", "state": {"state": "x", "inc": 1}}
+    elif how == "nan_weights":
+        for t in state["dqn"]["q"].values():
+            t.fill_(float("nan"))
+    elif how == "scale":
+        state["controller"]["p_scale"] = float("inf")
+    torch.save(state, path)
+
+
+def assert_trains_afresh(c: LiveCluster, why: str) -> None:
+    """The engine runs on (decides, trains), says why in its log, and keeps the
+    checkpoint it could not use aside."""
+    c.engine_args = []
+    c.start_engine()
+    c.feed_until(lambda: (read_status(c.status_file).get("action_ticks") or 0) >= 5)
+    c.engine.terminate()
+    assert c.engine.wait(20) == 0
+    log = c.engine.stderr.read().decode()
+    assert "the checkpoint could not be used" in log and why in log, log[-3000:]
+    assert (c.tmp / "ckpt" / "engine-latest.pt.incompatible").exists()
+    # the checkpoint it saves at exit is a fresh one, and resumable
+    import torch
+    state = torch.load(c.tmp / "ckpt" / "engine-latest.pt", weights_only=True)
+    assert 5 <= state["action_ticks"] < 40
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how, why", [
+    ("config", "shape"), ("counter", "counter action_ticks"), ("rng", "RNG state"),
+    ("nan_weights", "not finite"), ("scale", "reward scale")])
+def test_a_checkpoint_of_another_config_or_damaged_is_set_aside_not_a_crash_loop(
+        tmp_path, how, why):
+    """A checkpoint of another cluster_engine.hidden made load_state_dict raise at every
+    start (``capes drl-engine`` crash-looped); damaged ones that load cleanly (a counter
+    that is not a number, an RNG state that is not one) failed at start or at the first
+    decision, and NaN weights or an infinite reward scale were trained on and saved."""
+    c = LiveCluster(tmp_path, {})
+    try:
+        c.feed(20)
+        wait_for(lambda: c.control.status()["rows_written"] >= 60, timeout=15)
+        # cold_start_ticks = 5: the controller's state (p_scale) is in the checkpoint
+        run_engine_until_it_saves(c, *(["--set", "cluster_engine.hidden=32"]
+                                       if how == "config" else []))
+        if how != "config":
+            damage(tmp_path / "ckpt" / "engine-latest.pt", how)
+        assert_trains_afresh(c, why)
+    finally:
+        c.close()
+
+
+@pytest.mark.slow
+def test_a_flat_engine_checkpoint_of_another_hidden_width_is_set_aside(tmp_path):
+    """The one-row engine: a checkpoint of another engine.hidden_width on a DB with
+    data (restored at start) crash-looped the same way."""
+    c = LiveCluster(tmp_path, {}, nodes=("n1",))
+    c.cfg.write_text(c.cfg.read_text().replace(per_node_params(("n1",)), """
+[parameters.window]
+min = 1
+max = 100
+step = 1
+default = 10
+"""))
+    c.daemon.stop()
+    c.daemon = DaemonProcess(c.cfg, tmp_path / "ready.json")
+    c.agents[0].close()
+    keys = KeysConfig(dir=str(tmp_path / "keys"), client="mon")
+    c.agents = [Agent(c.ctx, c.daemon.info["ingest"], keys, "mon", "n1",
+                      ["throughput", "window"])]
+    c.control.close()
+    c.control = ControlClient(c.daemon.info["grpc"], curve.load_token(keys))
+    c.feed = lambda n=1: feed_flat(c, n)
+    try:
+        c.feed(30)
+        wait_for(lambda: c.control.status()["rows_written"] >= 25, timeout=15)
+        run_engine_until_it_saves(c, "--set", "engine.hidden_width=16")
+        assert_trains_afresh(c, "shape")
+    finally:
+        c.close()
+
+
+def feed_flat(c: LiveCluster, n: int) -> None:
+    w = c.control.status()["parameters"]["window"]
+    for _ in range(n):
+        c.agents[0].send(c.tick, [100.0 - abs(w - 50.0), w])
+        c.tick += 1
+        time.sleep(TICK_S)
