@@ -45,7 +45,8 @@ class LiveCluster:
     and ``capes drl-engine`` started on it. ``ahead``: ticks each node's clock runs ahead
     of the wall clock's tick (an agent stamps frames with its own clock)."""
 
-    def __init__(self, tmp, ahead: dict[str, int], engine_args=(), nodes=NODES):
+    def __init__(self, tmp, ahead: dict[str, int], engine_args=(), nodes=NODES,
+                 bad: dict[str, float] | None = None):
         curve.generate(tmp / "keys", ["mon", "engine"])
         self.cfg = write_config(tmp, max_clock_skew_s=300)       # the shipped default
         self.cfg.write_text(self.cfg.read_text().replace(PARAMS, per_node_params(nodes)))
@@ -60,6 +61,12 @@ class LiveCluster:
         self.tick = int(time.time() / TICK_S)
         self.status_file = tmp / "engine.json"
         self.engine_args = list(engine_args)
+        self.bad, self.fed = bad or {}, 0     # node -> its throughput in the first ticks
+
+    def throughput(self, node: str, w: float) -> float:
+        if node in self.bad and self.fed < 15:
+            return self.bad[node]
+        return 100.0 - abs(w - 50.0)
 
     def feed(self, n: int = 1) -> None:
         """``n`` ticks of every node, one every TICK_S (as agents on wall-clock ticks)."""
@@ -67,8 +74,9 @@ class LiveCluster:
         for _ in range(n):
             for a, node in zip(self.agents, self.nodes):
                 w = params[f"{node}/window"]
-                a.send(self.tick + self.ahead.get(node, 0), [100.0 - abs(w - 50.0), w])
+                a.send(self.tick + self.ahead.get(node, 0), [self.throughput(node, w), w])
             self.tick += 1
+            self.fed += 1
             time.sleep(TICK_S)
 
     def start_engine(self) -> None:
@@ -237,7 +245,19 @@ def test_a_checkpoint_of_another_config_or_damaged_is_set_aside_not_a_crash_loop
 def test_a_flat_engine_checkpoint_of_another_hidden_width_is_set_aside(tmp_path):
     """The one-row engine: a checkpoint of another engine.hidden_width on a DB with
     data (restored at start) crash-looped the same way."""
-    c = LiveCluster(tmp_path, {}, nodes=("n1",))
+    c = flat_cluster(tmp_path)
+    try:
+        c.feed(30)
+        wait_for(lambda: c.control.status()["rows_written"] >= 25, timeout=15)
+        run_engine_until_it_saves(c, "--set", "engine.hidden_width=16")
+        assert_trains_afresh(c, "shape")
+    finally:
+        c.close()
+
+
+def flat_cluster(tmp_path, bad=None) -> LiveCluster:
+    """A LiveCluster of one node with a global knob ``window`` (the one-row engine)."""
+    c = LiveCluster(tmp_path, {}, nodes=("n1",), bad=bad)
     c.cfg.write_text(c.cfg.read_text().replace(per_node_params(("n1",)), """
 [parameters.window]
 min = 1
@@ -254,18 +274,88 @@ default = 10
     c.control.close()
     c.control = ControlClient(c.daemon.info["grpc"], curve.load_token(keys))
     c.feed = lambda n=1: feed_flat(c, n)
-    try:
-        c.feed(30)
-        wait_for(lambda: c.control.status()["rows_written"] >= 25, timeout=15)
-        run_engine_until_it_saves(c, "--set", "engine.hidden_width=16")
-        assert_trains_afresh(c, "shape")
-    finally:
-        c.close()
+    return c
 
 
 def feed_flat(c: LiveCluster, n: int) -> None:
     w = c.control.status()["parameters"]["window"]
     for _ in range(n):
-        c.agents[0].send(c.tick, [100.0 - abs(w - 50.0), w])
+        c.agents[0].send(c.tick, [c.throughput("n1", w), w])
         c.tick += 1
+        c.fed += 1
         time.sleep(TICK_S)
+
+
+def saved_state(c: LiveCluster) -> dict:
+    import torch
+    return torch.load(c.tmp / "ckpt" / "engine-latest.pt", weights_only=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_a_pi_that_is_not_finite_in_the_first_ticks_reaches_no_scale_or_statistic(
+        tmp_path, value):
+    """One node reports an infinite throughput for its first 15 ticks: the per-node
+    reward scale became inf (every return 0 or NaN; saved in checkpoints) and the input
+    statistics held 3.4e38 (inf through nan_to_num). Both must come from the finite
+    values only; the checkpoint the engine leaves is one it resumes from."""
+    c = LiveCluster(tmp_path, {}, bad={"n1": value})
+    try:
+        c.feed(20)
+        wait_for(lambda: c.control.status()["rows_written"] >= 60, timeout=15)
+        run_engine_until_it_saves(c, "--set", "cluster_engine.stats_ticks=30",
+                                  "--set", "cluster_engine.learn_start=20")
+        state = saved_state(c)
+        scale = state["controller"]["p_scale"]
+        # the objective (sum of the 4 throughputs, 40 each at window 10) is ~160: 1 %
+        assert scale is not None and 0.5 < scale < 5, scale
+        mean, std = (np.asarray(state["stats"][k]) for k in ("mean", "std"))
+        assert np.isfinite(mean).all() and np.isfinite(std).all(), state["stats"]
+        assert np.abs(mean).max() < 100, mean             # log1p of PIs of ~100
+        assert_resumes(c)
+    finally:
+        c.close()
+
+
+def assert_resumes(c: LiveCluster) -> None:
+    c.engine_args = []
+    c.start_engine()
+    c.feed_until(lambda: (read_status(c.status_file).get("action_ticks") or 0) >= 45)
+    c.engine.terminate()
+    assert c.engine.wait(20) == 0
+    log = c.engine.stderr.read().decode()
+    assert "resumed from" in log and "could not be used" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_pi_that_is_not_finite_reaches_no_statistic_of_the_flat_engine(tmp_path):
+    """The one-row engine: an infinite throughput in the first ticks made the input
+    statistics' mean 3.4e38 (nan_to_num of inf) and the objective's spread fell back to
+    1 (NaN from inf - inf) instead of the finite values' spread."""
+    c = flat_cluster(tmp_path, bad={"n1": float("inf")})
+    try:
+        c.feed(60)
+        wait_for(lambda: c.control.status()["rows_written"] >= 55, timeout=15)
+        run_engine_until_it_saves(c)
+        stats = saved_state(c)["stats"]
+        mean = np.asarray(stats["mean"])
+        assert np.isfinite(mean).all() and np.abs(mean).max() < 1e3, stats
+        assert np.isfinite(stats["objective_std"]) and stats["objective_std"] != 1.0, stats
+        assert_resumes(c)
+    finally:
+        c.close()
+
+
+def test_the_replay_reader_reads_an_infinite_pi_as_missing(tmp_path, make_session):
+    """The engines' one source of PIs: ±inf stored in the DB (an older daemon, a merged
+    DB) is no measurement, read as NaN like a PI not sent; the finite ones stay."""
+    from capes.common.replay_db import ReplayReader
+    w, _ = make_session(tmp_path / "r.db", ticks=5)
+    w.add_pis(5, 0, np.array([np.inf, 3.0], np.float32))
+    w.add_pis(5, 1, np.array([-np.inf, np.nan], np.float32))
+    w.commit()
+    with ReplayReader(tmp_path / "r.db") as r:
+        pis = r.sessions[max(r.sessions)].pis
+        assert np.isnan(pis[5, 0, 0]) and pis[5, 0, 1] == 3.0
+        assert np.isnan(pis[5, 1]).all()
+        assert np.isfinite(pis[:5]).all()
