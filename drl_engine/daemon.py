@@ -216,10 +216,11 @@ ENGINE_METRICS = [
     _m("capes_engine_tick_duration_seconds", "gauge",
        "wall seconds the last tick's work took (observe, act, train)"),
     _m("capes_engine_ticks_ingested_total", "counter",
-       "per-node mode: ticks of the session taken into the engine's ring"),
+       "ticks the engine took in: per-node mode, taken into its ring this session; "
+       "one-row mode, decided on"),
     _m("capes_engine_node_ticks_seen_total", "counter",
-       "per-node mode: of those ticks, the ones each node had a row in (a node seen "
-       "in few of them is one the engine is blind to)", "node"),
+       "of those ticks, the ones each node had a row in (a node seen in few of them is "
+       "one the engine is blind to)", "node"),
 ]
 
 
@@ -241,6 +242,7 @@ class EngineView:
         self.tick_started = time.monotonic()
         self.tick_duration: float | None = None
         self.current: dict = {}
+        self._decided_seen: list | None = None    # one row: [decisions, per node seen]
         self._lock = threading.Lock()
 
     def observe(self, rec: TickRecord) -> None:
@@ -255,6 +257,7 @@ class EngineView:
                    "explore" if d.explored else "greedy")
             self.decisions[key] = self.decisions.get(key, 0) + 1
             self.q_max, self.q_spread = self._q(rec.state.session)
+            self._count_seen(rec.state.session, d.tick)
         if rec.state.session is not None:
             self.reward, self.objective = self._reward(rec.state.session)
         snapshot = self._snapshot()
@@ -327,14 +330,35 @@ class EngineView:
             "nodes_seen": self._nodes_seen(),
         }
 
-    def _nodes_seen(self) -> dict | None:
-        """Per-node mode: ticks ingested in this session and, per node, how many of
-        them it had a row in (None in the one-row mode or before the ring is built)."""
+    def _count_seen(self, session: int | None, tick: int) -> None:
+        """One-row mode: the nodes with a row at the tick just decided on."""
         e = self.engine
-        if not e.per_node or e.data is None or getattr(e, "reader", None) is None:
+        data = None if e.per_node or session is None else \
+            e.experience.reader.sessions.get(session)
+        if data is None or data.first_tick is None or \
+                not 0 <= tick - data.first_tick < data.length:
+            return
+        present = ~np.isnan(data.pis[tick - data.first_tick]).all(axis=1)
+        if self._decided_seen is None or len(self._decided_seen[1]) != len(present):
+            self._decided_seen = [0, np.zeros(len(present), np.int64)]
+        self._decided_seen[0] += 1
+        self._decided_seen[1] += present
+
+    def _nodes_seen(self) -> dict | None:
+        """Ticks the engine took in and, per node, how many of them it had a row in:
+        per node, the ticks ingested into its ring this session; one row, the ticks
+        decided on (None before there are any)."""
+        e = self.engine
+        if not e.per_node:
+            if self._decided_seen is None:
+                return None
+            names = e.experience.layout.node_names
+            return {"ticks": self._decided_seen[0], "of": "decided",
+                    "nodes": dict(zip(names, self._decided_seen[1].tolist()))}
+        if e.data is None or getattr(e, "reader", None) is None:
             return None
         rep = e.data.replay
-        return {"ticks": int(rep.ingested),
+        return {"ticks": int(rep.ingested), "of": "ingested",
                 "nodes": dict(zip(e.reader.layout.node_names, rep.seen.tolist()))}
 
     def status(self) -> dict:

@@ -32,6 +32,15 @@ nodes = ["{n}"]
 """ for n in nodes)
 
 
+GLOBAL_WINDOW = """
+[parameters.window]
+min = 1
+max = 100
+step = 1
+default = 10
+"""
+
+
 def read_status(path) -> dict:
     try:
         return json.loads(path.read_text())
@@ -46,10 +55,12 @@ class LiveCluster:
     of the wall clock's tick (an agent stamps frames with its own clock)."""
 
     def __init__(self, tmp, ahead: dict[str, int], engine_args=(), nodes=NODES,
-                 bad: dict[str, float] | None = None):
+                 bad: dict[str, float] | None = None, flat: bool = False):
         curve.generate(tmp / "keys", ["mon", "engine"])
         self.cfg = write_config(tmp, max_clock_skew_s=300)       # the shipped default
-        self.cfg.write_text(self.cfg.read_text().replace(PARAMS, per_node_params(nodes)))
+        self.cfg.write_text(self.cfg.read_text().replace(
+            PARAMS, GLOBAL_WINDOW if flat else per_node_params(nodes)))
+        self.knob = (lambda node: "window") if flat else (lambda node: f"{node}/window")
         self.tmp, self.nodes, self.ahead = tmp, nodes, ahead
         self.daemon = DaemonProcess(self.cfg, tmp / "ready.json")
         self.ctx = zmq.Context()
@@ -73,7 +84,7 @@ class LiveCluster:
         params = self.control.status()["parameters"]
         for _ in range(n):
             for a, node in zip(self.agents, self.nodes):
-                w = params[f"{node}/window"]
+                w = params[self.knob(node)]
                 a.send(self.tick + self.ahead.get(node, 0), [self.throughput(node, w), w])
             self.tick += 1
             self.fed += 1
@@ -113,23 +124,26 @@ def seen(status: dict) -> tuple[int, dict[str, int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flat", [False, True], ids=["per_node", "one_row"])
 @pytest.mark.parametrize("skew_s", [0.0, 3.0])
 def test_a_node_whose_clock_runs_ahead_does_not_blind_the_engine_to_the_others(
-        tmp_path, skew_s):
+        tmp_path, skew_s, flat):
     """One node's clock 3 s ahead (60 ticks; well inside max_clock_skew_s = 300): its
-    rows are stored 60 ticks ahead of the others'. The engine took every tick up to the
-    newest row (that node's) and never went back, so the on-time nodes were seen in a
-    few % of its ticks. Each node must be seen in >= 95 % of the ticks once it sends,
-    and every frame stored."""
+    rows are stored 60 ticks ahead of the others'. The per-node engine took every tick
+    up to the newest row (that node's) and never went back, so the on-time nodes were
+    seen in a few % of its ticks; the one-row engine decided on the newest tick, where
+    only that node had a row. Each node must be seen in >= 95 % of the ticks (per node:
+    ingested; one row: decided on) once it sends, and every frame stored."""
     lead = round(skew_s / TICK_S)
-    c = LiveCluster(tmp_path, {"n4": lead})
+    c = LiveCluster(tmp_path, {"n4": lead}, flat=flat)
     try:
         c.feed(20)
         wait_for(lambda: c.control.status()["rows_written"] >= 60, timeout=15)
         c.start_engine()
         c.feed_until(lambda: seen(read_status(c.status_file))[0] >= 120 + lead)
         ticks, nodes = seen(read_status(c.status_file))
-        print(f"skew {skew_s} s: {ticks} ticks ingested, seen per node {nodes}")
+        print(f"skew {skew_s} s, {'one row' if flat else 'per node'}: {ticks} ticks, "
+              f"seen per node {nodes}")
         for n in ("n1", "n2", "n3"):              # on time: there from the first tick
             assert nodes[n] >= 0.95 * ticks, (n, nodes, ticks)
         # the fast node: from its first row, lead ticks after the others' first
@@ -257,33 +271,7 @@ def test_a_flat_engine_checkpoint_of_another_hidden_width_is_set_aside(tmp_path)
 
 def flat_cluster(tmp_path, bad=None) -> LiveCluster:
     """A LiveCluster of one node with a global knob ``window`` (the one-row engine)."""
-    c = LiveCluster(tmp_path, {}, nodes=("n1",), bad=bad)
-    c.cfg.write_text(c.cfg.read_text().replace(per_node_params(("n1",)), """
-[parameters.window]
-min = 1
-max = 100
-step = 1
-default = 10
-"""))
-    c.daemon.stop()
-    c.daemon = DaemonProcess(c.cfg, tmp_path / "ready.json")
-    c.agents[0].close()
-    keys = KeysConfig(dir=str(tmp_path / "keys"), client="mon")
-    c.agents = [Agent(c.ctx, c.daemon.info["ingest"], keys, "mon", "n1",
-                      ["throughput", "window"])]
-    c.control.close()
-    c.control = ControlClient(c.daemon.info["grpc"], curve.load_token(keys))
-    c.feed = lambda n=1: feed_flat(c, n)
-    return c
-
-
-def feed_flat(c: LiveCluster, n: int) -> None:
-    w = c.control.status()["parameters"]["window"]
-    for _ in range(n):
-        c.agents[0].send(c.tick, [c.throughput("n1", w), w])
-        c.tick += 1
-        c.fed += 1
-        time.sleep(TICK_S)
+    return LiveCluster(tmp_path, {}, nodes=("n1",), bad=bad, flat=True)
 
 
 def saved_state(c: LiveCluster) -> dict:
