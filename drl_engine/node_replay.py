@@ -320,8 +320,8 @@ class RowData:
         """The reward unit from the finite objective values only (an infinite one made
         the scale infinite, every return 0 or NaN, and was saved in checkpoints)."""
         p = self.replay.pobj[self.replay.tick_of >= 0]
-        p = p[np.isfinite(p)]
-        level = float(np.mean(np.abs(p))) if len(p) else 0.0
+        p = np.where(np.isinf(p), np.nan, p)       # (the same sum as before without)
+        level = float(np.nanmean(np.abs(p))) if np.isfinite(p).any() else 0.0
         self.p_scale = level / 100.0 if 0 < level < np.inf else 1.0
 
     def features(self, x: np.ndarray) -> np.ndarray:
