@@ -347,3 +347,35 @@ def test_the_replay_reader_reads_an_infinite_pi_as_missing(tmp_path, make_sessio
         assert np.isnan(pis[5, 0, 0]) and pis[5, 0, 1] == 3.0
         assert np.isnan(pis[5, 1]).all()
         assert np.isfinite(pis[:5]).all()
+
+
+@pytest.mark.parametrize("damage_how", ["truncated", "a_list", "no_networks", "bad_stats"])
+def test_start_engine_survives_any_checkpoint_file(tmp_path, make_session, damage_how):
+    """Own pass: a checkpoint cut short (a full disk), one that holds a list, one without
+    its networks, one whose statistics are strings: each said (``restore_error``) and a
+    fresh engine, never an exception out of the start."""
+    import torch
+    from capes.common.replay_db import ReplayReader
+    from drl_engine.config import DQNConfig, RewardConfig
+    from drl_engine.daemon import EngineDaemonOptions, _start_engine
+    from drl_engine.engine import Engine
+    cfg, reward = DQNConfig(stack=4, exploration_ticks=10), RewardConfig(pis=["tp"])
+    make_session(tmp_path / "a.db", ticks=20)
+    ckpt = Engine(cfg, reward, ReplayReader(tmp_path / "a.db"), device="cpu").save(
+        tmp_path / "engine-latest.pt")
+    if damage_how == "truncated":
+        ckpt.write_bytes(ckpt.read_bytes()[:300])
+    else:
+        state = torch.load(ckpt, weights_only=True)
+        if damage_how == "a_list":
+            state = [1, 2, 3]
+        elif damage_how == "no_networks":
+            del state["dqn"]["q"]
+        else:
+            state["stats"] = {"mean": [["x", "y"]] * 2, "std": [[1.0, 1.0]] * 2,
+                              "objective_std": 1.0}
+        torch.save(state, ckpt)
+    eng = _start_engine(tmp_path / "a.db", cfg, reward, EngineDaemonOptions(device="cpu"), ckpt)
+    assert eng is not None and eng.dqn is not None and eng.restore_error, eng.restore_error
+    assert eng.action_ticks == 0 and eng.act(max(eng.experience.reader.sessions)) is not None
+    eng.close()
