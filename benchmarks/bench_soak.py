@@ -930,8 +930,9 @@ def change_by_hand(sim: Path, param: str) -> dict:
 
 
 def hand_report(hand: dict, knobs: "KnobWatch", work: Path, within_s: float = 30.0) -> dict:
-    """What followed the change by hand: the knob's next values (an undo is a return to
-    the value it had, which no engine step makes: 7 steps at once), and the lines of the
+    """What followed the change by hand: the knob's next values (undone: the first of
+    them is the value it had, 7 steps away, where an engine step from the hand's value
+    lands 1 step away; a later walk back is the engine's tuning), and the lines of the
     control agent's and the daemon's logs that mention it (the control agent notices a
     value changed behind its back, issue 38)."""
     if not hand:
@@ -947,7 +948,7 @@ def hand_report(hand: dict, knobs: "KnobWatch", work: Path, within_s: float = 30
                   if hand["param"] in ln and "not applied" not in ln and any(
                       w in ln.lower() for w in ("by hand", "behind", "drift"))]
     return {**hand, "next_values": later[:8],
-            "undone": any(v == hand["from"] for _, v in later),
+            "undone": bool(later) and later[0][1] == hand["from"],
             "log_lines": lines[:5]}
 
 
