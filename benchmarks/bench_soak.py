@@ -30,8 +30,19 @@ simulator node ``sim0``, and the DRL engine. Beside them, in this process:
   otherwise) is filled for ``--fill-hold`` s and freed (health sampled with the
   daemon's ``rows_written``: SERVING while no row is written is a false SERVING, goal 0;
   SERVING while rows still go into the WAL's space is true);
+- **a clock step** (issue 38): at ``--skew-at`` of the run the last fleet node's clock
+  steps ``--skew-s`` (3 s) ahead, and back after ``--skew-for`` s (then, like the
+  monitoring agent, it sends nothing until its clock passes its last tick); the engine's
+  status file says in how many of its decisions each node had a row: the skewed node's
+  peers (sim0 and the rest of the fleet) must be seen in >= 95 % of them, over the run
+  and over the step;
+- **a knob changed by hand** (issue 38): at ``--hand-at`` of the run the simulator's
+  ``window`` file is set 7 steps away, as an operator would; that change is not counted
+  as an unrecorded action, it must not be undone (its next value is not the old one)
+  and the control agent's or daemon's log should mention it;
 - **observers**: the simulator's knob files polled every 5 ms (what was really applied),
-  the replay DB read (read-only) every second (what was committed), the daemon's RSS.
+  the replay DB read (read-only) every second (what was committed), the daemon's RSS,
+  the engine's status file every second (the nodes it saw).
 
 At the end every process is stopped cleanly and the table is printed:
 
@@ -178,6 +189,10 @@ class Fleet(threading.Thread):
         self.not_sent = 0                                  # not sent at its tick (kept)
         self.full_requests = 0
         self.rng = random.Random(1)
+        # node index -> ticks its clock runs ahead (set from outside: a clock stepped
+        # ahead and back). Stepped back, the node's ticks do not go back: like
+        # ``capes monitor-agent`` it sends nothing until its clock passes its last tick
+        self.ahead: dict[int, int] = {}
 
     def run(self) -> None:
         next_tick = int(time.time() / self.tick_s) + 1
@@ -202,7 +217,7 @@ class Fleet(threading.Thread):
                         self.counters.connects += 1
                         box.resend()
                 tp = 40 + 10 * math.sin(tick / 50 + i) + self.rng.random()
-                box.add(tick, [tp, 10 + i % 5, 50.0])
+                box.add(tick + self.ahead.get(i, 0), [tp, 10 + i % 5, 50.0])
                 for t in box.flush():
                     self.sent[(self.names[i], t)] = now
                 if box.pending:
@@ -448,6 +463,43 @@ class KnobWatch(threading.Thread):
                     if p in self.last:
                         self.changes.append((time.time(), p, v))
                     self.last[p] = v
+
+
+class SeenWatch(threading.Thread):
+    """What the engine saw: its status file's ``nodes_seen`` (the ticks it decided on
+    and, per node, in how many of them the node had a row), every second, by engine
+    life (pid: a kill -9 starts the counts afresh)."""
+
+    def __init__(self, path: Path, stop: threading.Event):
+        super().__init__(name="seen", daemon=True)
+        self.path, self.stop_ev = path, stop
+        self.samples: list[tuple[float, int, int, dict]] = []   # (time, pid, ticks, nodes)
+
+    def run(self) -> None:
+        while not self.stop_ev.wait(1.0):
+            try:
+                s = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                continue
+            seen = s.get("nodes_seen") or {}
+            if seen.get("ticks"):
+                self.samples.append((time.time(), s["pid"], seen["ticks"], seen["nodes"]))
+
+    def between(self, t0: float, t1: float) -> tuple[int, Counter]:
+        """Ticks decided on in [t0, t1] and per node those it had a row in: each engine
+        life's last sample in the window less its last one before (or zero)."""
+        ticks, nodes = 0, Counter()
+        for pid in {p for _, p, _, _ in self.samples}:
+            mine = [x for x in self.samples if x[1] == pid]
+            inside = [x for x in mine if t0 <= x[0] <= t1]
+            if not inside:
+                continue
+            before = [x for x in mine if x[0] < t0]
+            base = before[-1] if before else (0, pid, 0, {})
+            ticks += inside[-1][2] - base[2]
+            for n, c in inside[-1][3].items():
+                nodes[n] += c - base[3].get(n, 0)
+        return ticks, nodes
 
 
 class DBWatch(threading.Thread):
@@ -711,6 +763,9 @@ def soak(args) -> dict:
     dbw = DBWatch(db, stop)
     knobs = KnobWatch(work / "sim", stop)
     fleet = rogue = sampler = intruder = None
+    seenw = SeenWatch(work / "engine.json", stop)
+    skew: dict = {}          # the clock step: node, ticks ahead, when on and off
+    hand: dict = {}          # the knob changed by hand: param, from, to, when
 
     def start_daemon() -> float:
         ready = work / "daemon.ready"
@@ -747,7 +802,7 @@ def soak(args) -> dict:
         metrics_addr = f"127.0.0.1:{ports['metrics']}"
         intruder = Intruder(ctx, endpoints, kc, grpc_addr, metrics_addr, stop)
         sampler = Sampler(children, grpc_addr, token, metrics_addr, stop)
-        for th in (dbw, knobs, fleet, sampler):
+        for th in (dbw, knobs, fleet, sampler, seenw):
             th.start()
         if args.rogue:
             rogue.start()
@@ -755,6 +810,8 @@ def soak(args) -> dict:
             intruder.start()
 
         end = t0 + args.minutes * 60
+        skew_on = t0 + args.skew_at * args.minutes * 60 if args.skew_s else math.inf
+        hand_at = t0 + args.hand_at * args.minutes * 60 if args.hand_at >= 0 else math.inf
         next_kill = t0 + args.kill_every
         next_fill = t0 + args.fill_offset if disk else math.inf
         k = 0
@@ -770,6 +827,18 @@ def soak(args) -> dict:
                         + tail(work, ch.name))
                     start_daemon() if ch.name == "interface-daemon" else ch.start()
             now = time.time()
+            if now >= skew_on and not skew:                 # one node's clock steps ahead
+                i = len(fleet.names) - 1
+                fleet.ahead[i] = round(args.skew_s / tick_s)
+                skew.update(node=fleet.names[i], ticks=fleet.ahead[i], on=now)
+                log(f"{fleet.names[i]}'s clock stepped {args.skew_s:g} s ahead")
+            elif skew and "off" not in skew and now >= skew["on"] + args.skew_for:
+                fleet.ahead.clear()                         # ... and back
+                skew["off"] = now
+                log(f"{skew['node']}'s clock stepped back")
+            if now >= hand_at and not hand:
+                hand.update(change_by_hand(work / "sim", "window"))
+                log(f"window changed by hand: {hand['from']:g} -> {hand['to']:g}")
             if now >= next_fill and now + args.fill_hold < end:
                 fills.append(disk_full(disk, args.fill_hold, sampler, dbw))
                 next_fill += args.fill_every
@@ -783,7 +852,7 @@ def soak(args) -> dict:
         log("stopping")
     finally:
         stop.set()
-        for th in (fleet, rogue, intruder, sampler, knobs):
+        for th in (fleet, rogue, intruder, sampler, knobs, seenw):
             if th is not None and th.is_alive():
                 th.join(10)
         for name in ("drl-engine", "control-agent", "monitor-agent", "interface-daemon",
@@ -802,7 +871,9 @@ def soak(args) -> dict:
     dbw.db = db
     dbw.poll()                                          # the last look, all stopped
     result = analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills,
-                     fills, children)
+                     fills, children, hand)
+    result.update(seen_report(seenw, skew, t0, time.time()))
+    result["hand_change"] = hand_report(hand, knobs, work)
     result["intruder_sent"] = dict(intruder.sent) if intruder and args.intruder else {}
     result["intruder_grpc_codes"] = dict(intruder.grpc_codes) if intruder else {}
     result["sampler_checks"] = dict(sampler.checks) if sampler else {}
@@ -843,6 +914,63 @@ def control_caught_up(client: ControlClient, since: float) -> bool:
     except ControlError:
         pass
     return False
+
+
+def change_by_hand(sim: Path, param: str) -> dict:
+    """An operator's change of ``param`` behind CAPES' back: its file set to a value 7
+    steps away (in range, not forbidden)."""
+    spec = PARAMS[param]
+    old = float((sim / param).read_text().strip())
+    new = old + 7 * spec.step if old + 7 * spec.step <= spec.max - spec.step else \
+        old - 7 * spec.step
+    if spec.check_value(new) is not None:
+        new -= spec.step
+    (sim / param).write_text(f"{new:g}\n")
+    return {"param": param, "from": old, "to": new, "t": time.time()}
+
+
+def hand_report(hand: dict, knobs: "KnobWatch", work: Path, within_s: float = 30.0) -> dict:
+    """What followed the change by hand: the knob's next values (undone: the first of
+    them is the value it had, 7 steps away, where an engine step from the hand's value
+    lands 1 step away; a later walk back is the engine's tuning), and the lines of the
+    control agent's and the daemon's logs that mention it (the control agent notices a
+    value changed behind its back, issue 38)."""
+    if not hand:
+        return {}
+    later = [(round(t - hand["t"], 2), v) for t, p, v in knobs.changes
+             if p == hand["param"] and hand["t"] + 0.01 < t <= hand["t"] + within_s
+             and not (v == hand["to"] and t - hand["t"] < 1.0)]
+    lines = []
+    for name in ("control-agent", "interface-daemon", "drl-engine"):
+        f = work / "logs" / f"{name}.log"
+        text = f.read_text(errors="replace") if f.exists() else ""
+        lines += [f"{name}: {ln.strip()}" for ln in text.splitlines()
+                  if hand["param"] in ln and "not applied" not in ln and any(
+                      w in ln.lower() for w in ("by hand", "behind", "drift"))]
+    return {**hand, "next_values": later[:8],
+            "undone": bool(later) and later[0][1] == hand["from"],
+            "log_lines": lines[:5]}
+
+
+def seen_report(seenw: "SeenWatch", skew: dict, t0: float, t1: float) -> dict:
+    """The share of the engine's decisions in which each peer of the skewed node (sim0
+    and the fleet but it) had a row: the worst peer's, over the run and over the skew
+    (from the step ahead to 5 s after the step back)."""
+    out = {"skew": skew}
+    spans = {"run": (t0, t1)}
+    if skew:
+        spans["skew"] = (skew["on"], skew.get("off", t1) + 5.0)
+    for label, (a, b) in spans.items():
+        ticks, nodes = seenw.between(a, b)
+        peers = {n: c for n, c in nodes.items()
+                 if (n == "sim0" or n.startswith("f")) and n != skew.get("node")}
+        worst = min(peers, key=peers.get) if peers and ticks else None
+        out[f"seen_{label}_ticks"] = ticks
+        out[f"seen_{label}_worst_peer"] = worst
+        out[f"seen_{label}_worst_share"] = peers[worst] / ticks if worst else None
+        out[f"seen_{label}_skewed_share"] = (nodes.get(skew["node"], 0) / ticks
+                                             if skew and ticks else None)
+    return out
 
 
 def kill_and_recover(target: str, children: dict[str, Child], start_daemon, dbw: DBWatch,
@@ -906,7 +1034,7 @@ def disk_full(disk: Disk, hold: float, sampler: Sampler, dbw: DBWatch) -> dict:
 
 
 def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fills,
-            children) -> dict:
+            children, hand=None) -> dict:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     sessions = {sid: (json.loads(nodes), [p["name"] for p in json.loads(params)])
                 for sid, nodes, params in conn.execute(
@@ -956,6 +1084,8 @@ def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fi
     not_recorded, restored, out_of_range = [], 0, []
     for t, p, v in knobs.changes:
         spec = PARAMS[p]
+        if hand and p == hand["param"] and v == hand["to"] and abs(t - hand["t"]) < 1.0:
+            continue                                   # the operator's, not CAPES'
         why = spec.check_value(v)
         if why is not None:
             out_of_range.append((t, p, v, why))
@@ -1072,6 +1202,24 @@ def print_table(r: dict) -> None:
     row("daemon threads max", r["daemon_threads_max"])
     for e in r["scrape_errors"]:
         print(f"    scrape failed: {e}")
+    if r.get("skew"):
+        sk = r["skew"]
+        print(f"  clock step: {sk['node']} {sk['ticks']} ticks ahead for "
+              f"{sk.get('off', 0) - sk['on']:.0f} s, then back")
+    for label in ("run", "skew"):
+        share = r.get(f"seen_{label}_worst_share")
+        if r.get(f"seen_{label}_ticks"):
+            row(f"peers seen, worst ({label}: {r[f'seen_{label}_ticks']} decisions)",
+                f"{share:.3f}" if share is not None else "n/a",
+                f"(goal >= 0.95; {r[f'seen_{label}_worst_peer']}; the skewed node "
+                f"{r[f'seen_{label}_skewed_share'] or 0:.3f})")
+    h = r.get("hand_change") or {}
+    if h:
+        row(f"hand change {h['param']} {h['from']:g} -> {h['to']:g}: undone",
+            h["undone"], f"(goal False; next values {h['next_values'][:4]})")
+        row("hand change reported in the logs", len(h["log_lines"]) > 0, "(goal True)")
+        for ln in h["log_lines"][:3]:
+            print(f"    {ln[:150]}")
     print(f"  daemon drops (summed over daemon lives): {r['daemon_drops']}")
     print(f"  rogue sent: {r['rogue_sent']}")
     print(f"  intruder sent: {r['intruder_sent']}")
@@ -1104,6 +1252,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-pis-per-node", type=int, default=16,
                    help="daemon.max_pis_per_node (the default 4096 lets the rogue's PI-name "
                         "flood widen the engine's input to ~2M floats: 9.5 GB in 2 min)")
+    p.add_argument("--skew-s", type=float, default=3.0,
+                   help="one fleet node's clock stepped this far ahead (0: never)")
+    p.add_argument("--skew-at", type=float, default=0.3, metavar="FRACTION",
+                   help="... at this fraction of the run")
+    p.add_argument("--skew-for", type=float, default=120.0, metavar="S",
+                   help="... and stepped back after this long")
+    p.add_argument("--hand-at", type=float, default=0.6, metavar="FRACTION",
+                   help="the simulator's window changed by hand at this fraction of the "
+                        "run (< 0: never)")
     p.add_argument("--workdir")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--json")
@@ -1112,6 +1269,7 @@ def main(argv=None) -> int:
         args.minutes, args.agents, args.kill_every = 24 / 60, 8, 12.0
         args.fill_offset, args.fill_hold, args.fill_every = 4.0, 3.0, 1e9
         args.disk_mb, args.recovery_timeout = 64, 20.0
+        args.skew_for = 6.0
     r = soak(args)
     print_table(r)
     if args.json:
@@ -1123,7 +1281,10 @@ def main(argv=None) -> int:
            or r["out_of_range_applied"] or r["rogue_bad_actions_accepted"]
            or checks.get("node held by the intruder") or checks.get("ghost values in effect")
            or checks.get("status failed (daemon up)")
-           or checks.get("scrape failed (daemon up)"))
+           or checks.get("scrape failed (daemon up)")
+           or (r.get("seen_run_worst_share") or 1.0) < 0.95
+           or (r.get("seen_skew_worst_share") or 1.0) < 0.95
+           or (r.get("hand_change") or {}).get("undone"))
     return 1 if bad else 0
 
 

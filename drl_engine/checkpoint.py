@@ -93,6 +93,145 @@ def read(path: str | Path, device="cpu") -> dict:
         raise ValueError(f"{path}: not a readable checkpoint ({exc})") from None
 
 
+# -- validation -------------------------------------------------------------------------
+# the parts of an engine's state_dict a resume applies, checked against the engine's own
+# state_dict before any is applied: a checkpoint of another config (engine.hidden_width,
+# cluster_engine.hidden) made load_state_dict raise a RuntimeError at every start (a crash
+# loop), and damaged ones that load cleanly (a counter that is not a number, an RNG
+# state that is not one, NaN weights) failed later or were trained on and saved again
+COUNTERS = {"action_ticks": int, "train_steps": int, "bumped_at": (int, type(None)),
+            "pretrained": bool, "local_bump": bool, "change_alarms": int,
+            "stale_bests": int, "unconfirmed_rollbacks": int,
+            "handed_over_at": (int, type(None)), "guide_session": (int, type(None)),
+            "nodes_trained": int}
+SETTINGS = ("cfg", "model")          # a network's settings: values differ, never state
+
+
+def validate(state: dict, template: dict, path, weights_only: bool = False) -> None:
+    """ValueError naming the first part of ``state`` (a checkpoint) that does not fit
+    ``template`` (the engine's own ``state_dict``, of the same build): the networks and
+    optimiser (every tensor's shape and dtype, finite values), the input statistics
+    (finite, as many as the engine's, a positive std), the counters (numbers of their
+    type), the RNG state (one numpy accepts) and the reward scale (finite, positive)."""
+    try:
+        if "dqn" in state or template.get("dqn") is not None:
+            _like(state.get("dqn"), template.get("dqn"), "dqn")
+        _stats(state.get("stats"), template.get("stats"))
+        if weights_only:
+            return
+        for key, kind in COUNTERS.items():
+            if key in state and not _number_of(state[key], kind):
+                raise _Unfit(f"counter {key} is {state[key]!r}, not a number")
+        if "rng" in state:
+            _rng_state(state["rng"])
+        scale = (state.get("controller") or {}).get("p_scale") \
+            if isinstance(state.get("controller"), dict) else None
+        if scale is not None and not (_finite(scale) and scale > 0):
+            raise _Unfit(f"reward scale is {scale!r}")
+    except _Unfit as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+class _Unfit(Exception):
+    pass
+
+
+# what resuming from a checkpoint raises when the file cannot be used: ValueError from
+# validate and the loaders; the others from a state that passed validation but not its
+# part's own load_state (a damaged controller entry): never a crash loop
+UNUSABLE = (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError)
+
+
+def why(exc: BaseException) -> str:
+    """The reason to log for ``exc``, one of :data:`UNUSABLE`."""
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x)
+
+
+def _number_of(x, kind) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if x is None:
+        return type(None) in kinds
+    if bool in kinds:
+        return isinstance(x, bool)
+    return isinstance(x, int) and not isinstance(x, bool) and int in kinds
+
+
+def _like(saved, tmpl, where: str) -> None:
+    """``saved`` has ``tmpl``'s structure: the same keys, list lengths, tensor shapes
+    and dtypes, value types; floating tensors finite."""
+    import torch
+    if tmpl is None:
+        return
+    if isinstance(tmpl, torch.Tensor):
+        if not isinstance(saved, torch.Tensor):
+            raise _Unfit(f"{where} is a {type(saved).__name__}, not a tensor")
+        if saved.shape != tmpl.shape or saved.dtype != tmpl.dtype:
+            raise _Unfit(f"{where} is {saved.dtype} of shape {tuple(saved.shape)}, this "
+                         f"engine's is {tmpl.dtype} of shape {tuple(tmpl.shape)} (another "
+                         f"network: another engine.hidden_width or cluster_engine shape?)")
+        if saved.is_floating_point() and not bool(torch.isfinite(saved).all()):
+            raise _Unfit(f"{where} holds values that are not finite")
+    elif isinstance(tmpl, dict):
+        if not isinstance(saved, dict):
+            raise _Unfit(f"{where} is a {type(saved).__name__}, not a dict")
+        if set(saved) != set(tmpl):
+            raise _Unfit(f"{where} has the entries {sorted(map(str, saved))}, this "
+                         f"engine's {sorted(map(str, tmpl))}")
+        for key, value in tmpl.items():
+            if key not in SETTINGS:
+                _like(saved[key], value, f"{where}.{key}")
+    elif isinstance(tmpl, (list, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(tmpl):
+            raise _Unfit(f"{where} is {type(saved).__name__} of another length")
+        for i, (a, b) in enumerate(zip(saved, tmpl)):
+            _like(a, b, f"{where}[{i}]")
+    elif isinstance(tmpl, bool):
+        if not isinstance(saved, bool):
+            raise _Unfit(f"{where} is {saved!r}, not a bool")
+    elif isinstance(tmpl, (int, float)):
+        if not _finite(saved):
+            raise _Unfit(f"{where} is {saved!r}, not a finite number")
+        if isinstance(tmpl, int) and not isinstance(saved, int):
+            raise _Unfit(f"{where} is {saved!r}, not an integer")
+    elif isinstance(tmpl, str) and not isinstance(saved, str):
+        raise _Unfit(f"{where} is {saved!r}, not a string")
+
+
+def _stats(saved, tmpl) -> None:
+    """Input statistics: finite means, finite positive stds, as many as the engine's."""
+    if saved is None:
+        return
+    if not isinstance(saved, dict) or not {"mean", "std"} <= set(saved):
+        raise _Unfit("input statistics are not a dict of mean and std")
+    try:
+        mean, std = (np.asarray(saved[k], np.float64) for k in ("mean", "std"))
+    except (TypeError, ValueError):
+        raise _Unfit("input statistics are not numbers") from None
+    if std.shape != mean.shape:
+        raise _Unfit(f"input statistics of shapes {mean.shape} and {std.shape}")
+    if isinstance(tmpl, dict) and "mean" in tmpl and np.shape(tmpl["mean"]) != mean.shape:
+        raise _Unfit(f"input statistics of shape {mean.shape}, this engine's are "
+                     f"{np.shape(tmpl['mean'])}")
+    if not (np.isfinite(mean).all() and np.isfinite(std).all() and (std > 0).all()):
+        raise _Unfit("input statistics hold values that are not finite (or a std <= 0)")
+    if "objective_std" in saved and not (_finite(saved["objective_std"])
+                                         and saved["objective_std"] > 0):
+        raise _Unfit(f"objective_std is {saved['objective_std']!r}")
+
+
+def _rng_state(state) -> None:
+    """A state numpy's generator accepts (tried on a scratch generator)."""
+    try:
+        np.random.default_rng().bit_generator.state = state
+    except (TypeError, ValueError, KeyError, OverflowError) as exc:
+        raise _Unfit(f"the RNG state is not one ({type(exc).__name__}: "
+                     f"{str(exc)[:80]})") from None
+
+
 # -- plain state of python objects ---------------------------------------------------------
 def encode(x):
     """``x`` as tensors, numbers, strings, lists and dicts (see the module docstring)."""

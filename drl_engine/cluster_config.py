@@ -116,6 +116,13 @@ class NodeModelConfig:
     # (the ablation; drl_engine/rollback.py); the same for the recall of a known
     # workload and the group search's moves (drl_engine/row_context.py)
     rollback_walk: bool = True
+    # reading a live session (drl_engine/tick_frontier.py): a tick is taken once every
+    # node still sending has a row at it; a node whose rows did not move while the
+    # session's newest tick moved node_stall_ticks is not waited for, nor one more than
+    # node_lag_ticks behind the median node (a clock running behind: waiting would
+    # make every decision that late). A node ahead of the others is always waited out
+    node_stall_ticks: int = 5
+    node_lag_ticks: int = 10
 
     # upper bounds: beyond these a value is a typo (a network or a ring this large would
     # exhaust memory at start instead of failing here with the key's name)
@@ -128,7 +135,8 @@ class NodeModelConfig:
         "std_floor": 1e6, "bump_ticks": 10**12, "cold_start_ticks": 10**9,
         "rollback_ticks": 10**9, "best_margin": 1e6, "return_shift": 10**6,
         "train_every": 10_000, "context_search_ticks": 10**6,
-        "context_search_max_ticks": 10**9}
+        "context_search_max_ticks": 10**9, "node_stall_ticks": 10**6,
+        "node_lag_ticks": 10**6}
 
     def validate(self) -> None:
         for name in ("embed", "hidden", "encoder_layers", "head_layers", "replay_mb",
@@ -141,7 +149,7 @@ class NodeModelConfig:
             raise ValueError(f"cold_start: must be 'shared' or 'per_node' "
                              f"(got {self.cold_start!r})")
         for name in ("loss_nodes", "learn_start", "detect_nodes", "act_margin",
-                     "cold_start_ticks",
+                     "cold_start_ticks", "node_stall_ticks", "node_lag_ticks",
                      "best_margin", "margin_nodes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")

@@ -36,6 +36,7 @@ from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, M
 from capes.common.one_core import single_thread_blas
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
+from drl_engine import checkpoint
 from drl_engine.config import DQNConfig
 from drl_engine.decision import Decision
 from drl_engine.engine import Engine, action_name
@@ -138,12 +139,12 @@ class LiveSource:
             self.current = [reply["values"].get(n, v) for n, v in zip(names, decision.values)]
 
 
-def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
-                  ckpt: Path, deploy: DeploymentConfig | None = None) -> Engine | None:
-    """The engine on the live DB, resumed from the latest checkpoint or started from
-    ``--init-model``; None (after one line in the log) when the DB cannot be read.
-    Parameters named ``<node>/<knob>`` (per-node knobs) get the engine's per-node mode
-    (node-count independent, ``Engine.for_deployment``), global ones its one-row mode."""
+def _new_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
+                deploy: DeploymentConfig | None = None) -> Engine | None:
+    """A fresh engine on the live DB; None (after one line in the log) when the DB
+    cannot be read. Parameters named ``<node>/<knob>`` (per-node knobs) get the engine's
+    per-node mode (node-count independent, ``Engine.for_deployment``), global ones its
+    one-row mode."""
     rows = None
     try:
         if deploy is not None:
@@ -160,16 +161,39 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
     single_thread_blas()
     if rows is None:
         engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
+    return engine
+
+
+def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaemonOptions,
+                  ckpt: Path, deploy: DeploymentConfig | None = None) -> Engine | None:
+    """The engine on the live DB (:func:`_new_engine`), resumed from the latest
+    checkpoint or started from ``--init-model``. A checkpoint it cannot use (another
+    layout or config, damaged, unreadable) is never a crash loop: a fresh engine trains
+    afresh, ``restore_error`` says why (the file is then set aside)."""
+    engine = _new_engine(db, dqn, reward, opts, deploy)
+    if engine is None:
+        return None
     if ckpt.exists():
         try:
             engine.load(ckpt)
-        except ValueError as exc:    # another layout, or unreadable: never a crash loop
-            engine.restore_error = str(exc)      # trains afresh; the file is kept aside
+        except checkpoint.UNUSABLE as exc:
+            # validated before use, so a refused file left nothing behind; a fresh engine
+            # all the same (one that a part's own load refused may hold some of it)
+            engine.close()
+            engine = _new_engine(db, dqn, reward, opts, deploy)
+            if engine is not None:
+                engine.restore_error = checkpoint.why(exc)
         else:
             log.info("resumed from %s (action tick %d, %d training steps)", ckpt,
                      engine.action_ticks, engine.train_steps)
     elif opts.init_model:
-        engine.load(opts.init_model, weights_only=True)
+        try:
+            engine.load(opts.init_model, weights_only=True)
+        except checkpoint.UNUSABLE as exc:   # the operator's choice: said, not trained on
+            log.error("--init-model %s cannot be used: %s", opts.init_model,
+                      checkpoint.why(exc))
+            engine.close()
+            return None
         log.info("started from the model in %s", opts.init_model)
     return engine
 
@@ -214,6 +238,12 @@ ENGINE_METRICS = [
     _m("capes_engine_checkpoint_age_seconds", "gauge", "seconds since that checkpoint"),
     _m("capes_engine_tick_duration_seconds", "gauge",
        "wall seconds the last tick's work took (observe, act, train)"),
+    _m("capes_engine_ticks_ingested_total", "counter",
+       "ticks the engine took in: per-node mode, taken into its ring this session; "
+       "one-row mode, decided on"),
+    _m("capes_engine_node_ticks_seen_total", "counter",
+       "of those ticks, the ones each node had a row in (a node seen in few of them is "
+       "one the engine is blind to)", "node"),
 ]
 
 
@@ -235,6 +265,7 @@ class EngineView:
         self.tick_started = time.monotonic()
         self.tick_duration: float | None = None
         self.current: dict = {}
+        self._decided_seen: list | None = None    # one row: [decisions, per node seen]
         self._lock = threading.Lock()
 
     def observe(self, rec: TickRecord) -> None:
@@ -249,6 +280,7 @@ class EngineView:
                    "explore" if d.explored else "greedy")
             self.decisions[key] = self.decisions.get(key, 0) + 1
             self.q_max, self.q_spread = self._q(rec.state.session)
+            self._count_seen(rec.state.session, d.tick)
         if rec.state.session is not None:
             self.reward, self.objective = self._reward(rec.state.session)
         snapshot = self._snapshot()
@@ -318,7 +350,39 @@ class EngineView:
             "change_alarms": getattr(e, "change_alarms", None),
             "context_switches": (len(e.context.switches)
                                  if getattr(e, "context", None) is not None else None),
+            "nodes_seen": self._nodes_seen(),
         }
+
+    def _count_seen(self, session: int | None, tick: int) -> None:
+        """One-row mode: the nodes with a row at the tick just decided on."""
+        e = self.engine
+        data = None if e.per_node or session is None else \
+            e.experience.reader.sessions.get(session)
+        if data is None or data.first_tick is None or \
+                not 0 <= tick - data.first_tick < data.length:
+            return
+        present = ~np.isnan(data.pis[tick - data.first_tick]).all(axis=1)
+        if self._decided_seen is None or len(self._decided_seen[1]) != len(present):
+            self._decided_seen = [0, np.zeros(len(present), np.int64)]
+        self._decided_seen[0] += 1
+        self._decided_seen[1] += present
+
+    def _nodes_seen(self) -> dict | None:
+        """Ticks the engine took in and, per node, how many of them it had a row in:
+        per node, the ticks ingested into its ring this session; one row, the ticks
+        decided on (None before there are any)."""
+        e = self.engine
+        if not e.per_node:
+            if self._decided_seen is None:
+                return None
+            names = e.experience.layout.node_names
+            return {"ticks": self._decided_seen[0], "of": "decided",
+                    "nodes": dict(zip(names, self._decided_seen[1].tolist()))}
+        if e.data is None or getattr(e, "reader", None) is None:
+            return None
+        rep = e.data.replay
+        return {"ticks": int(rep.ingested), "of": "ingested",
+                "nodes": dict(zip(e.reader.layout.node_names, rep.seen.tolist()))}
 
     def status(self) -> dict:
         with self._lock:
@@ -357,6 +421,8 @@ class EngineView:
             "capes_engine_checkpoint_timestamp_seconds": s["checkpoint_at"],
             "capes_engine_checkpoint_age_seconds": s.get("checkpoint_age_s"),
             "capes_engine_tick_duration_seconds": s["tick_duration_s"],
+            "capes_engine_ticks_ingested_total": (s["nodes_seen"] or {}).get("ticks"),
+            "capes_engine_node_ticks_seen_total": (s["nodes_seen"] or {}).get("nodes"),
         }
 
 

@@ -21,6 +21,7 @@ from capes.common.replay_db import ReplayReader, SessionData
 from drl_engine.config import RewardConfig
 from drl_engine.normaliser import Normaliser
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
+from drl_engine.tick_frontier import TickFrontier
 
 
 def n_step_returns(r: np.ndarray, t: np.ndarray, n: int, gamma: float, shift: int = 0,
@@ -92,6 +93,10 @@ class Experience:
         self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
         self.reward_fn = REWARD_TYPES.build(reward.type, reward.options)
         self._cols: list[int] | None = None
+        # per session: its read frontier and the index up to which every node still
+        # sending has a row (drl_engine/tick_frontier.py): the newest observation is
+        # taken there, not at a tick only a node whose clock runs ahead has reached
+        self._frontiers: dict[int, tuple[TickFrontier, int]] = {}
         self.update()
 
     # -- shape ------------------------------------------------------------------------
@@ -138,6 +143,10 @@ class Experience:
             if data.length > start or data.length != d.n:
                 self._derive(data, d, start)
             data.dirty_from = data.length
+            if data.first_tick is not None:
+                f, end = self._frontiers.get(sid) or (TickFrontier(), 0)
+                self._frontiers[sid] = f, f.end(data.pis, data.first_tick, data.length,
+                                                min(end, data.length))
         if self.normalise:
             sessions = self.reader.sessions
             self.normaliser.maybe_update(
@@ -222,9 +231,10 @@ class Experience:
         ``build`` false: the observation is an empty array (the caller reads only that
         there is one)."""
         data = self.reader.sessions.get(sid)
-        if data is None or data.length < self.stack:
+        end = self._frontiers.get(sid, (None, 0))[1]
+        if data is None or end < self.stack:
             return None
-        i = data.length - 1
+        i = end - 1
         return data.first_tick + i, (self.observations(sid, np.array([i]))[0] if build
                                      else _NOT_BUILT)
 

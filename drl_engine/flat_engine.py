@@ -67,8 +67,8 @@ class FlatEngine(Engine):
                 state, self._pending_state = self._pending_state, None
                 try:
                     self._restore(state)
-                except ValueError as exc:     # another layout: start afresh, say why
-                    self.restore_error = str(exc)
+                except checkpoint.UNUSABLE as exc:   # another layout: afresh, say why
+                    self.restore_error = checkpoint.why(exc)
         return n
 
     def param_names(self) -> list[str]:
@@ -284,6 +284,8 @@ class FlatEngine(Engine):
         if state.get("layout") and layout and state["layout"] != dataclasses.asdict(layout):
             raise ValueError("checkpoint was trained on another layout of nodes, PIs or "
                              "parameters than this replay DB holds")
+        checkpoint.validate(state, self.state_dict(), "checkpoint",
+                            weights_only="action_ticks" not in state)
         if state.get("dqn"):
             self.dqn.load_state_dict(state["dqn"])
         if state.get("stats") and self.cfg.normalise_inputs:

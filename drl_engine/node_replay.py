@@ -19,6 +19,14 @@ from drl_engine.experience import n_step_returns
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
 
 
+def finite_or_nan(x: np.ndarray) -> np.ndarray:
+    """``x`` with ±inf as NaN (missing): an infinite PI is no measurement, and must
+    reach no sum, scale or statistic (a copy only when there is one)."""
+    inf = np.isinf(x)
+    return np.where(inf, np.float32(np.nan), x).astype(x.dtype, copy=False) \
+        if inf.any() else x
+
+
 @functools.cache
 def _one_hot(n: int) -> np.ndarray:
     """(n + 1, n) float32: row a the one-hot row of action a, row n (index -1) zeros."""
@@ -92,6 +100,7 @@ class NodeReplay:
         self.last: int | None = None       # newest tick
         self.first: int | None = None      # oldest tick ever ingested
         self.ingested = 0
+        self.seen = np.zeros(nodes, np.int64)    # per node: ingested ticks it had a row in
 
     @classmethod
     def capacity_for(cls, megabytes: int, nodes: int, pis: int, knobs: int) -> int:
@@ -114,7 +123,7 @@ class NodeReplay:
         tick = int(tick)
         if self.last is not None and tick <= self.last:
             return False
-        x = np.asarray(x, np.float32)
+        x = finite_or_nan(np.asarray(x, np.float32))
         if x.shape != (self.n, self.p):
             raise ValueError(f"PIs of shape {x.shape}, expected {(self.n, self.p)}")
         if self.last is not None:
@@ -127,6 +136,7 @@ class NodeReplay:
             self.lp[s] = np.log1p(np.maximum(x, 0.0))
         self.lp[s][np.isnan(x)] = np.nan
         present = self.present[s] = ~np.isnan(x).all(axis=1)
+        self.seen += present
         self.tick_of[s] = tick
         self.knobs[s] = x[:, self.knob_cols]
         self.actions[s] = -1
@@ -171,6 +181,7 @@ class NodeReplay:
         for name in ("tick_of", "pobj", "r", "ahist"):
             getattr(new, name)[b] = getattr(self, name)[a]
         new.first, new.last, new.ingested = int(ticks[0]), self.last, self.ingested
+        new.seen[:n] = self.seen
         return new
 
     def _clear(self, t: int) -> None:
@@ -306,9 +317,12 @@ class RowData:
         self.std = np.maximum(np.nan_to_num(std), self.mcfg.std_floor).astype(np.float32)
 
     def _fit_scale(self) -> None:
+        """The reward unit from the finite objective values only (an infinite one made
+        the scale infinite, every return 0 or NaN, and was saved in checkpoints)."""
         p = self.replay.pobj[self.replay.tick_of >= 0]
+        p = np.where(np.isinf(p), np.nan, p)       # (the same sum as before without)
         level = float(np.nanmean(np.abs(p))) if np.isfinite(p).any() else 0.0
-        self.p_scale = level / 100.0 if level > 0 else 1.0
+        self.p_scale = level / 100.0 if 0 < level < np.inf else 1.0
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """z-scores of log1p PI windows (..., S·P); NaN (missing) becomes 0, the mean."""
@@ -429,4 +443,4 @@ class RowData:
                          next_mask=next_mask, valid=valid, abar=abar, next_abar=next_abar)
 
 
-__all__ = ["NodeReplay", "NodeBatch", "RowData", "pick_subsets"]
+__all__ = ["NodeReplay", "NodeBatch", "RowData", "finite_or_nan", "pick_subsets"]

@@ -27,6 +27,7 @@ import numpy as np
 from capes.common import actions
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
+from drl_engine import checkpoint
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.decision import Decision
@@ -114,8 +115,13 @@ class DeploymentEngine(RowEngine):
             self._pending_load = None
             try:
                 self.load(path, weights_only)
-            except ValueError as exc:          # another layout: start afresh, say why
-                self.restore_error = str(exc)
+            except checkpoint.UNUSABLE as exc:   # another layout or config: afresh, say why
+                self.restore_error = checkpoint.why(exc)
+                self._init_rows(RowShape(list(layout.pi_names), rows.knobs,
+                                         len(layout.node_names)), self.mcfg, self.reader)
+                self.action_ticks = self.train_steps = 0      # (validated first: a part's
+                self.bumped_at, self.pretrained = None, False  # own load may have failed
+                self.rng = np.random.default_rng(self.seed)   # after these were set)
         return True
 
     def param_names(self) -> list[str]:

@@ -26,9 +26,10 @@ from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.decision import Decision
 from drl_engine.engine import Engine
-from drl_engine.node_replay import RowData
+from drl_engine.node_replay import RowData, finite_or_nan
 from drl_engine.row_context import RowContexts
 from drl_engine.row_controller import RowController
+from drl_engine.tick_frontier import TickFrontier
 
 log = logging.getLogger("capes.engine")
 
@@ -84,6 +85,7 @@ class RowEngine(Engine):
                                           compiled=self.dqn.compiles)
         self._session: int | None = None
         self._seen = 0                          # reader mode: ticks of the session ingested
+        self._frontier = TickFrontier(model.node_stall_ticks, model.node_lag_ticks)
         self.control = RowController(dqn, model, self.params, self.nodes, self.seed)
         self._node_obj = np.array(self.data.replay.obj_cols)
         self.row_context = RowContexts.build(dqn, self.pi_names, self.reward_cfg.pis,
@@ -122,19 +124,15 @@ class RowEngine(Engine):
             if self._session is not None:
                 self.new_session()
             self._session, self._seen = sid, 0
+            self._frontier.reset()
         if data.first_tick is None:
             return n
         if data.pis.shape[1] < self.nodes:
             raise ValueError(f"replay DB session {sid} has {data.pis.shape[1]} nodes, "
                              f"this engine {self.nodes}")
-        end = data.length
-        if end > self._seen:
-            # the newest tick is partial while a node of the tick before has no row in it
-            # yet (a node that stopped sending holds it back once, not for good)
-            gone = np.isnan(data.pis[end - 1]).all(axis=1)
-            if end >= 2:
-                gone &= ~np.isnan(data.pis[end - 2]).all(axis=1)
-            end -= bool(gone.any())
+        # up to each node's own newest row (a node whose clock runs ahead waits for the
+        # others; one that stopped sending or lags far behind does not hold them back)
+        end = self._frontier.end(data.pis, data.first_tick, data.length, self._seen)
         for i in range(self._seen, end):
             self.ingest(data.first_tick + i, data.pis[i])
         self._seen = max(self._seen, end)
@@ -167,7 +165,8 @@ class RowEngine(Engine):
     def ingest(self, tick: int, pis: np.ndarray) -> None:
         """One tick of every node's PIs, (N, P) in ``pi_names`` order; more rows than
         the engine has nodes: the last ones joined (:meth:`grow`), a node without a row
-        (all NaN) is absent: it left, or its row was lost."""
+        (all NaN) is absent: it left, or its row was lost. An infinite PI is missing."""
+        pis = finite_or_nan(np.asarray(pis))
         if len(pis) > self.nodes:
             self.grow(len(pis), tick)
         if not self.data.ingest(tick, pis):
@@ -364,6 +363,7 @@ class RowEngine(Engine):
             raise ValueError(f"{path}: trained on PIs {state['pi_names']} and knobs "
                              f"{state['param_names']}, this cluster has {self.pi_names} "
                              f"and {names}")
+        checkpoint.validate(state, self.state_dict(), path, weights_only)
         data, control = self.data, self.control
         self.dqn.load_state_dict(state["dqn"], optimizer=True)
         if state.get("stats"):

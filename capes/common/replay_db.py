@@ -479,7 +479,7 @@ class SessionData:
     """One session's cached data, mapped onto the reader's layout.
 
     ``pis[i]`` is tick ``first_tick + i`` as a (nodes, PIs) float32 array, NaN where
-    missing; ``actions[i]`` the action taken then (-1 = none); ``values[i]`` the
+    missing (or stored as ±inf: no measurement); ``actions[i]`` the action taken then (-1 = none); ``values[i]`` the
     parameters' values in effect *during* that tick (after the previous action).
     """
 
@@ -717,12 +717,18 @@ class ReplayReader:
         # between the two reads is loaded by the same amortised growth as without it)
         if len(rows) > self.RESERVE_ROWS:
             self._reserve("pis", self._last_pis_rowid)
+        touched: dict[int, list[int]] = {}       # session -> [lowest, highest] tick loaded
         while rows:
             for rowid, sid, tick, node, blob in rows:
                 data = self.sessions[sid]
                 i = data._ensure(tick)
                 if i is None or node >= len(data.node_map) or data.node_map[node] < 0:
                     continue
+                span = touched.get(sid)
+                if span is None:
+                    touched[sid] = [tick, tick]
+                elif not span[0] <= tick <= span[1]:
+                    span[0], span[1] = min(span[0], tick), max(span[1], tick)
                 vec = decode_vec(blob)
                 dst = data.pis[i, data.node_map[node]]
                 if data.identity_pis and len(vec) == dst.shape[0]:
@@ -734,6 +740,13 @@ class ReplayReader:
             self._last_pis_rowid = rows[-1][0]
             n += len(rows)
             rows = cur.fetchmany(self.FETCH_ROWS)
+        for sid, (lo, hi) in touched.items():
+            # an infinite PI is no measurement: missing (NaN), like a PI not sent, so
+            # that none reaches a consumer's sum, scale or statistic (issue 38). Once
+            # over the ticks this refresh loaded, not per row (a tick of 1,000 rows)
+            data = self.sessions[sid]
+            seg = data.pis[lo - data.first_tick:hi - data.first_tick + 1]
+            np.copyto(seg, np.nan, where=np.isinf(seg))
         cur = conn.execute("SELECT rowid, session, tick, action, vals FROM actions "
                            "WHERE rowid > ? ORDER BY rowid", (self._last_action_rowid,))
         while rows := cur.fetchmany(self.FETCH_ROWS):
