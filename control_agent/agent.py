@@ -18,9 +18,11 @@ heartbeat. Each :class:`capes.common.protocol.Action` carries ABSOLUTE values; t
   every knob) is not set again, so one step of one knob is one set (one ``gluster
   volume set``, not nine);
 * reads the knob just before changing it, and every ``control.drift_check_s``: a knob
-  found changed behind its back (by hand) is **left as it is**, logged, counted, and
-  told to the daemon (``Ack.drift``), which makes the value its own so the engine steps
-  from it; its recorded original is dropped (a restore leaves the operator's value);
+  found changed behind its back (by hand) is **left as it is** and held there until
+  the agent restarts (later actions on it are refused, counted as "held by hand"),
+  logged, counted, and told to the daemon (``Ack.drift``), which makes the value its
+  own where only this node holds the knob; its recorded original is dropped (a restore
+  leaves the operator's value);
 * applies the rest through the applier configured for that parameter, reads the knob
   back, and acks the values now in force (in dry-run: logs, applies nothing, and acks
   the unchanged values, which is the truth; its hellos and acks say it is a dry run, so
@@ -155,6 +157,10 @@ class ControlAgent:
                 self.current[name] = value
         self.requested: dict[str, float] = {}    # knob -> the daemon's last value for it
         self.drift_pending: dict[str, float] = {}   # hand-made changes not yet told
+        # knobs an operator changed by hand: held as they set them until this agent
+        # restarts (CAPES never fights an operator, also when the engine steps from its
+        # own value of a knob every node holds a copy of)
+        self.held: set[str] = set()
         self.last_seq = 0
         self.last_ack: Ack | None = None
         self.ctx: zmq.Context | None = None
@@ -298,6 +304,8 @@ class ControlAgent:
         for param, value in action.values.items():
             if self._unchanged(param, value):
                 self.counters.unchanged += 1
+            elif param in self.held:
+                self._hold(param, value)
             elif (why := self.check(param, value)) is not None:
                 self._refuse(param, value, why)
             elif self.dry_run:
@@ -319,6 +327,15 @@ class ControlAgent:
         self.last_ack = Ack(self.node, action.seq, acked, dry_run=self.dry_run,
                             drift=self._drift_to_tell())
         return self.last_ack
+
+    def _hold(self, param: str, value: float) -> None:
+        """Refuse a change of a knob an operator set by hand (counted; said once a knob,
+        the first refusal already said why)."""
+        n = self.counters.refused["held by hand"] = \
+            self.counters.refused.get("held by hand", 0) + 1
+        (log.info if n == 1 else log.debug)(
+            "refused %s = %s: held as set by hand until this agent restarts (%d refused)",
+            param, self.specs[param].describe(value), n)
 
     def _unchanged(self, param: str, value: float) -> bool:
         """Whether the daemon asked for this value of ``param`` before (applied then, or
@@ -354,11 +371,12 @@ class ControlAgent:
                 continue
             self.counters.drift += 1
             out.append(param)
-            log.warning("%s: changed behind CAPES's back, %s -> %s (by hand?); left as it "
-                        "is and told to the daemon (%d such changes)", param,
+            log.warning("%s: changed behind CAPES's back, %s -> %s (by hand?); held as it "
+                        "is until this agent restarts, told to the daemon (%d such changes)", param,
                         spec.describe(known), spec.describe(live), self.counters.drift)
             self.current[param] = live
             self.drift_pending[param] = live
+            self.held.add(param)
             self.touched.discard(param)
             try:
                 self.originals.forget([param])

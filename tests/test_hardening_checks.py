@@ -436,7 +436,8 @@ def test_the_control_agent_sets_only_what_changes_and_leaves_a_hand_made_change(
     """Three knobs set by a program that logs each call. One step of one knob is one
     set (before: three); a knob changed by hand is not put back when another is
     stepped (before: it was), and the agent tells the daemon (``Ack.drift``), also
-    for a change it finds on its own (``drift_check_s``)."""
+    for a change it finds on its own (``drift_check_s``); a knob changed by hand is held
+    as set, also when the engine steps it on (before: set to the engine's value)."""
     from capes.common.protocol import Action, encode
     sock, port = router
     knobs = tmp_path / "knobs"
@@ -481,6 +482,11 @@ def test_the_control_agent_sets_only_what_changes_and_leaves_a_hand_made_change(
         ack = act(3, {"a": 12, "b": 20, "c": 31})              # c from its old value
         assert ack.drift == {"c": 33} and ack.values["c"] == 33
         assert (knobs / "c").read_text() == "33\n"
+        assert calls.read_text().splitlines() == ["a 11", "a 12"]
+
+        ack = act(4, {"a": 12, "b": 26, "c": 32})    # the engine steps them on: held
+        assert (knobs / "b").read_text() == "25\n" and (knobs / "c").read_text() == "33\n"
+        assert ack.values["b"] == 25 and ack.values["c"] == 33
         assert calls.read_text().splitlines() == ["a 11", "a 12"]
     finally:
         proc.send_signal(signal.SIGTERM)
