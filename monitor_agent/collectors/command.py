@@ -31,8 +31,9 @@ def parse_lines(text: str) -> dict[str, float]:
             value = float(parts[1])
         except ValueError:
             continue
-        if math.isfinite(value):            # "inf", "nan", 1e999: no reading (NaN)
-            out[parts[0]] = value
+        # "inf", "nan", 1e999: no reading (NaN), but the name is kept (a PI whose first
+        # value is missing is still learned)
+        out[parts[0]] = value if math.isfinite(value) else math.nan
     return out
 
 
