@@ -242,14 +242,14 @@ def bench_step(n: int, device: str, reps: int, sets=(), device_sampling: bool = 
                    for g in (True, False)}
         eng = engines[True]
         m = eng.mcfg.loss_nodes or n
-        arrays = eng.dqn.inputs(eng._rows_batch())
+        arrays = eng.dqn.inputs(eng.batch())
         t = eng.dqn.to_tensors(*arrays)
         for _ in range(5):                           # warm-up; on CUDA: the capture
             eng.dqn.train_step(*t), eng.dqn.learn_arrays(*arrays)
             for e in engines.values():
                 e.train(1)
         _sync(eng.device)
-        sample = _median_ms(lambda: eng._rows_batch(), "cpu", reps)
+        sample = _median_ms(lambda: eng.batch(), "cpu", reps)
         step = _median_ms(lambda: eng.dqn.train_step(*t), eng.device, reps)
         learn = _median_ms(lambda: eng.dqn.learn_arrays(*arrays), eng.device, reps)
         train = {g: _median_ms(lambda: e.train(1), e.device, reps)

@@ -189,7 +189,7 @@ def test_engine_metrics_status_file_and_capes_status(tmp_path):
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith("daemon ") and "\nengine (metrics " in out.stdout
-        assert re.search(r"tick \d+ \(\d{4}-\d\d-\d\dT[\d:]+Z\), ε [01]\.\d+", out.stdout), \
+        assert re.search(r"tick \d+ of the session \(\d{4}-\d\d-\d\dT[\d:]+Z\), ε [01]\.\d+", out.stdout), \
             out.stdout
         out = subprocess.run(CAPES + ["status", "--json", "--config", str(cfg), "--grpc",
                                       daemon.info["grpc"], "--engine-status",
