@@ -1,0 +1,632 @@
+"""Live tuning of a real GlusterFS cluster on one machine (issue 40): the workloads by
+phase across clients, the static grid, the tuners through the stack, the score.
+
+The cluster is :class:`~capes.experiments.gluster_volume.GlusterTestVolume` with
+``clients=N`` FUSE mounts (nodes ``client1..N``) and bricks on throttled loop devices.
+The knob is each client's own FUSE readahead window (``/sys/class/bdi/<0:NN>/
+read_ahead_kb`` of its mount), a per-node row (``clientK/read_ahead_kb``); the volume's
+options stay at their values (the facts in docs/targets.md: the defaults are near-best
+and the per-node engine has no shared row beside per-node rows).
+
+Workloads (``PHASES``): each phase gives every client a fio job or none, as the cluster
+simulator's phases do: checkpoint-like 1 MiB writes on all clients; 1 MiB sequential
+reads on half of them; a mix (half 70/30 random 4 KiB read/write, half sequential
+readers); a small-file storm (many 64 KiB files read in 4 KiB requests on every client).
+fio runs in segments (``segment_s``; a new ``read_ahead_kb`` reaches a reader only when
+it opens its file); **the objective is fio's own bytes/s (reads + writes) summed over
+the clients**, one row per second, with each client's figure kept for fairness (Jain's
+index over the active clients).
+
+Scoring is :mod:`capes.experiments.real_readahead`'s: each phase's throughput over its
+workload's best static throughput (``relative``), the difference from the best static
+setting with a 95 % interval, the worst 10 s against the original.
+
+Root only.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from capes.experiments import evaluate as ev
+from capes.experiments import real_readahead as rr
+from capes.experiments import workload_driver as wd
+from capes.experiments.gluster_volume import (BrickDisk, GlusterError, GlusterTestVolume,
+                                              bdi_read_ahead_path)
+from capes.experiments.process_group import ProcessGroup
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_CONFIG = REPO / "configs" / "glusterfs-cluster.toml"
+KNOB = "read_ahead_kb"
+PI = "app_bytes_s"
+
+# fio jobs (one per client); {file}/{dir}, {seconds} filled in per segment
+JOBS = {
+    "seqwrite": "rw=write\nbs=1M\nfilename={dir}/ckpt\nsize=256M\n",
+    "seqread": "rw=read\nbs=1M\nfilename={dir}/data\nsize={data_mib}M\n",
+    "randrw": ("rw=randrw\nrwmixread=70\nbs=4k\nfilename={dir}/data\nsize={data_mib}M\n"
+               "randrepeat=0\n"),
+    "smallfiles": ("rw=read\nbs=4k\ndirectory={dir}/small\nnrfiles={nfiles}\n"
+                   "filesize=64k\nopenfiles=8\nfile_service_type=sequential\n"),
+}
+JOB_HEAD = ("[global]\nioengine=psync\ntime_based=1\nruntime={seconds}\n"
+            "invalidate=1\nallow_file_create={create}\n[job]\n")
+
+# phase name -> what each class of clients runs ("all", "half": the first half of the
+# clients, "rest": the others; None: idle)
+PHASES = {
+    "checkpoint": {"all": "seqwrite"},
+    "analysis": {"half": "seqread", "rest": None},
+    "mixed": {"half": "randrw", "rest": "seqread"},
+    "smallfiles": {"all": "smallfiles"},
+}
+DEFAULT_SCHEDULE = ["checkpoint", "analysis", "mixed", "smallfiles", "analysis", "mixed"]
+LADDER = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+
+
+def assignment(phase: str, nodes: list[str]) -> dict[str, str | None]:
+    """Which job each node runs in ``phase``."""
+    spec = PHASES[phase]
+    half = max(1, len(nodes) // 2)
+    out = {}
+    for i, n in enumerate(nodes):
+        key = "all" if "all" in spec else ("half" if i < half else "rest")
+        out[n] = spec.get(key)
+    return out
+
+
+@dataclass
+class ClusterRow:
+    t: float
+    bytes_s: float             # summed over the clients
+    per_client: dict           # node -> bytes/s (active clients only)
+    read_ahead_kb: int         # client1's, for the record
+    phase: int
+    workload: str
+    label: str
+
+
+def _terse(line: str) -> tuple[float, float, float, float] | None:
+    """(read KiB, read ms, write KiB, write ms) so far, from one terse v3 status line."""
+    p = line.split(";")
+    if len(p) < 50 or p[0] != "3":
+        return None
+    try:
+        return float(p[5]), float(p[8]), float(p[46]), float(p[49])
+    except ValueError:
+        return None
+
+
+class ClusterRunner:
+    """Plays phases on the cluster's mounts: fio per active client, in segments."""
+
+    def __init__(self, vol: GlusterTestVolume, workdir: Path, segment_s: float = 3.0,
+                 data_mib: int = 512, nfiles: int = 192):
+        self.vol, self.workdir, self.segment_s = vol, Path(workdir), segment_s
+        self.data_mib, self.nfiles = data_mib, nfiles
+        self.nodes = vol.client_names
+        self.mounts = dict(zip(self.nodes, vol.mounts))
+        self.ra_paths = {n: bdi_read_ahead_path(m) for n, m in self.mounts.items()}
+        self.rows: list[ClusterRow] = []
+        self.latest: dict[str, tuple[float, float]] = {}     # node -> (time, bytes/s)
+        self.n = 0
+
+    def read_ahead(self, node: str) -> int:
+        return int(Path(self.ra_paths[node]).read_text().split()[0])
+
+    def set_read_ahead(self, value: int, nodes=None) -> None:
+        for n in nodes or self.nodes:
+            Path(self.ra_paths[n]).write_text(f"{int(value)}\n")
+
+    def node_dir(self, node: str) -> Path:
+        return self.mounts[node] / node
+
+    def lay_out(self) -> float:
+        """Each client's data file and small files, written through its own mount."""
+        t0 = time.monotonic()
+        procs = []
+        for n in self.nodes:
+            d = self.node_dir(n)
+            (d / "small").mkdir(parents=True, exist_ok=True)
+            job = (f"[global]\nioengine=psync\nbs=1M\n[data]\nrw=write\nfilename={d}/data\n"
+                   f"size={self.data_mib}M\n[small]\nrw=write\nbs=64k\ndirectory={d}/small\n"
+                   f"nrfiles={self.nfiles}\nfilesize=64k\n")
+            f = self.workdir / f"layout-{n}.fio"
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            f.write_text(job)
+            procs.append(subprocess.Popen([wd.fio_binary() or "fio", str(f)],
+                                          stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE))
+        for p in procs:
+            _, err = p.communicate()
+            if p.returncode:
+                raise wd.WorkloadError(f"lay-out fio failed: {err.decode()[-300:]}")
+        return time.monotonic() - t0
+
+    def segment(self, phase_name: str, seconds: float, stop=None, phase: int = -1,
+                label: str = "") -> list[float]:
+        """One fio run per active client, together; the summed bytes/s per second."""
+        self.n += 1
+        seg = self.workdir / f"seg{self.n}"
+        seg.mkdir(parents=True, exist_ok=True)
+        jobs = {n: j for n, j in assignment(phase_name, self.nodes).items() if j}
+        procs, outs = {}, {}
+        for n, j in jobs.items():
+            text = JOB_HEAD.format(seconds=max(1, int(round(seconds))), create=0) + \
+                JOBS[j].format(dir=self.node_dir(n), data_mib=self.data_mib,
+                               nfiles=self.nfiles)
+            if j == "seqwrite":
+                text = text.replace("allow_file_create=0", "allow_file_create=1")
+            jf = seg / f"{n}.fio"
+            jf.write_text(text)
+            outs[n] = seg / f"{n}.terse"
+            procs[n] = subprocess.Popen(
+                [wd.fio_binary() or "fio", "--output-format=terse", "--status-interval=1",
+                 f"--output={outs[n]}", str(jf)], stdout=subprocess.DEVNULL,
+                stderr=open(seg / f"{n}.err", "w"), start_new_session=True)
+        per: dict[str, list[float]] = {n: [] for n in jobs}
+        last = {n: (0.0, 0.0, 0.0, 0.0) for n in jobs}
+        seen = {n: 0 for n in jobs}
+        emitted = 0
+        ra = self.read_ahead(self.nodes[0])
+        deadline = time.monotonic() + seconds + 30
+        totals: list[float] = []
+        try:
+            while True:
+                done = all(p.poll() is not None for p in procs.values())
+                if (stop is not None and stop.is_set()) or time.monotonic() > deadline:
+                    break
+                for n in jobs:
+                    try:
+                        text = outs[n].read_text()
+                    except OSError:
+                        text = ""
+                    lines = text.splitlines()
+                    fin = procs[n].poll() is not None
+                    complete = lines if fin or text.endswith("\n") else lines[:-1]
+                    for line in complete[seen[n]:]:
+                        s = _terse(line)
+                        if s is None:
+                            continue
+                        ms = max(s[1], s[3])
+                        lms = max(last[n][1], last[n][3])
+                        if ms - lms >= 500:                # the closing summary repeats
+                            rate = ((s[0] - last[n][0]) + (s[2] - last[n][2])) * 1024 / (
+                                (ms - lms) / 1000)
+                            per[n].append(rate)
+                            self.latest[n] = (time.time(), rate)
+                            last[n] = s
+                    seen[n] = len(complete)
+                # a second is complete once every active client has reported it
+                ready = min((len(v) for v in per.values()), default=0)
+                while emitted < ready:
+                    pc = {n: per[n][emitted] for n in jobs}
+                    total = float(sum(pc.values()))
+                    totals.append(total)
+                    self.rows.append(ClusterRow(time.time(), total, pc, ra, phase,
+                                                phase_name, label))
+                    emitted += 1
+                if done:
+                    break
+                time.sleep(0.2)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, 9)
+                    except ProcessLookupError:
+                        pass
+                p.wait()
+            shutil.rmtree(seg, ignore_errors=True)
+        if not jobs:                       # every client idle: seconds of zero
+            end = time.monotonic() + seconds
+            while time.monotonic() < end and not (stop is not None and stop.is_set()):
+                time.sleep(1)
+                totals.append(0.0)
+                self.rows.append(ClusterRow(time.time(), 0.0, {}, ra, phase, phase_name,
+                                            label))
+        bad = [n for n, p in procs.items() if p.returncode not in (0, -9) and not per[n]]
+        if bad and not (stop is not None and stop.is_set()):
+            raise wd.WorkloadError(f"fio failed on {bad} in {phase_name}")
+        return totals
+
+    def play(self, schedule: list[rr.Phase], label: str, stop=None, tick=None) -> None:
+        for i, ph in enumerate(schedule):
+            end = time.monotonic() + ph.seconds
+            while not (stop is not None and stop.is_set()):
+                left = end - time.monotonic()
+                if left < 1:
+                    break
+                self.segment(ph.workload, min(self.segment_s, left), stop, i, label)
+                if tick is not None:
+                    tick()
+
+    def fairness(self, label: str) -> dict[str, float]:
+        """Jain's index of the active clients' mean throughput, per phase."""
+        out = {}
+        for ph in sorted({r.phase for r in self.rows if r.label == label}):
+            rows = [r for r in self.rows if r.label == label and r.phase == ph and r.per_client]
+            if not rows:
+                continue
+            nodes = sorted(rows[0].per_client)
+            x = np.array([np.mean([r.per_client.get(n, 0.0) for r in rows]) for n in nodes])
+            out[str(ph)] = float(x.sum() ** 2 / (len(x) * (x ** 2).sum())) if x.any() else 1.0
+        return out
+
+
+# -- the static grid ----------------------------------------------------------------------
+
+def _knobs(runner: ClusterRunner) -> ev.Knobs:
+    """Every client's ``read_ahead_kb`` as ``clientK/read_ahead_kb`` (file appliers)."""
+    from capes.common.deployment import load_deployment
+    lines = ["tick_seconds = 1.0"]
+    for n in runner.nodes:
+        lines += [f'[control.appliers."{n}/{KNOB}"]', 'name = "file"',
+                  f'options = {{ path = "{runner.ra_paths[n]}" }}',
+                  f'[parameters."{n}/{KNOB}"]', "min = 0", "max = 16384", "step = 1",
+                  f"default = {runner.read_ahead(n)}", f'nodes = ["{n}"]']
+    toml = runner.workdir / "static.toml"
+    runner.workdir.mkdir(parents=True, exist_ok=True)
+    toml.write_text("\n".join(lines) + "\n")
+    return ev.Knobs(load_deployment(toml), [f"{n}/{KNOB}" for n in runner.nodes])
+
+
+def static_grid(runner: ClusterRunner, phases: list[str], values: list[int], reps: int,
+                duration: float, seed: int, stop=None, log=print) -> dict:
+    """``capes evaluate`` per phase: the original and every value shared by all the
+    clients, ``reps`` randomised interleaved repetitions of ``duration`` s."""
+    out = {}
+    knobs = _knobs(runner)
+    original = runner.read_ahead(runner.nodes[0])
+    try:
+        for w in phases:
+            configs = [ev.ConfigSet.parse("original")] + [
+                ev.ConfigSet.parse(",".join(f"{n}/{KNOB}={v}" for n in runner.nodes))
+                for v in values if v != original]
+
+            def measure(stop_, w=w):
+                got: list[float] = []
+                end = time.monotonic() + duration
+                while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
+                    got += runner.segment(w, min(runner.segment_s,
+                                                 max(1.0, end - time.monotonic())),
+                                          stop_, label=f"grid:{w}")
+                return got
+
+            def on_rep(r, i, total, w=w, configs=configs):
+                x = r.samples
+                log(f"  grid {w} {i:>3}/{total} {_value(configs[r.config], original):>6} "
+                    f"{(np.mean(x) / 1e6 if x else math.nan):8.2f} MB/s")
+            out[w] = ev.evaluate(knobs, configs, measure, reps, seed, stop, on_rep=on_rep)
+    finally:
+        knobs.close()
+    return out
+
+
+def _value(c, original: int) -> int:
+    vals = c.values or {}
+    return original if not vals else int(round(next(iter(vals.values()))))
+
+
+def grid_means(report: dict, original: int) -> dict[int, tuple[float, float]]:
+    out = {}
+    for c in report["configs"]:
+        v = original if c["name"] == "original" else int(round(
+            next(iter(c["values"].values()))))
+        se = ((c["ci_high"] - c["mean"]) / rr._t95(c["n"] - 1)
+              if c.get("n", 0) >= 2 and math.isfinite(c["mean"]) else math.nan)
+        out[v] = (float(c["mean"]), float(se))
+    return out
+
+
+def static_summary(grids: dict, original: int, schedule: list[rr.Phase]) -> dict:
+    """As :func:`real_readahead.static_summary`, from this module's grid reports."""
+    means = {w: grid_means(rep, original) for w, rep in grids.items()}
+    best = {w: max(m.values(), key=lambda t: t[0])[0] for w, m in means.items()}
+    best_value = {w: max(m, key=lambda v: m[v][0]) for w, m in means.items()}
+    secs = {w: sum(p.seconds for p in schedule if p.workload == w) for w in means}
+    total = sum(secs.values())
+    common = sorted(set.intersection(*(set(m) for m in means.values())))
+
+    def rel(v):
+        r = sum(secs[w] * means[w][v][0] / best[w] for w in means) / total
+        se = math.sqrt(sum((secs[w] / total * means[w][v][1] / best[w]) ** 2
+                           for w in means if math.isfinite(means[w][v][1])))
+        return r, se
+    table = {v: rel(v) for v in common}
+    v_star = max(table, key=lambda v: table[v][0])
+    return {"means": {w: {str(v): m[v][0] for v in sorted(m)} for w, m in means.items()},
+            "best": best, "per_workload_best_setting": best_value,
+            "relative_by_setting": {str(v): table[v][0] for v in common},
+            "best_static": {"setting": v_star, "relative": table[v_star][0],
+                            "se": table[v_star][1]},
+            "original": {"setting": original, "relative": table[original][0],
+                         "se": table[original][1],
+                         "means": {w: means[w][original][0] for w in means}},
+            "per_phase_best": {"settings": best_value, "relative": 1.0}}
+
+
+# -- tuners through the stack --------------------------------------------------------------
+
+def stack_table(template: Path, runner: ClusterRunner, pi_dir: Path, values: list[int],
+                original: int) -> dict:
+    """The shipped cluster config made concrete: one ``clientK/read_ahead_kb`` row per
+    node with its own bdi path, the ladder ``values``, the original as the default."""
+    from capes.common.config import read_toml
+    table = read_toml(template)
+    params = {f"{n}/{KNOB}": {"values": [str(v) for v in values], "default": str(original),
+                              "nodes": [n]} for n in runner.nodes}
+    table["parameters"] = params
+    table.setdefault("control", {})["appliers"] = {
+        f"{n}/{KNOB}": {"name": "file", "options": {"path": runner.ra_paths[n]}}
+        for n in runner.nodes}
+    table["control"]["state_file"] = str(pi_dir / "control-{node}.json")
+    return table
+
+
+def node_collectors(pi_file: Path) -> str:
+    return (f'monitor.collectors=[{{name = "command", options = {{argv = ["cat", '
+            f'"{pi_file}"], names = ["{PI}", "{KNOB}"]}}}}]')
+
+
+@dataclass
+class ClusterTunerRun:
+    name: str
+    status: dict = field(default_factory=dict)
+    exit_codes: dict = field(default_factory=dict)
+    restored: bool | None = None
+    restored_values: dict = field(default_factory=dict)
+    applied: list[int] = field(default_factory=list)
+    rows_lost: int | None = None
+
+
+def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdir: Path,
+              seed: int, stop, exploration_ticks: int | None, values: list[int],
+              template: Path = CLUSTER_CONFIG, extra_sets: tuple[str, ...] = (),
+              log=print) -> ClusterTunerRun:
+    """Play ``schedule`` while ``name`` (capes, hill, bo) tunes every client's
+    ``read_ahead_kb`` through the stack: one interface daemon, a monitoring and a control
+    agent per client node, the engine (per-node mode) or the baseline tuner."""
+    from capes.common.config import dump_toml
+    from capes.common.curve import bind, generate
+    from capes.settings import load_settings
+    sub = workdir / f"stack-{name}"
+    pis = sub / "pi"
+    pis.mkdir(parents=True, exist_ok=True)
+    original = {n: runner.read_ahead(n) for n in runner.nodes}
+    table = stack_table(template, runner, sub, values, original[runner.nodes[0]])
+    config = sub / "stack.toml"
+    config.write_text(dump_toml(table))
+    ports = {k: rr.free_port() for k in ("ingest", "control", "grpc", "metrics")}
+    keys = sub / "keys"
+    sets = [f"daemon.ingest=tcp://127.0.0.1:{ports['ingest']}",
+            f"daemon.control=tcp://127.0.0.1:{ports['control']}",
+            f"daemon.grpc=127.0.0.1:{ports['grpc']}",
+            f"daemon.metrics=127.0.0.1:{ports['metrics']}",
+            f"monitor.daemon=tcp://127.0.0.1:{ports['ingest']}",
+            f"control.daemon=tcp://127.0.0.1:{ports['control']}",
+            f'keys.dir="{keys}"', f'daemon.db="{sub / "replay.db"}"', *extra_sets]
+    if exploration_ticks:
+        sets.append(f"engine.exploration_ticks={exploration_ticks}")
+    deploy = load_settings(config, sets)
+    if deploy.keys.enabled:
+        generate(keys, ["monitor", "control", "engine"])
+        bind(keys, "monitor", runner.nodes)
+        bind(keys, "control", runner.nodes)
+        bind(keys, "engine", ["engine"])
+    cfg = ["--config", str(config)]
+    for s in sets:
+        cfg += ["--set", s]
+    status = sub / "engine.json"
+    stack = ProcessGroup(sub)
+    result = ClusterTunerRun(name)
+    halt = threading.Event()
+
+    def publish() -> None:            # each node's PI file, twice a second
+        while not halt.wait(0.5):
+            now = time.time()
+            for n in runner.nodes:
+                t, v = runner.latest.get(n, (0.0, 0.0))
+                v = v if now - t < 2.5 else 0.0
+                try:
+                    ra = runner.read_ahead(n)
+                except (OSError, ValueError):
+                    continue
+                result.applied.append(ra)
+                f = pis / n
+                tmp = f.with_suffix(".tmp")
+                tmp.write_text(f"{PI} {v:.1f}\n{KNOB} {ra}\n")
+                os.replace(tmp, f)
+    runner.latest.clear()
+    for n in runner.nodes:
+        (pis / n).write_text(f"{PI} 0\n{KNOB} {original[n]}\n")
+    thread = threading.Thread(target=publish, daemon=True)
+    try:
+        stack.start("interface-daemon", "interface-daemon", *cfg, "--ready-file",
+                    "daemon.ready")
+        for n in runner.nodes:
+            per = ["--set", f"monitor.node={n}", "--set", f"control.node={n}",
+                   "--set", node_collectors(pis / n)]
+            stack.start(f"monitor-{n}", "monitor-agent", *cfg, *per,
+                        "--set", "keys.client=monitor")
+            stack.start(f"control-{n}", "control-agent", *cfg, *per,
+                        "--set", "keys.client=control")
+        if rr.is_capes(name):
+            stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
+                        "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
+                        "--status-file", str(status), "--log-every", "30", "--metrics", "")
+        else:
+            spec = rr.TUNER_DEFAULTS.get(name, name)
+            stack.start("tuner", *cfg, "--set", "keys.client=engine", "--tuner", spec,
+                        "--seed", str(seed), module="capes.experiments.live_tuner")
+        thread.start()
+        last = [time.monotonic()]
+        t0 = time.monotonic()
+
+        def tick() -> None:
+            stack.check_alive()
+            if time.monotonic() - last[0] >= 30:
+                last[0] = time.monotonic()
+                x = [r.bytes_s for r in runner.rows if r.label == name][-30:]
+                st = rr._read_json(status)
+                log(f"  [{name} {time.monotonic() - t0:5.0f} s] last 30 s "
+                    f"{np.mean(x) / 1e6 if x else math.nan:8.2f} MB/s, read_ahead_kb "
+                    f"{[runner.read_ahead(n) for n in runner.nodes]}"
+                    + (f", ε {st.get('epsilon', math.nan):.2f}" if st else ""))
+        runner.play(schedule, name, stop, tick)
+        result.status = rr._read_json(status)
+    finally:
+        halt.set()
+        if thread.is_alive():
+            thread.join(2)
+        result.exit_codes = stack.stop(first=("tuner",))
+        now = {}
+        for n in runner.nodes:
+            try:
+                now[n] = runner.read_ahead(n)
+            except (OSError, ValueError):
+                now[n] = None
+        result.restored_values = now
+        result.restored = now == original
+        for n, v in original.items():              # never leave a client changed
+            if now.get(n) != v:
+                runner.set_read_ahead(v, [n])
+        result.rows_lost = rows_lost(sub / "replay.db", sub / "logs")
+    return result
+
+
+def rows_lost(db: Path, logs: Path) -> int | None:
+    """Replay rows lost, from the interface daemon's log: the rows it stopped with that
+    the DB could not take, and those dropped from a full buffer (None: no log)."""
+    import re
+    files = list(logs.glob("interface-daemon*"))
+    if not files:
+        return None
+    text = "\n".join(p.read_text(errors="replace") for p in files)
+    lost = [int(m) for m in re.findall(r"stopping with (\d+) rows the replay DB", text)]
+    dropped = [int(m) for m in re.findall(r"\((\d+) rows dropped from the full buffer", text)]
+    return sum(lost) + max(dropped, default=0)
+
+
+# -- the bench ----------------------------------------------------------------------------
+
+@dataclass
+class ClusterBenchOptions:
+    clients: int = 4
+    bricks: int = 4
+    brick_mbs: float = 50.0
+    brick_gib: float = 2.0
+    schedule: list[rr.Phase] = field(default_factory=list)
+    tuners: list[str] = field(default_factory=lambda: ["capes", "hill", "bo"])
+    grid: list[int] = field(default_factory=lambda: [16, 128, 1024, 8192])
+    ladder: list[int] = field(default_factory=lambda: list(LADDER))
+    original: int = 128
+    grid_reps: int = 2
+    grid_duration: float = 9.0
+    segment_s: float = 3.0
+    data_mib: int = 512
+    exploration_ticks: int | None = None
+    seed: int = 1
+    extra_sets: tuple[str, ...] = ()
+
+
+def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
+    """Stand the cluster up, lay the data out, the static grid, every tuner, the score;
+    the cluster is torn down on every exit path."""
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(prefix="capes-cluster-"))
+    result: dict = {"clients": opts.clients, "bricks": opts.bricks, "seed": opts.seed,
+                    "brick_mbs": opts.brick_mbs,
+                    "schedule": [[p.workload, p.seconds] for p in opts.schedule],
+                    "segment_s": opts.segment_s, "grid": opts.grid, "ladder": opts.ladder,
+                    "grid_reps": opts.grid_reps, "grid_duration_s": opts.grid_duration,
+                    "exploration_ticks": opts.exploration_ticks, "tuners": {},
+                    "load_average_start": os.getloadavg()[0]}
+    vol = GlusterTestVolume(work / "vol", bricks=opts.bricks, clients=opts.clients,
+                            disk=BrickDisk(size_gib=opts.brick_gib, read_mbs=opts.brick_mbs,
+                                           write_mbs=opts.brick_mbs))
+    try:
+        vol.up()
+        st = vol.status()
+        result["cluster"] = {"throttle": st["throttle"], "timings_s": st["timings_s"],
+                             "nodes": [c["node"] for c in st["clients"]]}
+        log(f"cluster up in {st['timings_s']['up']:.1f} s: {opts.bricks} bricks "
+            f"({st['throttle']}, {opts.brick_mbs:g} MB/s each), {opts.clients} clients")
+        runner = ClusterRunner(vol, work / "fio", opts.segment_s, opts.data_mib)
+        result["kernel_read_ahead_kb"] = runner.read_ahead(runner.nodes[0])
+        runner.set_read_ahead(opts.original)
+        log(f"laid out in {runner.lay_out():.1f} s")
+        phases = list(dict.fromkeys(p.workload for p in opts.schedule))
+        log(f"== static grid: {phases} x read_ahead_kb {opts.grid} (original "
+            f"{opts.original}), {opts.grid_reps} x {opts.grid_duration:g} s each")
+        grids = static_grid(runner, phases, opts.grid, opts.grid_reps, opts.grid_duration,
+                            opts.seed, stop, log)
+        result["grid_reports"] = grids
+        if stop.is_set():
+            return result
+        sm = static_summary(grids, opts.original, opts.schedule)
+        result.update(best_static=sm["best_static"], original=sm["original"],
+                      per_phase_best=sm["per_phase_best"], static=sm,
+                      per_phase_best_gap=1.0 - sm["best_static"]["relative"])
+        log(f"best static {sm['best_static']['setting']}: relative "
+            f"{sm['best_static']['relative']:.3f}; original {sm['original']['relative']:.3f};"
+            f" per-phase best {sm['per_workload_best_setting']}; gap "
+            f"{result['per_phase_best_gap']:.3f}")
+        for name in opts.tuners:
+            if stop.is_set():
+                break
+            log(f"== {name}, {sum(p.seconds for p in opts.schedule):g} s")
+            run = run_tuner(name, runner, opts.schedule, work, opts.seed, stop,
+                            opts.exploration_ticks, opts.ladder,
+                            extra_sets=opts.extra_sets, log=log)
+            rows = [r for r in runner.rows if r.label == name]
+            sc = rr.score(rows, opts.schedule, sm["best"], sm["best_static"]["relative"],
+                          sm["best_static"]["se"], sm["original"]["means"])
+            sc.update(restored=run.restored, restored_values=run.restored_values,
+                      exit_codes=run.exit_codes, rows_lost=run.rows_lost,
+                      fairness=runner.fairness(name),
+                      applied_min=min(run.applied, default=None),
+                      applied_max=max(run.applied, default=None),
+                      series=[[r.t, r.bytes_s, r.phase] for r in rows])
+            result["tuners"][name] = sc
+            if sc.get("relative") is not None:
+                log(f"{name}: relative {sc['relative']:.3f}, vs best static "
+                    f"{sc['diff_vs_best_static']:+.3f} [{sc['ci95'][0]:+.3f}, "
+                    f"{sc['ci95'][1]:+.3f}], worst 10 s {sc['worst_10s_vs_original']:.2f}x "
+                    f"original, restored {run.restored}, rows lost {run.rows_lost}")
+    finally:
+        t_down = time.monotonic()
+        problems = vol.down()
+        result["teardown"] = {"problems": problems, "seconds": time.monotonic() - t_down}
+        shutil.rmtree(work, ignore_errors=True)
+        result["wall_s"] = time.time() - t0
+        result["load_average_end"] = os.getloadavg()[0]
+    return result
+
+
+def missing_requirements() -> str | None:
+    why = wd.missing_on_host("glusterd, FUSE mounts, loop devices",
+                             ("fio", "glusterd", "gluster", "glusterfs", "losetup",
+                              "mkfs.xfs"))
+    if why:
+        return why
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse (FUSE)"
+    from capes.experiments import gluster_volume as gv
+    if gv.port_in_use():
+        return f"port {gv.GLUSTERD_PORT} is taken: a glusterd already runs here"
+    try:
+        gv.throttle_mechanism()
+        gv.loopback_host()
+    except GlusterError as exc:
+        return str(exc)
+    return None
