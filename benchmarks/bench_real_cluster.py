@@ -4,7 +4,8 @@ per-phase best, and the hill climber, BO and CAPES run live through the same sta
 The cluster (``capes.experiments.gluster_volume``, what ``tools/gluster-test-volume run
 --bricks 4 --clients 4 --brick-gib 2 --brick-mbs 50`` stands up): our own glusterd, a
 distributed volume of ``--bricks`` bricks each on its own loop device throttled to
-``--brick-mbs`` MB/s (cgroup v1 blkio or v2 io.max, said in the JSON), ``--clients``
+``--brick-mbs`` MB/s and ``--brick-iops`` (cgroup v1 blkio or v2 io.max, said in the
+JSON), the bricks' page cache capped (``--brick-memory-mib``), ``--clients``
 FUSE mounts, each a node (``client1..N``) with its own monitoring and control agent.
 The knob is each client's FUSE readahead window (per-node rows
 ``clientK/read_ahead_kb``, ``configs/glusterfs-cluster.toml``); the workload changes by
@@ -48,6 +49,9 @@ def parse_args(argv=None):
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--bricks", type=int, default=4)
     ap.add_argument("--brick-mbs", type=float, default=50)
+    ap.add_argument("--brick-iops", type=int, default=400)
+    ap.add_argument("--brick-memory-mib", type=int, default=256,
+                    help="the bricks' page cache (a memory cgroup): reads reach the disks")
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
                     help=f"phases, of {', '.join(rc.PHASES)}")
     ap.add_argument("--phase-s", type=float, default=90)
@@ -62,6 +66,9 @@ def parse_args(argv=None):
                     help="default: the config's (configs/glusterfs-cluster.toml)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--facts", action="store_true",
+                    help="instead of the tuners: what each volume option does per phase "
+                    "(capes evaluate's machinery) and what a `volume set` costs")
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true",
                     help="≤ 3 minutes: 2 clients, 2 phases of 20 s, a 2-value grid, CAPES")
@@ -117,12 +124,13 @@ def main(argv=None) -> int:
         return SKIP
     opts = rc.ClusterBenchOptions(
         clients=args.clients, bricks=args.bricks, brick_mbs=args.brick_mbs,
+        brick_iops=args.brick_iops, brick_memory_mib=args.brick_memory_mib,
         schedule=[rr.Phase(p, args.phase_s) for p in args.schedule.split(",")],
         tuners=[t for t in args.tuners.split(",") if t],
         grid=[int(v) for v in args.grid.split(",")], original=args.original,
         grid_reps=args.grid_reps, grid_duration=args.grid_duration,
         segment_s=args.segment, exploration_ticks=args.exploration_ticks, seed=args.seed,
-        extra_sets=tuple(args.sets))
+        extra_sets=tuple(args.sets), facts=args.facts)
 
     class Stop(StopSignal):
         SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -136,7 +144,12 @@ def main(argv=None) -> int:
             return 1
     result["command"] = sys.argv
     print()
-    print(report_table(result))
+    if args.facts:
+        for w, rows in result.get("volume_options_summary", {}).items():
+            print(f"{w}: " + ", ".join(f"{k} {v['mean_mb_s']:.1f} MB/s ({v['vs_original']:.2f})"
+                                        for k, v in rows.items()))
+    else:
+        print(report_table(result))
     print(f"\ntotal {result['wall_s']:.0f} s; load average at the end "
           f"{result['load_average_end']:.2f}; teardown {result['teardown']}")
     if args.json:

@@ -275,6 +275,8 @@ class BrickDisk:
     read_iops: int = 0
     write_iops: int = 0
     dirty_mib: int = 32          # the device's strict dirty limit (0: the kernel's)
+    memory_mib: int = 0          # the brick processes' memory (their page cache) in a
+                                 # memory cgroup: reads reach the throttled disk (0: none)
 
     def caps(self) -> dict[str, int]:
         return {k: int(v) for k, v in (("read_bps", self.read_mbs * 1e6),
@@ -373,6 +375,7 @@ class VolumeState:
     throttle: str = ""                                        # which mechanism was used
     throttle_rules: list[list[str]] = field(default_factory=list)   # [file, "maj:min"]
     throttle_cgroup: str | None = None                        # cgroup v2 only
+    memory_cgroup: str | None = None                          # BrickDisk.memory_mib
     sysfs_saved: dict[str, str] = field(default_factory=dict)  # path -> original text
     netns: str | None = None
     qdisc: str | None = None                                  # the netem line we added
@@ -565,9 +568,9 @@ class GlusterTestVolume:
         self._wait("bricks", lambda: len(list(pid_dir.glob("*.pid"))) >= self.n_bricks)
         self.state.brick_pids = self._brick_pids()
         self._save()
-        if self.state.throttle_cgroup:    # cgroup v2: the bricks' I/O is capped there
-            for pid in self.state.brick_pids:
-                _write(os.path.join(self.state.throttle_cgroup, "cgroup.procs"), str(pid))
+        for cg in {self.state.throttle_cgroup, self.state.memory_cgroup} - {None}:
+            for pid in self.state.brick_pids:      # v2 io.max / the memory cap
+                _write(os.path.join(cg, "cgroup.procs"), str(pid))
         t2 = time.monotonic()
         for i, mnt in enumerate(self.state.mounts):
             tag = "client" if len(self.state.mounts) == 1 else f"client{i + 1}"
@@ -609,6 +612,8 @@ class GlusterTestVolume:
             os.makedirs(cg, exist_ok=True)
             self.state.throttle_cgroup = cg
             self._save()
+        if disk.memory_mib:
+            self._make_memory_cgroup(disk.memory_mib)
         for i, mnt in enumerate(self.state.brick_mounts):
             image = d / "images" / f"b{i + 1}.img"
             with open(image, "wb") as fh:
@@ -652,6 +657,19 @@ class GlusterTestVolume:
                        + "\n")
             self._save()
 
+    def _make_memory_cgroup(self, mib: int) -> None:
+        v1 = "/sys/fs/cgroup/memory"
+        if os.path.isfile(os.path.join(v1, "memory.limit_in_bytes")):
+            cg, key = os.path.join(v1, f"capes-gluster-{os.getpid()}"), "memory.limit_in_bytes"
+        elif self.state.throttle_cgroup:
+            cg, key = self.state.throttle_cgroup, "memory.max"
+        else:
+            cg, key = os.path.join(CGROUP_V2, f"capes-gluster-{os.getpid()}"), "memory.max"
+        os.makedirs(cg, exist_ok=True)
+        self.state.memory_cgroup = cg
+        self._save()
+        _write(os.path.join(cg, key), f"{int(mib) << 20}\n")
+
     def _undo_disks(self) -> list[str]:
         """Brick file systems unmounted, throttles off, sysfs as it was, loops detached."""
         st, problems = self.state, []
@@ -684,18 +702,20 @@ class GlusterTestVolume:
                 if loop_backing(loop) in st.images:
                     problems.append(f"{loop} still attached")
         st.loops = [lp for lp in st.loops if loop_backing(lp) in st.images]
-        if st.throttle_cgroup:
+        for cg in dict.fromkeys([st.throttle_cgroup, st.memory_cgroup]):
+            if not cg:
+                continue
             for _ in range(50):
                 try:
-                    os.rmdir(st.throttle_cgroup)
+                    os.rmdir(cg)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
                     time.sleep(0.1)
             else:
-                problems.append(f"{st.throttle_cgroup}: cgroup not removed")
-            st.throttle_cgroup = None
+                problems.append(f"{cg}: cgroup not removed")
+        st.throttle_cgroup = st.memory_cgroup = None
         return problems
 
     def _undo_netns(self) -> list[str]:
@@ -865,6 +885,9 @@ def _volume_args(p: argparse.ArgumentParser, dir_required: bool) -> None:
                    "(cgroup v1 blkio or v2 io.max; needs --brick-gib)")
     p.add_argument("--brick-iops", type=int, default=0,
                    help="throttle each brick's device to this many IOPS, reads and writes")
+    p.add_argument("--brick-memory-mib", type=int, default=0,
+                   help="the brick processes' memory (page cache included) in a memory "
+                   "cgroup, so that reads reach the throttled disks (needs --brick-gib)")
     p.add_argument("--delay-ms", type=float, default=0.0,
                    help="tc netem delay on the loopback of a network namespace of our own "
                    "in which glusterd, the bricks and the clients run (each way)")
@@ -876,7 +899,8 @@ def _from_args(args) -> GlusterTestVolume:
         raise GlusterError("--brick-mbs/--brick-iops throttle loop devices: give --brick-gib")
     disk = (BrickDisk(size_gib=args.brick_gib, read_mbs=args.brick_mbs,
                       write_mbs=args.brick_mbs, read_iops=args.brick_iops,
-                      write_iops=args.brick_iops) if args.brick_gib else None)
+                      write_iops=args.brick_iops, memory_mib=args.brick_memory_mib)
+            if args.brick_gib else None)
     return GlusterTestVolume(args.dir, volume=args.volume, bricks=args.bricks,
                              replica=args.replica, host=args.host,
                              stats_dump=args.stats_dump, profile=args.profile,

@@ -251,15 +251,23 @@ class ClusterRunner:
                     tick()
 
     def fairness(self, label: str) -> dict[str, float]:
-        """Jain's index of the active clients' mean throughput, per phase."""
+        """Per phase, Jain's index of the mean throughput of the clients that run the same
+        job (1: all alike), the lowest over the phase's jobs (readers and writers move
+        different amounts by nature: they are not compared with each other)."""
         out = {}
         for ph in sorted({r.phase for r in self.rows if r.label == label}):
             rows = [r for r in self.rows if r.label == label and r.phase == ph and r.per_client]
             if not rows:
                 continue
-            nodes = sorted(rows[0].per_client)
-            x = np.array([np.mean([r.per_client.get(n, 0.0) for r in rows]) for n in nodes])
-            out[str(ph)] = float(x.sum() ** 2 / (len(x) * (x ** 2).sum())) if x.any() else 1.0
+            jobs = assignment(rows[0].workload, self.nodes)
+            worst = 1.0
+            for job in {j for j in jobs.values() if j}:
+                nodes = [n for n, j in jobs.items() if j == job]
+                x = np.array([np.mean([r.per_client.get(n, 0.0) for r in rows])
+                              for n in nodes])
+                if x.any():
+                    worst = min(worst, float(x.sum() ** 2 / (len(x) * (x ** 2).sum())))
+            out[str(ph)] = worst
         return out
 
 
@@ -524,6 +532,8 @@ class ClusterBenchOptions:
     clients: int = 4
     bricks: int = 4
     brick_mbs: float = 50.0
+    brick_iops: int = 400
+    brick_memory_mib: int = 256
     brick_gib: float = 2.0
     schedule: list[rr.Phase] = field(default_factory=list)
     tuners: list[str] = field(default_factory=lambda: ["capes", "hill", "bo"])
@@ -537,6 +547,8 @@ class ClusterBenchOptions:
     exploration_ticks: int | None = None
     seed: int = 1
     extra_sets: tuple[str, ...] = ()
+    facts: bool = False               # volume options and `volume set` costs, no tuners
+    volume_settings: list[str] = field(default_factory=lambda: list(VOLUME_SETTINGS))
 
 
 def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
@@ -545,7 +557,8 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="capes-cluster-"))
     result: dict = {"clients": opts.clients, "bricks": opts.bricks, "seed": opts.seed,
-                    "brick_mbs": opts.brick_mbs,
+                    "brick_mbs": opts.brick_mbs, "brick_iops": opts.brick_iops,
+                    "brick_memory_mib": opts.brick_memory_mib,
                     "schedule": [[p.workload, p.seconds] for p in opts.schedule],
                     "segment_s": opts.segment_s, "grid": opts.grid, "ladder": opts.ladder,
                     "grid_reps": opts.grid_reps, "grid_duration_s": opts.grid_duration,
@@ -553,7 +566,10 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                     "load_average_start": os.getloadavg()[0]}
     vol = GlusterTestVolume(work / "vol", bricks=opts.bricks, clients=opts.clients,
                             disk=BrickDisk(size_gib=opts.brick_gib, read_mbs=opts.brick_mbs,
-                                           write_mbs=opts.brick_mbs))
+                                           write_mbs=opts.brick_mbs,
+                                           read_iops=opts.brick_iops,
+                                           write_iops=opts.brick_iops,
+                                           memory_mib=opts.brick_memory_mib))
     try:
         vol.up()
         st = vol.status()
@@ -566,6 +582,17 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
         runner.set_read_ahead(opts.original)
         log(f"laid out in {runner.lay_out():.1f} s")
         phases = list(dict.fromkeys(p.workload for p in opts.schedule))
+        if opts.facts:
+            result["volume_set_costs"] = volume_set_costs(vol)
+            log(f"volume set costs: {result['volume_set_costs']}")
+            result["volume_options"] = volume_option_grid(
+                runner, phases, opts.volume_settings, opts.grid_reps, opts.grid_duration,
+                opts.seed, stop=stop, log=log)
+            result["volume_options_summary"] = {
+                w: {c["name"]: {"mean_mb_s": c["mean"] / 1e6,
+                                "vs_original": c["mean"] / rep["configs"][0]["mean"]}
+                    for c in rep["configs"]} for w, rep in result["volume_options"].items()}
+            return result
         log(f"== static grid: {phases} x read_ahead_kb {opts.grid} (original "
             f"{opts.original}), {opts.grid_reps} x {opts.grid_duration:g} s each")
         grids = static_grid(runner, phases, opts.grid, opts.grid_reps, opts.grid_duration,
@@ -630,3 +657,109 @@ def missing_requirements() -> str | None:
     except GlusterError as exc:
         return str(exc)
     return None
+
+
+# -- facts: volume options on the cluster ----------------------------------------------------
+
+# name -> (gluster option, unit, min, max); the grid's configurations name these
+VOLUME_KNOBS = {
+    "read_ahead": ("performance.read-ahead", "bool", 0, 1),
+    "io_cache": ("performance.io-cache", "bool", 0, 1),
+    "stat_prefetch": ("performance.stat-prefetch", "bool", 0, 1),
+    "write_behind_window_mb": ("performance.write-behind-window-size", "MB", 1, 64),
+    "io_thread_count": ("performance.io-thread-count", "", 1, 64),
+    "client_io_threads": ("performance.client-io-threads", "bool", 0, 1),
+}
+VOLUME_SETTINGS = ["read_ahead=1", "io_cache=1", "stat_prefetch=0",
+                   "write_behind_window_mb=8", "io_thread_count=4", "io_thread_count=64",
+                   "client_io_threads=0"]
+
+
+def volume_knobs(vol: GlusterTestVolume, workdir: Path, names) -> ev.Knobs:
+    from capes.common.deployment import load_deployment
+    lines = ["tick_seconds = 1.0"]
+    for n in names:
+        key, unit, lo, hi = VOLUME_KNOBS[n]
+        lines += [f"[control.appliers.{n}]", 'name = "gluster"',
+                  f'options = {{ volume = "{vol.volume}", key = "{key}", unit = "{unit}", '
+                  f'glusterd_sock = "{vol.socket_path}" }}',
+                  f"[parameters.{n}]", f"min = {lo}", f"max = {hi}", "step = 1",
+                  f"default = {lo}"]
+    toml = workdir / "volume.toml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    toml.write_text("\n".join(lines) + "\n")
+    return ev.Knobs(load_deployment(toml), list(names))
+
+
+def volume_option_grid(runner: ClusterRunner, phases: list[str], settings: list[str],
+                       reps: int, duration: float, seed: int, settle_s: float = 3.0,
+                       stop=None, log=print) -> dict:
+    """``capes evaluate`` per phase over volume options (the volume's original values and
+    each setting), the clients' readahead as it is; {phase: report}."""
+    configs = [ev.ConfigSet.parse("original")] + [ev.ConfigSet.parse(s) for s in settings]
+    names = sorted({n for c in configs for n in (c.values or {})})
+    out = {}
+    for w in phases:
+        knobs = volume_knobs(runner.vol, runner.workdir, names)
+
+        def measure(stop_, w=w):
+            got: list[float] = []
+            end = time.monotonic() + duration
+            while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
+                got += runner.segment(w, min(runner.segment_s,
+                                             max(1.0, end - time.monotonic())),
+                                      stop_, label=f"volume:{w}")
+            return got
+
+        def on_rep(r, i, total, w=w):
+            x = r.samples
+            log(f"  volume {w} {i:>3}/{total} {configs[r.config].label:<28} "
+                f"{(np.mean(x) / 1e6 if x else math.nan):8.2f} MB/s")
+        try:
+            out[w] = ev.evaluate(knobs, configs, measure, reps, seed, stop,
+                                 settle_s=settle_s, on_rep=on_rep)
+        finally:
+            knobs.close()
+    return out
+
+
+def _graph_switches(log_path: Path) -> int:
+    try:
+        return log_path.read_text(errors="replace").count("switched to graph")
+    except OSError:
+        return 0
+
+
+def volume_set_costs(vol: GlusterTestVolume, n: int = 5, timeout_s: float = 20.0) -> dict:
+    """What a ``volume set`` costs and how long it takes to reach the clients: per
+    option kind, the CLI's wall time (it holds the cluster-wide volume lock that long)
+    and, for a change of the client graph, the seconds until every client's log says
+    it switched to the new graph (polled every 0.05 s; None: not within ``timeout_s``)."""
+    logs = [vol.dir / "log" / ("client.log" if len(vol.mounts) == 1 else
+                               f"client{i + 1}.log") for i in range(len(vol.mounts))]
+    cases = {"value (io-thread-count, bricks)": ("performance.io-thread-count", "16", "24"),
+             "value (write-behind window, clients)":
+                 ("performance.write-behind-window-size", "1MB", "2MB"),
+             "translator on/off (read-ahead, clients' graph)":
+                 ("performance.read-ahead", "off", "on")}
+    out = {}
+    for label, (key, a, b) in cases.items():
+        set_s, reach = [], []
+        for i in range(n):
+            value = b if i % 2 == 0 else a
+            before = [_graph_switches(p) for p in logs]
+            t0 = time.monotonic()
+            vol.gluster("volume", "set", vol.volume, key, value)
+            set_s.append(time.monotonic() - t0)
+            seen: dict[int, float] = {}
+            while len(seen) < len(logs) and time.monotonic() - t0 < timeout_s:
+                for k, p in enumerate(logs):
+                    if k not in seen and _graph_switches(p) > before[k]:
+                        seen[k] = time.monotonic() - t0
+                time.sleep(0.05)
+            reach.append(max(seen.values()) if len(seen) == len(logs) else None)
+        vol.gluster("volume", "reset", vol.volume, key)
+        out[label] = {"set_s": [round(x, 3) for x in set_s],
+                      "all_clients_switched_s": [None if x is None else round(x, 3)
+                                                 for x in reach]}
+    return out
