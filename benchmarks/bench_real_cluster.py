@@ -48,8 +48,13 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--bricks", type=int, default=4)
-    ap.add_argument("--brick-mbs", type=float, default=50)
-    ap.add_argument("--brick-iops", type=int, default=400)
+    ap.add_argument("--brick-mbs", type=float, default=80)
+    ap.add_argument("--brick-iops", type=int, default=0)
+    ap.add_argument("--seek-ms", type=float, default=4.0,
+                    help="each brick's seek disk (tools/seekdisk): the seek cost; 0: none")
+    ap.add_argument("--seek-mbs", type=float, default=100.0)
+    ap.add_argument("--client-memory-mib", type=int, default=64,
+                    help="each client's applications in a memory cgroup (its page cache)")
     ap.add_argument("--brick-memory-mib", type=int, default=256,
                     help="the bricks' page cache (a memory cgroup): reads reach the disks")
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
@@ -125,6 +130,8 @@ def main(argv=None) -> int:
     opts = rc.ClusterBenchOptions(
         clients=args.clients, bricks=args.bricks, brick_mbs=args.brick_mbs,
         brick_iops=args.brick_iops, brick_memory_mib=args.brick_memory_mib,
+        brick_seek_ms=args.seek_ms, brick_seek_mbs=args.seek_mbs,
+        client_memory_mib=args.client_memory_mib,
         schedule=[rr.Phase(p, args.phase_s) for p in args.schedule.split(",")],
         tuners=[t for t in args.tuners.split(",") if t],
         grid=[int(v) for v in args.grid.split(",")], original=args.original,

@@ -26,7 +26,7 @@ def test_phases_give_every_client_its_job():
     assert rc.assignment("analysis", NODES) == {"client1": "seqread", "client2": "seqread",
                                                 "client3": None, "client4": None}
     mixed = rc.assignment("mixed", NODES)
-    assert [mixed[n] for n in NODES] == ["randrw", "randrw", "seqread", "seqread"]
+    assert [mixed[n] for n in NODES] == ["mmaprand", "mmaprand", "randwrite", "randwrite"]
     assert rc.assignment("analysis", ["client1"]) == {"client1": "seqread"}
     assert set(rc.DEFAULT_SCHEDULE) == set(rc.PHASES)      # every phase, some returning
     assert len(rc.DEFAULT_SCHEDULE) > len(rc.PHASES)
@@ -46,11 +46,11 @@ def _runner_with(rows):
 
 
 def test_fairness_compares_clients_running_the_same_job_only():
-    # mixed: client1-2 random r/w (10, 10), client3-4 sequential readers (100, 50)
+    # mixed: client1-2 random readers (10, 10), client3-4 writers (100, 50)
     rows = [rc.ClusterRow(0, 170, {"client1": 10, "client2": 10, "client3": 100,
                                    "client4": 50}, 128, 0, "mixed", "x")]
     f = _runner_with(rows).fairness("x")
-    assert f["0"] == pytest.approx(150 ** 2 / (2 * (100 ** 2 + 50 ** 2)))  # the readers'
+    assert f["0"] == pytest.approx(150 ** 2 / (2 * (100 ** 2 + 50 ** 2)))  # the writers'
     even = [rc.ClusterRow(0, 40, dict.fromkeys(NODES, 10), 128, 1, "checkpoint", "x")]
     assert _runner_with(even).fairness("x")["1"] == pytest.approx(1.0)
 

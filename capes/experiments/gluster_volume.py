@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 GLUSTERD_PORT = 24007
 SYSTEM_TREES = ("/var/lib/glusterd", "/var/log/glusterfs", "/run/gluster")
 STATE_FILE = "state.json"
+SEEKDISK = Path(__file__).resolve().parents[2] / "tools" / "seekdisk" / "seekdisk"
 PROGRAMS = ("glusterd", "glusterfsd", "glusterfs")
 REFUSED_HOSTS = {"localhost", "localhost.localdomain", "127.0.0.1", "::1"}
 
@@ -277,6 +278,9 @@ class BrickDisk:
     dirty_mib: int = 32          # the device's strict dirty limit (0: the kernel's)
     memory_mib: int = 0          # the brick processes' memory (their page cache) in a
                                  # memory cgroup: reads reach the throttled disk (0: none)
+    seek_ms: float = 0.0         # > 0: the image is served by tools/seekdisk (a seek cost
+    seek_mbs: float = 100.0      # per non-contiguous request, one request at a time, this
+                                 # bandwidth) and the loop device sits on that
 
     def caps(self) -> dict[str, int]:
         return {k: int(v) for k, v in (("read_bps", self.read_mbs * 1e6),
@@ -376,6 +380,8 @@ class VolumeState:
     throttle_rules: list[list[str]] = field(default_factory=list)   # [file, "maj:min"]
     throttle_cgroup: str | None = None                        # cgroup v2 only
     memory_cgroup: str | None = None                          # BrickDisk.memory_mib
+    seek_mounts: list[str] = field(default_factory=list)      # BrickDisk.seek_ms
+    seek_pids: list[int] = field(default_factory=list)
     sysfs_saved: dict[str, str] = field(default_factory=dict)  # path -> original text
     netns: str | None = None
     qdisc: str | None = None                                  # the netem line we added
@@ -619,7 +625,8 @@ class GlusterTestVolume:
             with open(image, "wb") as fh:
                 fh.truncate(int(disk.size_gib * (1 << 30)))
             self.state.images.append(str(image))
-            done = subprocess.run(["losetup", "--find", "--show", str(image)],
+            backing = self._seekdisk(d, i, image) if disk.seek_ms > 0 else image
+            done = subprocess.run(["losetup", "--find", "--show", str(backing)],
                                   capture_output=True, text=True)
             if done.returncode:
                 raise GlusterError(f"losetup: {done.stderr.strip()[:300]}")
@@ -656,6 +663,25 @@ class GlusterTestVolume:
                 _write(f, f"{mm} " + " ".join(f"{V2_KEYS[k]}={v}" for k, v in caps.items())
                        + "\n")
             self._save()
+
+    def _seekdisk(self, d: Path, i: int, image: Path) -> Path:
+        """``tools/seekdisk`` serving ``image`` as DIR/seek/bK/disk (built when absent)."""
+        exe = SEEKDISK
+        if not exe.exists():
+            subprocess.run(["make", "-s", "-C", str(exe.parent)], capture_output=True)
+        if not exe.exists():
+            raise GlusterError("tools/seekdisk cannot be built (make -C tools/seekdisk: "
+                               "gcc, pkg-config, libfuse3-dev)")
+        mnt = d / "seek" / f"b{i + 1}"
+        mnt.mkdir(parents=True, exist_ok=True)
+        self.state.seek_mounts.append(str(mnt))
+        proc = self._spawn([str(exe), "--bandwidth-mbs", f"{self.disk.seek_mbs:g}",
+                            "--seek-ms", f"{self.disk.seek_ms:g}", str(image), str(mnt),
+                            "-f"], f"seekdisk-b{i + 1}.out")
+        self.state.seek_pids.append(proc.pid)
+        self._save()
+        self._wait(f"seek disk {mnt}", lambda: mounted(mnt) and (mnt / "disk").exists(), proc)
+        return mnt / "disk"
 
     def _make_memory_cgroup(self, mib: int) -> None:
         v1 = "/sys/fs/cgroup/memory"
@@ -699,9 +725,18 @@ class GlusterTestVolume:
         st.sysfs_saved = {}
         for loop in st.loops:
             if subprocess.run(["losetup", "-d", loop], capture_output=True).returncode:
-                if loop_backing(loop) in st.images:
+                if loop_backing(loop):
                     problems.append(f"{loop} still attached")
-        st.loops = [lp for lp in st.loops if loop_backing(lp) in st.images]
+        st.loops = [lp for lp in st.loops
+                    if loop_backing(lp) in st.images or
+                    any(str(loop_backing(lp)).startswith(m) for m in st.seek_mounts)]
+        for mnt in st.seek_mounts:
+            if mounted(mnt):
+                subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+        left = _signal_all(_signal_all(st.seek_pids, 0, 3.0), signal.SIGTERM, 3.0)
+        left = _signal_all(left, signal.SIGKILL, 2.0)
+        problems += [f"seek disk process {p} still running" for p in left]
+        problems += [f"{m} still mounted" for m in st.seek_mounts if mounted(m)]
         for cg in dict.fromkeys([st.throttle_cgroup, st.memory_cgroup]):
             if not cg:
                 continue
@@ -885,6 +920,11 @@ def _volume_args(p: argparse.ArgumentParser, dir_required: bool) -> None:
                    "(cgroup v1 blkio or v2 io.max; needs --brick-gib)")
     p.add_argument("--brick-iops", type=int, default=0,
                    help="throttle each brick's device to this many IOPS, reads and writes")
+    p.add_argument("--brick-seek-ms", type=float, default=0.0,
+                   help="serve each brick's image through tools/seekdisk: this seek cost "
+                   "per non-contiguous request, one request at a time (needs --brick-gib)")
+    p.add_argument("--brick-seek-mbs", type=float, default=100.0,
+                   help="the seek disk's bandwidth (with --brick-seek-ms)")
     p.add_argument("--brick-memory-mib", type=int, default=0,
                    help="the brick processes' memory (page cache included) in a memory "
                    "cgroup, so that reads reach the throttled disks (needs --brick-gib)")
@@ -899,7 +939,8 @@ def _from_args(args) -> GlusterTestVolume:
         raise GlusterError("--brick-mbs/--brick-iops throttle loop devices: give --brick-gib")
     disk = (BrickDisk(size_gib=args.brick_gib, read_mbs=args.brick_mbs,
                       write_mbs=args.brick_mbs, read_iops=args.brick_iops,
-                      write_iops=args.brick_iops, memory_mib=args.brick_memory_mib)
+                      write_iops=args.brick_iops, memory_mib=args.brick_memory_mib,
+                      seek_ms=args.brick_seek_ms, seek_mbs=args.brick_seek_mbs)
             if args.brick_gib else None)
     return GlusterTestVolume(args.dir, volume=args.volume, bricks=args.bricks,
                              replica=args.replica, host=args.host,

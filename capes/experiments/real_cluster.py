@@ -52,11 +52,17 @@ PI = "app_bytes_s"
 # fio jobs (one per client); {file}/{dir}, {seconds} filled in per segment
 JOBS = {
     "seqwrite": "rw=write\nbs=1M\nfilename={dir}/ckpt\nsize=256M\n",
-    "seqread": "rw=read\nbs=1M\nfilename={dir}/data\nsize={data_mib}M\n",
-    "randrw": ("rw=randrw\nrwmixread=70\nbs=4k\nfilename={dir}/data\nsize={data_mib}M\n"
-               "randrepeat=0\n"),
+    # sequential 4 KiB reads: what each FUSE request carries is the readahead window
+    "seqread": "rw=read\nbs=4k\nfilename={dir}/data\nsize={data_mib}M\n",
+    "randwrite": ("rw=randwrite\nbs=4k\nfilename={dir}/data\nsize={data_mib}M\n"
+                  "randrepeat=0\n"),
+    # random 4 KiB page faults through mmap (no fadvise): each fault reads around it by
+    # the client's readahead window
+    "mmaprand": ("ioengine=mmap\nrw=randread\nbs=4k\nfadvise_hint=0\nrandrepeat=0\n"
+                 "filename={dir}/data\nsize={data_mib}M\n"),
     "smallfiles": ("rw=read\nbs=4k\ndirectory={dir}/small\nnrfiles={nfiles}\n"
-                   "filesize=64k\nopenfiles=8\nfile_service_type=sequential\n"),
+                   "filesize=64k\nfilename_format=f.$filenum\nopenfiles=8\n"
+                   "file_service_type=sequential\n"),
 }
 JOB_HEAD = ("[global]\nioengine=psync\ntime_based=1\nruntime={seconds}\n"
             "invalidate=1\nallow_file_create={create}\n[job]\n")
@@ -66,7 +72,7 @@ JOB_HEAD = ("[global]\nioengine=psync\ntime_based=1\nruntime={seconds}\n"
 PHASES = {
     "checkpoint": {"all": "seqwrite"},
     "analysis": {"half": "seqread", "rest": None},
-    "mixed": {"half": "randrw", "rest": "seqread"},
+    "mixed": {"half": "mmaprand", "rest": "randwrite"},
     "smallfiles": {"all": "smallfiles"},
 }
 DEFAULT_SCHEDULE = ["checkpoint", "analysis", "mixed", "smallfiles", "analysis", "mixed"]
@@ -110,10 +116,16 @@ class ClusterRunner:
     """Plays phases on the cluster's mounts: fio per active client, in segments."""
 
     def __init__(self, vol: GlusterTestVolume, workdir: Path, segment_s: float = 3.0,
-                 data_mib: int = 512, nfiles: int = 192):
+                 data_mib: int = 256, nfiles: int = 192, client_memory_mib: int = 0):
         self.vol, self.workdir, self.segment_s = vol, Path(workdir), segment_s
         self.data_mib, self.nfiles = data_mib, nfiles
         self.nodes = vol.client_names
+        # each client's applications in a memory cgroup of their own: a client's page
+        # cache is a fraction of its data, as on a real client (0: unbounded)
+        self.cgroups: dict[str, rr.MemoryCgroup] = {}
+        for n in self.nodes if client_memory_mib else []:
+            self.cgroups[n] = rr.MemoryCgroup(client_memory_mib << 20,
+                                              f"capes-cluster-{os.getpid()}-{n}")
         self.mounts = dict(zip(self.nodes, vol.mounts))
         self.ra_paths = {n: bdi_read_ahead_path(m) for n, m in self.mounts.items()}
         self.rows: list[ClusterRow] = []
@@ -139,7 +151,7 @@ class ClusterRunner:
             (d / "small").mkdir(parents=True, exist_ok=True)
             job = (f"[global]\nioengine=psync\nbs=1M\n[data]\nrw=write\nfilename={d}/data\n"
                    f"size={self.data_mib}M\n[small]\nrw=write\nbs=64k\ndirectory={d}/small\n"
-                   f"nrfiles={self.nfiles}\nfilesize=64k\n")
+                   f"nrfiles={self.nfiles}\nfilesize=64k\nfilename_format=f.$filenum\n")
             f = self.workdir / f"layout-{n}.fio"
             self.workdir.mkdir(parents=True, exist_ok=True)
             f.write_text(job)
@@ -169,10 +181,17 @@ class ClusterRunner:
             jf = seg / f"{n}.fio"
             jf.write_text(text)
             outs[n] = seg / f"{n}.terse"
+            cg = self.cgroups.get(n)
+
+            def enter(path=cg.path if cg else None) -> None:
+                if path:
+                    with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+                        fh.write(str(os.getpid()))
             procs[n] = subprocess.Popen(
                 [wd.fio_binary() or "fio", "--output-format=terse", "--status-interval=1",
                  f"--output={outs[n]}", str(jf)], stdout=subprocess.DEVNULL,
-                stderr=open(seg / f"{n}.err", "w"), start_new_session=True)
+                stderr=open(seg / f"{n}.err", "w"), start_new_session=True,
+                preexec_fn=enter if cg else None)
         per: dict[str, list[float]] = {n: [] for n in jobs}
         last = {n: (0.0, 0.0, 0.0, 0.0) for n in jobs}
         seen = {n: 0 for n in jobs}
@@ -238,6 +257,11 @@ class ClusterRunner:
         if bad and not (stop is not None and stop.is_set()):
             raise wd.WorkloadError(f"fio failed on {bad} in {phase_name}")
         return totals
+
+    def close(self) -> None:
+        for cg in self.cgroups.values():
+            cg.remove()
+        self.cgroups = {}
 
     def play(self, schedule: list[rr.Phase], label: str, stop=None, tick=None) -> None:
         for i, ph in enumerate(schedule):
@@ -531,10 +555,13 @@ def rows_lost(db: Path, logs: Path) -> int | None:
 class ClusterBenchOptions:
     clients: int = 4
     bricks: int = 4
-    brick_mbs: float = 50.0
-    brick_iops: int = 400
+    brick_mbs: float = 80.0
+    brick_iops: int = 0
     brick_memory_mib: int = 256
+    brick_seek_ms: float = 4.0
+    brick_seek_mbs: float = 100.0
     brick_gib: float = 2.0
+    client_memory_mib: int = 64
     schedule: list[rr.Phase] = field(default_factory=list)
     tuners: list[str] = field(default_factory=lambda: ["capes", "hill", "bo"])
     grid: list[int] = field(default_factory=lambda: [16, 128, 1024, 8192])
@@ -543,7 +570,7 @@ class ClusterBenchOptions:
     grid_reps: int = 2
     grid_duration: float = 9.0
     segment_s: float = 3.0
-    data_mib: int = 512
+    data_mib: int = 256
     exploration_ticks: int | None = None
     seed: int = 1
     extra_sets: tuple[str, ...] = ()
@@ -559,6 +586,8 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
     result: dict = {"clients": opts.clients, "bricks": opts.bricks, "seed": opts.seed,
                     "brick_mbs": opts.brick_mbs, "brick_iops": opts.brick_iops,
                     "brick_memory_mib": opts.brick_memory_mib,
+                    "client_memory_mib": opts.client_memory_mib,
+                    "brick_seek_ms": opts.brick_seek_ms, "brick_seek_mbs": opts.brick_seek_mbs,
                     "schedule": [[p.workload, p.seconds] for p in opts.schedule],
                     "segment_s": opts.segment_s, "grid": opts.grid, "ladder": opts.ladder,
                     "grid_reps": opts.grid_reps, "grid_duration_s": opts.grid_duration,
@@ -569,7 +598,10 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                                            write_mbs=opts.brick_mbs,
                                            read_iops=opts.brick_iops,
                                            write_iops=opts.brick_iops,
-                                           memory_mib=opts.brick_memory_mib))
+                                           memory_mib=opts.brick_memory_mib,
+                                           seek_ms=opts.brick_seek_ms,
+                                           seek_mbs=opts.brick_seek_mbs))
+    runner = None
     try:
         vol.up()
         st = vol.status()
@@ -577,7 +609,8 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                              "nodes": [c["node"] for c in st["clients"]]}
         log(f"cluster up in {st['timings_s']['up']:.1f} s: {opts.bricks} bricks "
             f"({st['throttle']}, {opts.brick_mbs:g} MB/s each), {opts.clients} clients")
-        runner = ClusterRunner(vol, work / "fio", opts.segment_s, opts.data_mib)
+        runner = ClusterRunner(vol, work / "fio", opts.segment_s, opts.data_mib,
+                               client_memory_mib=opts.client_memory_mib)
         result["kernel_read_ahead_kb"] = runner.read_ahead(runner.nodes[0])
         runner.set_read_ahead(opts.original)
         log(f"laid out in {runner.lay_out():.1f} s")
@@ -618,6 +651,9 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
             rows = [r for r in runner.rows if r.label == name]
             sc = rr.score(rows, opts.schedule, sm["best"], sm["best_static"]["relative"],
                           sm["best_static"]["se"], sm["original"]["means"])
+            returns = [ph["seconds_to_90"] for ph in sc.get("phases", []) if ph["visit"] > 1]
+            sc["recall_30s"] = {"returns": len(returns), "seconds_to_90": returns,
+                                "within_30s": sum(t is not None and t <= 30 for t in returns)}
             sc.update(restored=run.restored, restored_values=run.restored_values,
                       exit_codes=run.exit_codes, rows_lost=run.rows_lost,
                       fairness=runner.fairness(name),
@@ -631,6 +667,8 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                     f"{sc['ci95'][1]:+.3f}], worst 10 s {sc['worst_10s_vs_original']:.2f}x "
                     f"original, restored {run.restored}, rows lost {run.rows_lost}")
     finally:
+        if runner is not None:
+            runner.close()
         t_down = time.monotonic()
         problems = vol.down()
         result["teardown"] = {"problems": problems, "seconds": time.monotonic() - t_down}
