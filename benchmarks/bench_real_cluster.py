@@ -59,9 +59,9 @@ def parse_args(argv=None):
                     help="the bricks' page cache (a memory cgroup): reads reach the disks")
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
                     help=f"phases, of {', '.join(rc.PHASES)}")
-    ap.add_argument("--phase-s", type=float, default=90)
+    ap.add_argument("--phase-s", type=float, default=60)
     ap.add_argument("--tuners", default="capes,hill,bo")
-    ap.add_argument("--grid", default="16,128,1024,8192")
+    ap.add_argument("--grid", default="16,64,512,8192")
     ap.add_argument("--original", type=int, default=128,
                     help="every client's read_ahead_kb at the start (a wrong one: 16)")
     ap.add_argument("--grid-reps", type=int, default=2)

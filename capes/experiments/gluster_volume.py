@@ -234,24 +234,26 @@ def snapshot(trees=SYSTEM_TREES) -> dict[str, list[str] | None]:
     return out
 
 
-def remove_new(before: dict[str, list[str] | None]) -> list[str]:
-    """Remove what appeared in the trees since ``before``; return what could not be."""
+def remove_new(before: dict[str, list[str] | None], ours=None) -> list[str]:
+    """Remove what appeared in the trees since ``before``; return what could not be.
+    ``ours(path)``: remove only the new paths it says are ours (another glusterd runs
+    beside ours and writes to the same trees)."""
     failed = []
     for tree, old in before.items():
         if not os.path.lexists(tree):
             continue
-        if old is None:
+        if old is None and ours is None:
             try:
                 shutil.rmtree(tree)
             except OSError as exc:
                 failed.append(f"{tree}: {exc}")
             continue
-        keep = set(old)
+        keep = set(old or [])
         now = snapshot([tree])[tree] or []
         for rel in sorted(now, key=lambda r: r.count(os.sep), reverse=True):
-            if rel in keep:
-                continue
             path = os.path.join(tree, rel)
+            if rel in keep or (ours is not None and not ours(path)):
+                continue
             try:
                 if os.path.isdir(path) and not os.path.islink(path):
                     shutil.rmtree(path)
@@ -380,6 +382,7 @@ class VolumeState:
     throttle_rules: list[list[str]] = field(default_factory=list)   # [file, "maj:min"]
     throttle_cgroup: str | None = None                        # cgroup v2 only
     memory_cgroup: str | None = None                          # BrickDisk.memory_mib
+    own_paths: list[str] = field(default_factory=list)        # our bricks' sockets
     seek_mounts: list[str] = field(default_factory=list)      # BrickDisk.seek_ms
     seek_pids: list[int] = field(default_factory=list)
     sysfs_saved: dict[str, str] = field(default_factory=dict)  # path -> original text
@@ -393,7 +396,7 @@ class GlusterTestVolume:
                  replica: bool = False, host: str | None = None, stats_dump: bool = False,
                  profile: bool = False, options: dict[str, str] | None = None,
                  timeout_s: float = 30.0, clients: int = 1, disk: BrickDisk | None = None,
-                 delay_ms: float = 0.0):
+                 delay_ms: float = 0.0, netns: bool = False):
         if bricks < 1 or (replica and bricks < 2):
             raise ValueError("bricks: need at least 1 (2 for a replica volume)")
         if clients < 1:
@@ -401,6 +404,7 @@ class GlusterTestVolume:
         if delay_ms < 0:
             raise ValueError("delay_ms: must be >= 0")
         self.n_clients, self.disk, self.delay_ms = clients, disk, float(delay_ms)
+        self.isolated = bool(netns or delay_ms)
         self._own_tmp = dir is None
         self.dir = Path(dir) if dir is not None else None
         self.volume, self.n_bricks, self.replica = volume, bricks, replica
@@ -507,11 +511,14 @@ class GlusterTestVolume:
             if why:
                 raise GlusterError(f"--delay-ms: {why}")
         running = gluster_processes()
-        if any(os.path.basename(a[0]) == "glusterd" for a in running.values()):
-            raise GlusterError(f"a glusterd is already running (pids "
-                               f"{sorted(running)}); this tool runs only its own")
-        if port_in_use():
-            raise GlusterError(f"port {GLUSTERD_PORT} is taken: a glusterd runs here")
+        if not self.isolated:     # in a network namespace of our own, port 24007 is ours
+            if any(os.path.basename(a[0]) == "glusterd" for a in running.values()):
+                raise GlusterError(f"a glusterd is already running (pids "
+                                   f"{sorted(running)}); this tool runs only its own "
+                                   f"(--netns runs ours in a network namespace beside it)")
+            if port_in_use():
+                raise GlusterError(f"port {GLUSTERD_PORT} is taken: a glusterd runs here "
+                                   f"(--netns runs ours in a network namespace)")
         host = self.host_arg or loopback_host()
         if self.dir is None:
             self.dir = Path(tempfile.mkdtemp(prefix="capes-gluster-"))
@@ -544,7 +551,7 @@ class GlusterTestVolume:
         for sub in ("state", "run", "log", *self.state.mounts, *self.state.brick_mounts):
             (d / sub).mkdir(parents=True, exist_ok=True)
         self._save()                      # from here on, `down --dir` can clean up
-        if self.delay_ms:
+        if self.isolated:
             self._make_netns()
         if self.disk is not None:
             self._make_disks(d)
@@ -573,6 +580,10 @@ class GlusterTestVolume:
         pid_dir = d / "run" / "vols" / self.volume
         self._wait("bricks", lambda: len(list(pid_dir.glob("*.pid"))) >= self.n_bricks)
         self.state.brick_pids = self._brick_pids()
+        for pid in self.state.brick_pids:          # their sockets under /run/gluster
+            argv = _cmdline(pid)
+            self.state.own_paths += [argv[i + 1] for i, a in enumerate(argv[:-1])
+                                     if a == "-S"]
         self._save()
         for cg in {self.state.throttle_cgroup, self.state.memory_cgroup} - {None}:
             for pid in self.state.brick_pids:      # v2 io.max / the memory cap
@@ -599,13 +610,16 @@ class GlusterTestVolume:
         ns = f"capes-gluster-{os.getpid()}"
         self.state.netns = ns
         self._save()
-        for argv in (["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"],
-                     ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root",
-                      "netem", "delay", f"{self.delay_ms:g}ms"]):
+        steps = [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"]]
+        if self.delay_ms:
+            steps.append(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "lo", "root",
+                          "netem", "delay", f"{self.delay_ms:g}ms"])
+        for argv in steps:
             done = subprocess.run(argv, capture_output=True, text=True)
             if done.returncode:
                 raise GlusterError(f"{' '.join(argv)}: {done.stderr.strip()[:300]}")
-        self.state.qdisc = f"netem delay {self.delay_ms:g}ms on lo in netns {ns}"
+        if self.delay_ms:
+            self.state.qdisc = f"netem delay {self.delay_ms:g}ms on lo in netns {ns}"
         self._save()
 
     def _make_disks(self, d: Path) -> None:
@@ -853,13 +867,21 @@ class GlusterTestVolume:
                 shutil.rmtree(st.dir)
             except OSError as exc:
                 problems.append(f"{st.dir}: {exc}")
-        problems += remove_new(st.system_before)
+        foreign = [p for p, a in gluster_processes().items()
+                   if os.path.basename(a[0]) == "glusterd"]
+        problems += remove_new(st.system_before, self._ours_path if foreign else None)
         if os.path.exists(st.dir):
             problems.append(f"{st.dir} still exists")
         t3 = time.monotonic()
         st.timings_s.update(down_umount=round(t1 - t0, 3), down_volume=round(t2 - t1, 3),
                             down_rest=round(t3 - t2, 3), down=round(t3 - t0, 3))
         return problems
+
+    def _ours_path(self, path: str) -> bool:
+        """A path gluster wrote for our volume: it names our directory (brick logs and
+        dumps name the brick's path with '-' for '/') or one of our bricks' sockets."""
+        token = self.state.dir.strip("/").replace("/", "-")
+        return token in path or self.state.dir in path or path in self.state.own_paths
 
     def _save_if_dir(self) -> None:
         if self.dir is not None and os.path.isdir(self.dir):
@@ -887,7 +909,8 @@ class GlusterTestVolume:
         state = VolumeState(**data)
         vol = cls(dir=state.dir, volume=state.volume, bricks=len(state.bricks),
                   replica=state.replica, host=state.host,
-                  clients=max(1, len(state.mounts)), delay_ms=state.delay_ms)
+                  clients=max(1, len(state.mounts)), delay_ms=state.delay_ms,
+                  netns=bool(state.netns))
         vol.dir, vol.state = Path(state.dir), state
         return vol
 
@@ -928,6 +951,9 @@ def _volume_args(p: argparse.ArgumentParser, dir_required: bool) -> None:
     p.add_argument("--brick-memory-mib", type=int, default=0,
                    help="the brick processes' memory (page cache included) in a memory "
                    "cgroup, so that reads reach the throttled disks (needs --brick-gib)")
+    p.add_argument("--netns", action="store_true",
+                   help="run glusterd, bricks and clients in a network namespace of our own "
+                   "(beside another glusterd on this host)")
     p.add_argument("--delay-ms", type=float, default=0.0,
                    help="tc netem delay on the loopback of a network namespace of our own "
                    "in which glusterd, the bricks and the clients run (each way)")
@@ -946,7 +972,7 @@ def _from_args(args) -> GlusterTestVolume:
                              replica=args.replica, host=args.host,
                              stats_dump=args.stats_dump, profile=args.profile,
                              options=opts, clients=args.clients, disk=disk,
-                             delay_ms=args.delay_ms)
+                             delay_ms=args.delay_ms, netns=args.netns)
 
 
 def run_on_volume(vol: GlusterTestVolume, command: list[str]) -> int:

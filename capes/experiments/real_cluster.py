@@ -594,6 +594,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                     "exploration_ticks": opts.exploration_ticks, "tuners": {},
                     "load_average_start": os.getloadavg()[0]}
     vol = GlusterTestVolume(work / "vol", bricks=opts.bricks, clients=opts.clients,
+                            netns=True,
                             disk=BrickDisk(size_gib=opts.brick_gib, read_mbs=opts.brick_mbs,
                                            write_mbs=opts.brick_mbs,
                                            read_iops=opts.brick_iops,
@@ -687,8 +688,8 @@ def missing_requirements() -> str | None:
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse (FUSE)"
     from capes.experiments import gluster_volume as gv
-    if gv.port_in_use():
-        return f"port {gv.GLUSTERD_PORT} is taken: a glusterd already runs here"
+    if shutil.which("ip") is None or shutil.which("nsenter") is None:
+        return "ip/nsenter not installed (the cluster runs in a network namespace)"
     try:
         gv.throttle_mechanism()
         gv.loopback_host()
