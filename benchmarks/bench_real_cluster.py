@@ -18,7 +18,11 @@ own best static throughput (``relative``), with per-client fairness (Jain's inde
    ``--grid`` value shared by every client, ``--grid-reps`` randomised interleaved
    repetitions of ``--grid-duration`` s: the best static setting, the original's, the
    per-phase best (relative 1 by construction) and the gap between them.
-2. **tuners live**, one after the other over the whole schedule, each through the stack.
+2. **tuners live**, one after the other over the whole schedule, each through the stack;
+   ``static`` is the same stack with no tuner and every client held at the best static
+   setting: the best static setting under the stack's own load on the host (on a
+   loaded 2-core host the stack's processes cost the workload throughput; the grid of
+   step 1 runs without them).
 
 Writes (``--json``) ``best_static {setting, relative}``, ``per_phase_best_gap``,
 ``original``, ``tuners.{capes,hill,bo}.{relative, diff_vs_best_static, ci95,
@@ -42,6 +46,7 @@ from capes.experiments import real_cluster as rc  # noqa: E402
 from capes.experiments import real_readahead as rr  # noqa: E402
 
 SKIP = 77
+TUNERS = "static,capes,hill,bo"
 
 
 def parse_args(argv=None):
@@ -60,7 +65,7 @@ def parse_args(argv=None):
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
                     help=f"phases, of {', '.join(rc.PHASES)}")
     ap.add_argument("--phase-s", type=float, default=60)
-    ap.add_argument("--tuners", default="capes,hill,bo")
+    ap.add_argument("--tuners", default=TUNERS)
     ap.add_argument("--grid", default="16,64,512,8192")
     ap.add_argument("--original", type=int, default=128,
                     help="every client's read_ahead_kb at the start (a wrong one: 16)")
@@ -80,7 +85,9 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.clients, args.schedule, args.phase_s = 2, "analysis,mixed", 20
-        args.grid, args.grid_reps, args.grid_duration, args.tuners = "16,8192", 1, 4, "capes"
+        args.grid, args.grid_reps, args.grid_duration = "16,8192", 1, 4
+        if args.tuners == TUNERS:                 # --quick runs CAPES unless told otherwise
+            args.tuners = "capes"
         args.exploration_ticks = args.exploration_ticks or 20
     unknown = [p for p in args.schedule.split(",") if p not in rc.PHASES]
     if unknown:
@@ -101,6 +108,9 @@ def report_table(result: dict) -> str:
              f"| per-phase best | {result['per_phase_best']['settings']} | 1.000 | "
              f"{result['per_phase_best_gap']:+.3f} | | | |"]
     for name, sc in result["tuners"].items():
+        if sc.get("error"):
+            lines.append(f"| {name} (live) | failed: {sc['error'][-120:]} | | | | | |")
+            continue
         if not sc or sc.get("relative") is None:
             continue
         fair = ", ".join(f"{v:.2f}" for v in sc["fairness"].values())

@@ -113,7 +113,8 @@ def test_quick_cluster_bench_restores_every_client_and_leaves_nothing(tmp_path):
     before_trees = gv.snapshot()
     out = tmp_path / "q.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_real_cluster.py"),
-                           "--quick", "--seed", "2", "--json", str(out)],
+                           "--quick", "--tuners", "static,capes", "--seed", "2",
+                           "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -130,6 +131,9 @@ def test_quick_cluster_bench_restores_every_client_and_leaves_nothing(tmp_path):
     assert t["restored"] is True and t["rows_lost"] == 0
     assert set(t["restored_values"].values()) == {res["original"]["setting"]}
     assert len(t["phases"]) == 2 and all(0 < f <= 1 for f in t["fairness"].values())
+    held = res["tuners"]["static"]              # the stack without a tuner, held still
+    assert held["restored"] is True and held["rows_lost"] == 0
+    assert held["applied_min"] == held["applied_max"] == bs["setting"]
     assert res["teardown"]["problems"] == []
     after = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
     assert after == before_loops

@@ -424,10 +424,12 @@ class ClusterTunerRun:
 def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int | None, values: list[int],
               template: Path = CLUSTER_CONFIG, extra_sets: tuple[str, ...] = (),
-              log=print) -> ClusterTunerRun:
+              log=print, static_value: int | None = None) -> ClusterTunerRun:
     """Play ``schedule`` while ``name`` (capes, hill, bo) tunes every client's
     ``read_ahead_kb`` through the stack: one interface daemon, a monitoring and a control
-    agent per client node, the engine (per-node mode) or the baseline tuner."""
+    agent per client node, the engine (per-node mode) or the baseline tuner. ``static``:
+    the same stack without a tuner, every client held at ``static_value`` (the best
+    static setting measured with the stack's own load on the host)."""
     from capes.common.config import dump_toml
     from capes.common.curve import bind, generate
     from capes.settings import load_settings
@@ -492,7 +494,9 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
                         "--set", "keys.client=monitor")
             stack.start(f"control-{n}", "control-agent", *cfg, *per,
                         "--set", "keys.client=control")
-        if rr.is_capes(name):
+        if name == "static":
+            runner.set_read_ahead(static_value)
+        elif rr.is_capes(name):
             stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
                         "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
                         "--status-file", str(status), "--log-every", "30", "--metrics", "")
@@ -520,7 +524,9 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
         halt.set()
         if thread.is_alive():
             thread.join(2)
-        result.exit_codes = stack.stop(first=("tuner",))
+        result.exit_codes = stack.stop(first=("tuner",) if name != "static" else ())
+        if name == "static":
+            runner.set_read_ahead(original[runner.nodes[0]])
         now = {}
         for n in runner.nodes:
             try:
@@ -646,9 +652,15 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
             if stop.is_set():
                 break
             log(f"== {name}, {sum(p.seconds for p in opts.schedule):g} s")
-            run = run_tuner(name, runner, opts.schedule, work, opts.seed, stop,
-                            opts.exploration_ticks, opts.ladder,
-                            extra_sets=opts.extra_sets, log=log)
+            try:
+                run = run_tuner(name, runner, opts.schedule, work, opts.seed, stop,
+                                opts.exploration_ticks, opts.ladder,
+                                extra_sets=opts.extra_sets, log=log,
+                                static_value=sm["best_static"]["setting"])
+            except (RuntimeError, OSError) as exc:      # one tuner's failure is its result
+                log(f"{name}: failed: {exc}")
+                result["tuners"][name] = {"error": str(exc)[-2000:]}
+                continue
             rows = [r for r in runner.rows if r.label == name]
             sc = rr.score(rows, opts.schedule, sm["best"], sm["best_static"]["relative"],
                           sm["best_static"]["se"], sm["original"]["means"])
