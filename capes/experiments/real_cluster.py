@@ -325,14 +325,7 @@ def static_grid(runner: ClusterRunner, phases: list[str], values: list[int], rep
                 ev.ConfigSet.parse(",".join(f"{n}/{KNOB}={v}" for n in runner.nodes))
                 for v in values if v != original]
 
-            def measure(stop_, w=w):
-                got: list[float] = []
-                end = time.monotonic() + duration
-                while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
-                    got += runner.segment(w, min(runner.segment_s,
-                                                 max(1.0, end - time.monotonic())),
-                                          stop_, label=f"grid:{w}")
-                return got
+            measure = rr.in_segments(runner, w, duration, f"grid:{w}")
 
             def on_rep(r, i, total, w=w, configs=configs):
                 x = r.samples
@@ -440,17 +433,9 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
     table = stack_table(template, runner, sub, values, original[runner.nodes[0]])
     config = sub / "stack.toml"
     config.write_text(dump_toml(table))
-    ports = {k: rr.free_port() for k in ("ingest", "control", "grpc", "metrics")}
     keys = sub / "keys"
-    sets = [f"daemon.ingest=tcp://127.0.0.1:{ports['ingest']}",
-            f"daemon.control=tcp://127.0.0.1:{ports['control']}",
-            f"daemon.grpc=127.0.0.1:{ports['grpc']}",
-            f"daemon.metrics=127.0.0.1:{ports['metrics']}",
-            f"monitor.daemon=tcp://127.0.0.1:{ports['ingest']}",
-            f"control.daemon=tcp://127.0.0.1:{ports['control']}",
-            f'keys.dir="{keys}"', f'daemon.db="{sub / "replay.db"}"', *extra_sets]
-    if exploration_ticks:
-        sets.append(f"engine.exploration_ticks={exploration_ticks}")
+    sets = rr.stack_sets(sub, [*extra_sets] + (
+        [f"engine.exploration_ticks={exploration_ticks}"] if exploration_ticks else []))
     deploy = load_settings(config, sets)
     if deploy.keys.enabled:
         generate(keys, ["monitor", "control", "engine"])
@@ -496,14 +481,8 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
                         "--set", "keys.client=control")
         if name == "static":
             runner.set_read_ahead(static_value)
-        elif rr.is_capes(name):
-            stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
-                        "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
-                        "--status-file", str(status), "--log-every", "30", "--metrics", "")
         else:
-            spec = rr.TUNER_DEFAULTS.get(name, name)
-            stack.start("tuner", *cfg, "--set", "keys.client=engine", "--tuner", spec,
-                        "--seed", str(seed), module="capes.experiments.live_tuner")
+            rr.start_tuner(stack, name, cfg, seed, sub, status)
         thread.start()
         last = [time.monotonic()]
         t0 = time.monotonic()
@@ -753,14 +732,7 @@ def volume_option_grid(runner: ClusterRunner, phases: list[str], settings: list[
     for w in phases:
         knobs = volume_knobs(runner.vol, runner.workdir, names)
 
-        def measure(stop_, w=w):
-            got: list[float] = []
-            end = time.monotonic() + duration
-            while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
-                got += runner.segment(w, min(runner.segment_s,
-                                             max(1.0, end - time.monotonic())),
-                                      stop_, label=f"volume:{w}")
-            return got
+        measure = rr.in_segments(runner, w, duration, f"volume:{w}")
 
         def on_rep(r, i, total, w=w):
             x = r.samples
