@@ -355,29 +355,8 @@ def grid_means(report: dict, original: int) -> dict[int, tuple[float, float]]:
 
 def static_summary(grids: dict, original: int, schedule: list[rr.Phase]) -> dict:
     """As :func:`real_readahead.static_summary`, from this module's grid reports."""
-    means = {w: grid_means(rep, original) for w, rep in grids.items()}
-    best = {w: max(m.values(), key=lambda t: t[0])[0] for w, m in means.items()}
-    best_value = {w: max(m, key=lambda v: m[v][0]) for w, m in means.items()}
-    secs = {w: sum(p.seconds for p in schedule if p.workload == w) for w in means}
-    total = sum(secs.values())
-    common = sorted(set.intersection(*(set(m) for m in means.values())))
-
-    def rel(v):
-        r = sum(secs[w] * means[w][v][0] / best[w] for w in means) / total
-        se = math.sqrt(sum((secs[w] / total * means[w][v][1] / best[w]) ** 2
-                           for w in means if math.isfinite(means[w][v][1])))
-        return r, se
-    table = {v: rel(v) for v in common}
-    v_star = max(table, key=lambda v: table[v][0])
-    return {"means": {w: {str(v): m[v][0] for v in sorted(m)} for w, m in means.items()},
-            "best": best, "per_workload_best_setting": best_value,
-            "relative_by_setting": {str(v): table[v][0] for v in common},
-            "best_static": {"setting": v_star, "relative": table[v_star][0],
-                            "se": table[v_star][1]},
-            "original": {"setting": original, "relative": table[original][0],
-                         "se": table[original][1],
-                         "means": {w: means[w][original][0] for w in means}},
-            "per_phase_best": {"settings": best_value, "relative": 1.0}}
+    return rr.summarise_means({w: grid_means(rep, original) for w, rep in grids.items()},
+                              original, schedule)
 
 
 # -- tuners through the stack --------------------------------------------------------------

@@ -755,7 +755,12 @@ def score(rows: list[Row], schedule: list[Phase], best: dict[str, float],
 def static_summary(grids: dict[str, dict], original: int, schedule: list[Phase]) -> dict:
     """From the per-workload grids: each workload's best value and mean, the best single
     static value over the schedule (highest ``relative``), the original's."""
-    means = {w: grid_means(rep, original) for w, rep in grids.items()}
+    return summarise_means({w: grid_means(rep, original) for w, rep in grids.items()},
+                           original, schedule)
+
+
+def summarise_means(means: dict[str, dict], original, schedule: list[Phase]) -> dict:
+    """:func:`static_summary` from ``{workload: {setting: (mean, standard error)}}``."""
     best = {w: max(m.values(), key=lambda t: t[0])[0] for w, m in means.items()}
     best_value = {w: max(m, key=lambda v: m[v][0]) for w, m in means.items()}
     secs = {w: sum(p.seconds for p in schedule if p.workload == w) for w in means}
@@ -765,7 +770,7 @@ def static_summary(grids: dict[str, dict], original: int, schedule: list[Phase])
     def rel(v):
         r = sum(secs[w] * means[w][v][0] / best[w] for w in means) / total
         se = math.sqrt(sum((secs[w] / total * means[w][v][1] / best[w]) ** 2
-                           for w in means))
+                           for w in means if math.isfinite(means[w][v][1])))
         return r, se
     table = {v: rel(v) for v in common}
     v_star = max(table, key=lambda v: table[v][0])
