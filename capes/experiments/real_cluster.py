@@ -263,16 +263,7 @@ class ClusterRunner:
             cg.remove()
         self.cgroups = {}
 
-    def play(self, schedule: list[rr.Phase], label: str, stop=None, tick=None) -> None:
-        for i, ph in enumerate(schedule):
-            end = time.monotonic() + ph.seconds
-            while not (stop is not None and stop.is_set()):
-                left = end - time.monotonic()
-                if left < 1:
-                    break
-                self.segment(ph.workload, min(self.segment_s, left), stop, i, label)
-                if tick is not None:
-                    tick()
+    play = rr.SessionRunner.play          # every phase in turn, in segments
 
     def fairness(self, label: str) -> dict[str, float]:
         """Per phase, Jain's index of the mean throughput of the clients that run the same
