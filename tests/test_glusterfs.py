@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -488,7 +491,6 @@ def test_a_failed_up_cleans_up_after_itself(tmp_path):
 
 
 def test_descendants_finds_grandchildren():
-    import subprocess
     parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
     try:
         deadline = time.monotonic() + 5
@@ -502,3 +504,128 @@ def test_descendants_finds_grandchildren():
             os.kill(p, 9)
         parent.kill()
         parent.wait()
+
+
+# ---------------------------------------------------------------- the cluster (issue 40)
+
+def _cluster_skip_reason() -> str | None:
+    """As _skip_reason, but the cluster runs in a network namespace of its own, so a
+    glusterd elsewhere on the host does not stop it."""
+    if os.geteuid() != 0:
+        return "needs root (glusterd, FUSE mounts, loop devices)"
+    missing = [t for t in ("glusterd", "glusterfs", "gluster", "ip", "nsenter")
+               if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
+    if missing:
+        return f"{', '.join(missing)} not installed"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse"
+    missing = [t for t in ("losetup", "mkfs.xfs") if not shutil.which(t)]
+    if missing:
+        return f"{', '.join(missing)} not installed (loop-device bricks)"
+    try:
+        gv.throttle_mechanism()
+    except gv.GlusterError as exc:
+        return str(exc)
+    return None
+
+
+def _nothing_of_ours_left(base: Path, before: dict) -> None:
+    """No process, mount, loop device, throttle rule or netns of the volume in ``base``."""
+    assert not [p for p, a in gv.gluster_processes().items() if str(base) in " ".join(a)]
+    with open("/proc/mounts") as fh:
+        assert str(base) not in fh.read()
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert str(base) not in loops
+    if os.path.isdir(gv.BLKIO_V1):
+        for f in Path(gv.BLKIO_V1).glob("blkio.throttle.*_device"):
+            assert f.read_text() == before["throttle"][f.name], f
+    assert not [n for n in os.listdir("/run/netns") if n.startswith("capes-gluster-")] \
+        if os.path.isdir("/run/netns") else True
+    assert not base.exists()
+    now = gv.snapshot()
+    if any(os.path.basename(a[0]) == "glusterd" for a in gv.gluster_processes().values()):
+        token = str(base).strip("/").replace("/", "-")      # another glusterd writes too:
+        new = [p for t, rels in now.items() for p in rels or []   # only ours must be gone
+               if p not in set(before["trees"].get(t) or [])]
+        assert not [p for p in new if token in p or str(base) in p], new
+    else:
+        assert now == before["trees"], "gluster left files in system paths"
+
+
+def _before() -> dict:
+    return {"trees": gv.snapshot(),
+            "throttle": {f.name: f.read_text()
+                         for f in Path(gv.BLKIO_V1).glob("blkio.throttle.*_device")}}
+
+
+@pytest.mark.slow
+def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(tmp_path):
+    why = _cluster_skip_reason()
+    if why:
+        pytest.skip(why)
+    base = tmp_path / "cluster"
+    before = _before()
+    vol = gv.GlusterTestVolume(base, bricks=4, clients=4, netns=True,
+                               disk=gv.BrickDisk(size_gib=1, read_mbs=40, write_mbs=40,
+                                                 memory_mib=128))
+    try:
+        vol.up()
+        st = vol.status()
+        assert st["up"] and st["throttle"] == gv.throttle_mechanism()
+        assert [c["node"] for c in st["clients"]] == ["client1", "client2", "client3",
+                                                      "client4"]
+        assert len({c["bdi"] for c in st["clients"]}) == 4 and len(st["loops"]) == 4
+        names = sorted(os.path.basename(a[0]) for a in vol.our_pids().values())
+        assert names == ["glusterd"] + ["glusterfs"] * 4 + ["glusterfsd"] * 4
+        # every mount works and sees what the others wrote: one volume, four clients
+        for i, m in enumerate(vol.mounts):
+            (m / f"from-{i}").write_bytes(os.urandom(1 << 16))
+        for m in vol.mounts:
+            assert sorted(p.name for p in m.iterdir()) == [f"from-{i}" for i in range(4)]
+        # each client's FUSE readahead is its own knob
+        ra = [Path(c["read_ahead_kb"]) for c in st["clients"]]
+        ra[0].write_text("512\n")
+        assert ra[0].read_text().split() == ["512"] and ra[1].read_text().split() != ["512"]
+        # the bricks' disks are throttled: 24 MB of direct writes to one brick's
+        # device take about 0.6 s at 40 MB/s (over 0.3 s even on a loaded host)
+        loop = st["loops"][0]
+        t0 = time.monotonic()
+        subprocess.run(["dd", "if=/dev/zero", f"of={vol.state.brick_mounts[0]}/raw",
+                        "bs=1M", "count=24", "oflag=direct", "status=none"], check=True)
+        assert time.monotonic() - t0 > 0.3, f"{loop} not throttled"
+    finally:
+        problems = vol.down()
+    assert problems == []
+    assert vol.state.netns is None
+    _nothing_of_ours_left(base, before)
+
+
+@pytest.mark.slow
+def test_cluster_tool_run_tears_down_when_signalled(tmp_path):
+    why = _cluster_skip_reason()
+    if why:
+        pytest.skip(why)
+    base = tmp_path / "cluster"
+    before = _before()
+    tool = Path(__file__).resolve().parents[1] / "tools" / "gluster-test-volume"
+    done = subprocess.run(
+        [sys.executable, str(tool), "run", "--netns", "--dir", str(base), "--bricks", "4",
+         "--clients", "4", "--brick-gib", "1", "--brick-mbs", "50", "--",
+         "sh", "-c", 'n=0; for m in $CAPES_GLUSTER_MOUNTS; do touch $m/x && n=$((n+1)); '
+                     'done; echo "mounts $n"; kill -TERM $PPID; sleep 60'],
+        capture_output=True, text=True, timeout=180)
+    assert "mounts 4" in done.stdout, done.stderr[-2000:]
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+    assert "left behind" not in done.stderr
+    _nothing_of_ours_left(base, before)
+
+
+def test_delay_without_netem_is_refused_clearly(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("tc"):
+        pytest.skip("needs root and tc")
+    if gv.netem_available() is None:
+        pytest.skip("this kernel has netem: the refusal cannot be seen")
+    vol = gv.GlusterTestVolume(tmp_path / "v", delay_ms=5)
+    with pytest.raises(gv.GlusterError, match="netem"):
+        vol.up()
+    assert not (tmp_path / "v").exists()

@@ -439,6 +439,21 @@ default = {device.original}
     return ev.Knobs(load_deployment(toml), ["read_ahead_kb"])
 
 
+def in_segments(runner, workload: str, duration: float, label: str):
+    """A ``capes evaluate`` measurement: ``workload`` for ``duration`` s in the runner's
+    segments, as long as the live sessions' (each reopens the files), so that static and
+    live figures carry the same per-open cost; the samples, one a second."""
+    def measure(stop_) -> list[float]:
+        out: list[float] = []
+        end = time.monotonic() + duration
+        while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
+            out += runner.segment(workload, min(runner.segment_s,
+                                                max(1.0, end - time.monotonic())),
+                                  stop_, label=label)
+        return out
+    return measure
+
+
 def static_grid(runner: SessionRunner, workloads: list[str], values: list[int],
                 reps: int, duration: float, seed: int, stop=None, log=print) -> dict:
     """``capes evaluate`` per workload: the original and every value, ``reps``
@@ -453,16 +468,7 @@ def static_grid(runner: SessionRunner, workloads: list[str], values: list[int],
                 ev.ConfigSet.parse(f"read_ahead_kb={v}") for v in values
                 if v != runner.device.original]
 
-            def measure(stop_, w=w):
-                # segments as long as the live sessions' (each reopens the device), so
-                # that static and live figures carry the same per-open cost
-                out: list[float] = []
-                end = time.monotonic() + duration
-                while time.monotonic() < end - 0.5 and not (stop_ and stop_.is_set()):
-                    out += runner.segment(w, min(runner.segment_s,
-                                                 max(1.0, end - time.monotonic())),
-                                          stop_, label=f"grid:{w}")
-                return out
+            measure = in_segments(runner, w, duration, f"grid:{w}")
 
             def on_rep(r, i, total, w=w, configs=configs):
                 x = r.samples
@@ -538,6 +544,32 @@ def is_capes(name: str) -> bool:
     return name == "capes" or name.startswith("capes-")
 
 
+def stack_sets(sub: Path, extra: list[str]) -> list[str]:
+    """``--set``s that give one stack its own ports, keys and replay DB under ``sub``."""
+    ports = {k: free_port() for k in ("ingest", "control", "grpc", "metrics")}
+    return [f"daemon.ingest=tcp://127.0.0.1:{ports['ingest']}",
+            f"daemon.control=tcp://127.0.0.1:{ports['control']}",
+            f"daemon.grpc=127.0.0.1:{ports['grpc']}",
+            f"daemon.metrics=127.0.0.1:{ports['metrics']}",
+            f"monitor.daemon=tcp://127.0.0.1:{ports['ingest']}",
+            f"control.daemon=tcp://127.0.0.1:{ports['control']}",
+            f'keys.dir="{sub / "keys"}"', f'daemon.db="{sub / "replay.db"}"', *extra]
+
+
+def start_tuner(stack: ProcessGroup, name: str, cfg: list[str], seed: int, sub: Path,
+                status: Path, tuner_spec: str | None = None) -> None:
+    """The DRL engine (``capes`` or a variant) or a baseline tuner, as the stack's
+    ``tuner`` process."""
+    if is_capes(name):
+        stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
+                    "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
+                    "--status-file", str(status), "--log-every", "30", "--metrics", "")
+    else:
+        spec = tuner_spec or TUNER_DEFAULTS.get(name, name)
+        stack.start("tuner", *cfg, "--set", "keys.client=engine", "--tuner", spec,
+                    "--seed", str(seed), module="capes.experiments.live_tuner")
+
+
 def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int, extra_sets: tuple[str, ...] = (),
               tuner_spec: str | None = None, log=print) -> TunerRun:
@@ -551,17 +583,9 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
     sub = workdir / f"stack-{name}"
     sub.mkdir(parents=True, exist_ok=True)
     config = stack_config(sub, runner.device, runner.pi_file)
-    ports = {k: free_port() for k in ("ingest", "control", "grpc", "metrics")}
     keys = sub / "keys"
-    sets = [f"daemon.ingest=tcp://127.0.0.1:{ports['ingest']}",
-            f"daemon.control=tcp://127.0.0.1:{ports['control']}",
-            f"daemon.grpc=127.0.0.1:{ports['grpc']}",
-            f"daemon.metrics=127.0.0.1:{ports['metrics']}",
-            f"monitor.daemon=tcp://127.0.0.1:{ports['ingest']}",
-            f"control.daemon=tcp://127.0.0.1:{ports['control']}",
-            f'keys.dir="{keys}"', f'daemon.db="{sub / "replay.db"}"',
-            f'control.state_file="{sub / "control-{node}.json"}"',
-            f"engine.exploration_ticks={exploration_ticks}", *extra_sets]
+    sets = stack_sets(sub, [f'control.state_file="{sub / "control-{node}.json"}"',
+                            f"engine.exploration_ticks={exploration_ticks}", *extra_sets])
     deploy = load_settings(config, sets)
     if deploy.keys.enabled:
         generate(keys, ["monitor", "control", "engine"])
@@ -595,14 +619,7 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
                     "daemon.ready")
         stack.start("monitor-agent", "monitor-agent", *cfg, "--set", "keys.client=monitor")
         stack.start("control-agent", "control-agent", *cfg, "--set", "keys.client=control")
-        if is_capes(name):
-            stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
-                        "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
-                        "--status-file", str(status), "--log-every", "30", "--metrics", "")
-        else:
-            spec = tuner_spec or TUNER_DEFAULTS.get(name, name)
-            stack.start("tuner", *cfg, "--set", "keys.client=engine", "--tuner", spec,
-                        "--seed", str(seed), module="capes.experiments.live_tuner")
+        start_tuner(stack, name, cfg, seed, sub, status, tuner_spec)
         thread.start()
         last = [time.monotonic()]
         t0 = time.monotonic()
@@ -738,7 +755,12 @@ def score(rows: list[Row], schedule: list[Phase], best: dict[str, float],
 def static_summary(grids: dict[str, dict], original: int, schedule: list[Phase]) -> dict:
     """From the per-workload grids: each workload's best value and mean, the best single
     static value over the schedule (highest ``relative``), the original's."""
-    means = {w: grid_means(rep, original) for w, rep in grids.items()}
+    return summarise_means({w: grid_means(rep, original) for w, rep in grids.items()},
+                           original, schedule)
+
+
+def summarise_means(means: dict[str, dict], original, schedule: list[Phase]) -> dict:
+    """:func:`static_summary` from ``{workload: {setting: (mean, standard error)}}``."""
     best = {w: max(m.values(), key=lambda t: t[0])[0] for w, m in means.items()}
     best_value = {w: max(m, key=lambda v: m[v][0]) for w, m in means.items()}
     secs = {w: sum(p.seconds for p in schedule if p.workload == w) for w in means}
@@ -748,7 +770,7 @@ def static_summary(grids: dict[str, dict], original: int, schedule: list[Phase])
     def rel(v):
         r = sum(secs[w] * means[w][v][0] / best[w] for w in means) / total
         se = math.sqrt(sum((secs[w] / total * means[w][v][1] / best[w]) ** 2
-                           for w in means))
+                           for w in means if math.isfinite(means[w][v][1])))
         return r, se
     table = {v: rel(v) for v in common}
     v_star = max(table, key=lambda v: table[v][0])

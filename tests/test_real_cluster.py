@@ -1,0 +1,143 @@
+"""The real GlusterFS cluster bench (issue 40): phases across clients, fio's figures
+summed, fairness, the static summary's gap, the per-node stack config; and (slow, root
+with GlusterFS, FUSE and fio) the quick bench end to end: its JSON, the clients'
+original readahead back, no replay row lost, nothing of the cluster left."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from capes.common.config import dump_toml, read_toml
+from capes.experiments import real_cluster as rc
+from capes.experiments import real_readahead as rr
+from capes.experiments import gluster_volume as gv
+
+REPO = Path(__file__).resolve().parents[1]
+NODES = ["client1", "client2", "client3", "client4"]
+
+
+def test_phases_give_every_client_its_job():
+    assert rc.assignment("checkpoint", NODES) == dict.fromkeys(NODES, "seqwrite")
+    assert rc.assignment("analysis", NODES) == {"client1": "seqread", "client2": "seqread",
+                                                "client3": None, "client4": None}
+    mixed = rc.assignment("mixed", NODES)
+    assert [mixed[n] for n in NODES] == ["mmaprand", "mmaprand", "randwrite", "randwrite"]
+    assert rc.assignment("analysis", ["client1"]) == {"client1": "seqread"}
+    assert set(rc.DEFAULT_SCHEDULE) == set(rc.PHASES)      # every phase, some returning
+    assert len(rc.DEFAULT_SCHEDULE) > len(rc.PHASES)
+
+
+def test_terse_lines_give_reads_and_writes():
+    fields = ["0"] * 130
+    fields[0], fields[5], fields[8], fields[46], fields[49] = "3", "1024", "1000", "512", "900"
+    assert rc._terse(";".join(fields)) == (1024.0, 1000.0, 512.0, 900.0)
+    assert rc._terse("2;x") is None and rc._terse("garbage") is None
+
+
+def _runner_with(rows):
+    r = rc.ClusterRunner.__new__(rc.ClusterRunner)
+    r.nodes, r.rows = NODES, rows
+    return r
+
+
+def test_fairness_compares_clients_running_the_same_job_only():
+    # mixed: client1-2 random readers (10, 10), client3-4 writers (100, 50)
+    rows = [rc.ClusterRow(0, 170, {"client1": 10, "client2": 10, "client3": 100,
+                                   "client4": 50}, 128, 0, "mixed", "x")]
+    f = _runner_with(rows).fairness("x")
+    assert f["0"] == pytest.approx(150 ** 2 / (2 * (100 ** 2 + 50 ** 2)))  # the writers'
+    even = [rc.ClusterRow(0, 40, dict.fromkeys(NODES, 10), 128, 1, "checkpoint", "x")]
+    assert _runner_with(even).fairness("x")["1"] == pytest.approx(1.0)
+
+
+def _report(means: dict[int, float], original: int = 128) -> dict:
+    cfgs = []
+    for v, m in means.items():
+        name = "original" if v == original else f"v{v}"
+        cfgs.append({"name": name, "values": {} if v == original else
+                     {f"{n}/read_ahead_kb": v for n in NODES},
+                     "mean": m, "ci_high": m * 1.05, "n": 3})
+    return {"configs": cfgs}
+
+
+def test_static_summary_gives_the_gap_between_per_phase_best_and_best_static():
+    grids = {"analysis": _report({16: 50.0, 128: 100.0, 8192: 80.0}),
+             "mixed": _report({16: 100.0, 128: 80.0, 8192: 60.0})}
+    sched = [rr.Phase("analysis", 60), rr.Phase("mixed", 60)]
+    s = rc.static_summary(grids, 128, sched)
+    assert s["per_workload_best_setting"] == {"analysis": 128, "mixed": 16}
+    assert s["best_static"]["setting"] == 128
+    assert s["best_static"]["relative"] == pytest.approx((1.0 + 0.8) / 2)
+    assert s["original"]["relative"] == pytest.approx(0.9)
+
+
+def test_stack_config_has_a_row_per_client_on_its_own_bdi(tmp_path):
+    runner = SimpleNamespace(nodes=NODES[:2], ra_paths={
+        "client1": "/sys/class/bdi/0:61/read_ahead_kb",
+        "client2": "/sys/class/bdi/0:62/read_ahead_kb"})
+    table = rc.stack_table(rc.CLUSTER_CONFIG, runner, tmp_path, [16, 128, 8192], 128)
+    assert set(table["parameters"]) == {"client1/read_ahead_kb", "client2/read_ahead_kb"}
+    assert table["parameters"]["client2/read_ahead_kb"] == {
+        "values": ["16", "128", "8192"], "default": "128", "nodes": ["client2"]}
+    assert table["control"]["appliers"]["client1/read_ahead_kb"]["options"]["path"] == \
+        "/sys/class/bdi/0:61/read_ahead_kb"
+    (tmp_path / "s.toml").write_text(dump_toml(table))
+    from capes.settings import load_settings
+    s = load_settings(tmp_path / "s.toml", [rc.node_collectors(tmp_path / "pi")])
+    assert s.reward.pis == ["app_bytes_s"]
+
+
+def test_the_shipped_cluster_config_says_only_what_the_target_is():
+    """Issue 40: [engine] holds at most the preset, the exploration horizon and what is
+    the target's own (<= 4 keys); a row per client node."""
+    t = read_toml(rc.CLUSTER_CONFIG)
+    assert t["engine"]["preset"] == "default" and len(t["engine"]) <= 4
+    assert "exploration_ticks" in t["engine"]
+    assert all(p.endswith("/read_ahead_kb") and spec["nodes"] == [p.split("/")[0]]
+               for p, spec in t["parameters"].items())
+
+
+# ------------------------------------------------------------------ real (root, slow)
+
+@pytest.mark.slow
+def test_quick_cluster_bench_restores_every_client_and_leaves_nothing(tmp_path):
+    why = rc.missing_requirements()
+    if why:
+        pytest.skip(why)
+    before_loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    before_trees = gv.snapshot()
+    out = tmp_path / "q.json"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_real_cluster.py"),
+                           "--quick", "--tuners", "static,capes", "--seed", "2",
+                           "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["cluster"]["throttle"] == gv.throttle_mechanism()
+    assert res["cluster"]["nodes"] == ["client1", "client2"]
+    bs = res["best_static"]
+    assert bs["setting"] in res["grid"] + [res["original"]["setting"]]
+    assert 0 < bs["relative"] <= 1 and res["per_phase_best_gap"] == pytest.approx(
+        1 - bs["relative"])
+    t = res["tuners"]["capes"]
+    assert {"relative", "diff_vs_best_static", "ci95", "worst_10s_vs_original",
+            "restored", "fairness"} <= set(t)
+    assert t["ci95"][0] <= t["diff_vs_best_static"] <= t["ci95"][1]
+    assert t["restored"] is True and t["rows_lost"] == 0
+    assert set(t["restored_values"].values()) == {res["original"]["setting"]}
+    assert len(t["phases"]) == 2 and all(0 < f <= 1 for f in t["fairness"].values())
+    held = res["tuners"]["static"]              # the stack without a tuner, held still
+    assert held["restored"] is True and held["rows_lost"] == 0
+    assert held["applied_min"] == held["applied_max"] == bs["setting"]
+    assert res["teardown"]["problems"] == []
+    after = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    assert after == before_loops
+    assert "capes-cluster-" not in Path("/proc/mounts").read_text()
+    assert not [p for p, a in gv.gluster_processes().items()
+                if "capes-cluster-" in " ".join(a)]
+    assert gv.snapshot() == before_trees
