@@ -50,7 +50,8 @@ from capes.common.deployment import load_deployment  # noqa: E402
 from capes.common.stop_signal import StopSignal  # noqa: E402
 from capes.experiments import evaluate as ev  # noqa: E402
 from capes.experiments import workload_driver as wd  # noqa: E402
-from capes.experiments.gluster_volume import GlusterError, GlusterTestVolume  # noqa: E402
+from capes.experiments.gluster_volume import (  # noqa: E402
+    GlusterError, GlusterTestVolume, glusterd_pids)
 
 # parameter -> (gluster option, unit, min, max, step); ranges are this benchmark's own
 KNOBS = {
@@ -156,6 +157,9 @@ def main() -> int:
     missing = wd.missing_on_host("glusterd, FUSE mount", ("fio", "glusterd", "gluster"))
     if missing:
         return cannot_run("bench_real_gluster", missing, args.quick)
+    if glusterd_pids():
+        return cannot_run("bench_real_gluster", f"a glusterd already runs here (pids "
+                          f"{glusterd_pids()}); this bench runs only its own", args.quick)
     print(f"hardware: {hardware()}")
     print(f"command: {' '.join(sys.argv)}")
     print(f"load average at start: {os.getloadavg()[0]:.2f}", flush=True)

@@ -384,8 +384,8 @@ def _skip_reason() -> str | None:
         return f"GlusterFS not installed ({', '.join(missing)} missing)"
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse"
-    if gv.port_in_use():
-        return f"port {gv.GLUSTERD_PORT} taken: a glusterd already runs here"
+    if gv.port_in_use() or gv.glusterd_pids():
+        return f"a glusterd already runs here (pids {gv.glusterd_pids()}, port {gv.GLUSTERD_PORT})"
     try:
         gv.loopback_host()
     except gv.GlusterError as exc:

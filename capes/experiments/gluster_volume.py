@@ -124,6 +124,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def glusterd_pids() -> list[int]:
+    """The glusterd processes running on this host (ours or anyone's): a volume of ours
+    outside a network namespace of its own refuses to start beside one."""
+    return sorted(p for p, a in gluster_processes().items()
+                  if os.path.basename(a[0]) == "glusterd")
+
+
 def gluster_processes() -> dict[int, list[str]]:
     """Every running glusterd/glusterfsd/glusterfs process: pid -> argv."""
     out = {}
@@ -512,7 +519,7 @@ class GlusterTestVolume:
                 raise GlusterError(f"--delay-ms: {why}")
         running = gluster_processes()
         if not self.isolated:     # in a network namespace of our own, port 24007 is ours
-            if any(os.path.basename(a[0]) == "glusterd" for a in running.values()):
+            if glusterd_pids():
                 raise GlusterError(f"a glusterd is already running (pids "
                                    f"{sorted(running)}); this tool runs only its own "
                                    f"(--netns runs ours in a network namespace beside it)")
