@@ -1270,6 +1270,7 @@ def main(argv=None) -> int:
         args.fill_offset, args.fill_hold, args.fill_every = 4.0, 3.0, 1e9
         args.disk_mb, args.recovery_timeout = 64, 20.0
         args.skew_for = 6.0
+        args.hand_at = 0.75   # 18 s: between the kills at 12 and 24 s, not on one
     r = soak(args)
     print_table(r)
     if args.json:
