@@ -7,6 +7,7 @@ the converge test justified (README, "Converge test").
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -231,13 +232,43 @@ PRESETS: dict[str, dict] = {
                 "probe_model": True, "learn_lags": True, "lag_fit_ticks": 10,
                 "action_steps": 2,
                 "use_context": True, "train_every": 3, "numpy_tanh": True,
-                # issue 25 round 5 (docs/journal.md): the network, taught by each
-                # workload's best-known setting, acts only on an unseen workload's walk
-                "context_infer": True, "context_infer_known": 3, "demo_margin": 0.5,
-                "q_scope": "new_contexts",
-                # issue 25 round 8: a new workload's first probe re-aimed on its walk
-                "context_replan": True},
+                # what the real devices taught (issue 39; docs/engine.md, "Safety"):
+                # explore near where tuning starts and near the best-known setting, a
+                # tenth of each knob's range at a time, never the whole range at random;
+                # walk back at once from a probe below 3/4 of the best-known level and
+                # never probe there again; sweep a new workload's ladder knobs coarsely
+                "probe_unit": 10, "guard_steps": 1, "probe_local_steps": 1.0,
+                "alarm_guard_steps": 10, "alarm_probes": 3, "sweep_points": 4,
+                "global_fraction": 0.0, "first_probe": "local", "probe_floor": 0.75,
+                "probe_avoid_bad": True,
+                # live: act on a committed tick within 0.1 s; hear each objective
+                # figure once; a signature's spread never below its floor
+                "tick_poll_s": 0.1, "detect_fresh_only": True, "context_floor_strict": True},
 }
+
+# The default preset's exploration came from the one-row engine on real devices (issue
+# 39). The per-node engine's own search (the shared cold start's guide, per-row probes,
+# per-node contexts) reads these names too and has not met the new values on a cluster:
+# it keeps the values its figures were measured with (docs/results.md, "cluster") until a
+# cluster bench measures the others. A value the config's [engine] sets is taken as given.
+PER_NODE_KEEPS = {"probe_unit": 0, "guard_steps": 3, "probe_local_steps": 3.0,
+                  "alarm_guard_steps": 0, "alarm_probes": 0, "sweep_points": 0,
+                  "global_fraction": 0.5, "first_probe": "global", "probe_floor": 0.0,
+                  "probe_avoid_bad": False, "detect_fresh_only": False,
+                  "context_floor_strict": False, "context_infer": True,
+                  "context_infer_known": 3, "demo_margin": 0.5, "q_scope": "new_contexts",
+                  "context_replan": True}
+
+
+def per_node_settings(dqn: DQNConfig) -> DQNConfig:
+    """``dqn`` for the per-node engine: each of ``PER_NODE_KEEPS``' keys that holds the
+    default preset's value back at the value the per-node engine was measured with."""
+    if dqn.preset != "default":
+        return dqn
+    preset = PRESETS["default"]
+    keep = {k: v for k, v in PER_NODE_KEEPS.items()
+            if getattr(dqn, k) == preset.get(k, getattr(DQNConfig, k))}
+    return dataclasses.replace(dqn, **keep) if keep else dqn
 
 
 def with_preset(table: Any, source: str = "<config>", key: str = "engine") -> Any:

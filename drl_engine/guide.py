@@ -448,7 +448,9 @@ class Guide:
                 self.wide_left = self.cfg.alarm_probes    # the alarm moved the level: a
                                                           # new workload, not noise
         if self.sweep_due and best is not None:  # instead of the wide draws
-            self.sweep, self.wide_left, self.sweep_due = self._sweep_plan(best), 0, False
+            self.sweep, self.sweep_due = self._sweep_plan(best), False
+            if self.sweep:
+                self.wide_left = 0
         if self.sweep:
             target = np.array(self.sweep.pop(0), np.int64)
             if current is not None:
@@ -516,10 +518,15 @@ class Guide:
         since a sweep's far end can cost far more than the floor allows there), those on the side of the nearer end first, then the other side, nearest
         first: one pass each way. A new workload's optimum may sit anywhere on the range
         (measured: a new mmap workload found at 2048 KiB walked down one rung per probe
-        for 2 minutes, where a sweep reaches 4 KiB in its first probes)."""
+        for 2 minutes, where a sweep reaches 4 KiB in its first probes). Only a knob given
+        as a ladder of values (``values = [...]``) is swept: a ladder's optimum may sit
+        anywhere on its log scale and ~10 rungs are crossed in a few ticks, while a sweep
+        over a numeric range of 100 steps walks for ~50 ticks a point (measured on the
+        recurring game: 0.0125 of the hour lost, 10 of 10 seeds; docs/engine.md); a
+        numeric range keeps the wide draws and the GP's proposals."""
         plan: list[list[int]] = []
         for k, n in enumerate(self.n_steps):
-            if self.frozen[k] or n == 0:
+            if self.frozen[k] or n == 0 or not self.step_grid.ladder[k]:
                 continue
             pts = np.unique(np.rint(np.linspace(0, n, max(2, self.cfg.sweep_points))))
             b = int(best[k])

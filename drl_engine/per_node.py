@@ -32,7 +32,7 @@ from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.decision import Decision
 from drl_engine.engine import Engine
-from drl_engine.row_engine import RowEngine, RowShape
+from drl_engine.row_engine import RowEngine, RowShape, per_node_settings
 
 
 @dataclass
@@ -83,7 +83,7 @@ class DeploymentEngine(RowEngine):
     def __init__(self, dqn: DQNConfig, reward: RewardConfig,
                  reader: ReplayReader | None = None, device: str = "auto", seed: int = 0,
                  *, model: NodeModelConfig | None = None, deployment: Rows):
-        Engine.__init__(self, dqn, reward, device, seed)     # the rows come in _build
+        Engine.__init__(self, per_node_settings(dqn), reward, device, seed)   # rows: _build
         self.deployment = deployment
         self.mcfg = model or NodeModelConfig()
         self.reader, self.data = reader, None

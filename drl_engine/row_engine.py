@@ -23,7 +23,7 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from drl_engine import checkpoint
 from drl_engine.cluster_config import NodeModelConfig
-from drl_engine.config import DQNConfig, RewardConfig
+from drl_engine.config import DQNConfig, RewardConfig, per_node_settings
 from drl_engine.decision import Decision
 from drl_engine.engine import Engine
 from drl_engine.node_replay import RowData, finite_or_nan
@@ -53,7 +53,7 @@ class RowEngine(Engine):
     def __init__(self, dqn: DQNConfig, reward: RewardConfig,
                  reader: ReplayReader | None = None, device: str = "auto", seed: int = 0,
                  *, rows: RowShape, model: NodeModelConfig | None = None):
-        super().__init__(dqn, reward, device, seed)
+        super().__init__(per_node_settings(dqn), reward, device, seed)
         self._init_rows(rows, model or NodeModelConfig(), reader)
 
     def _init_rows(self, rows: RowShape, model: NodeModelConfig,

@@ -239,7 +239,8 @@ def test_without_evidence_every_knob_keeps_the_settle_time():
 
 def ladder_guide(**cfg):
     """A guide over one knob of 11 rungs (read_ahead_kb 4 … 4096 as ladder indices)."""
-    return Guide(StepGrid(np.array([0.0]), np.array([1.0]), np.array([10])),
+    return Guide(StepGrid(np.array([0.0]), np.array([1.0]), np.array([10]),
+                          ladder=np.array([True])),
                  DQNConfig(guided=True, **cfg), np.random.default_rng(0))
 
 
@@ -516,3 +517,37 @@ def test_a_new_contexts_uniform_first_probe_is_re_aimed_once_the_model_has_data(
     g.new_workload(context=True)
     g.forget()                             # an alarm's re-exploration is not a new context's
     assert not g.replan_uniform
+
+
+def test_a_numeric_range_is_not_swept_but_searched_with_wide_draws():
+    # a sweep over a range of 100 steps walks ~50 ticks a point (measured on the
+    # recurring game: 0.0125 of the hour lost); a range keeps the wide draws instead
+    g = Guide(StepGrid(np.array([1.0]), np.array([1.0]), np.array([99])),
+              DQNConfig(guided=True, first_probe="local", probe_unit=10, guard_steps=1,
+                        alarm_guard_steps=10, alarm_probes=3, sweep_points=4),
+              np.random.default_rng(0))
+    credit_level(g, 40, 0.1, ticks=1)
+    g.best_setting(0)
+    g.new_workload()
+    g.start_probe(0.0, np.array([40]))
+    assert not g.sweep and g.wide_left > 0
+
+
+def test_probe_unit_sizes_the_search_by_each_knobs_range():
+    # probe_unit = 10: guard_steps = 1 is a rung of an 11-rung ladder and ten steps of a
+    # 100-step range; without it, one step of each
+    def guide(n, **cfg):
+        g = Guide(StepGrid(np.array([0.0]), np.array([1.0]), np.array([n])),
+                  DQNConfig(guided=True, guard_steps=1, probe_local_steps=1.0, **cfg),
+                  np.random.default_rng(0))
+        credit_level(g, n // 2, 10.0)
+        g.best_setting(0)
+        return g
+    for n, unit, most in ((10, 10, 1), (100, 10, 10), (100, 0, 1)):
+        g = guide(n, probe_unit=unit)
+        assert g._in_steps(1, whole=True).tolist() == [most]
+        reach = 0
+        for _ in range(300):
+            g.start_probe(0.0)
+            reach = max(reach, abs(int(g.probe.target[0]) - n // 2))
+        assert reach == most                  # local probes reach the guard, never beyond

@@ -151,15 +151,23 @@ def _trace(game: str, limit: int, extra: list[str], seed: int = 3) -> dict:
         torch.set_num_threads(threads)
 
 
+def _before_39() -> list[str]:
+    """The default preset before issue 39 (the values the per-node engine keeps):
+    q_scope = new_contexts with the taught walk, global probes, the re-aimed first one."""
+    from drl_engine.config import PER_NODE_KEEPS
+    return [f"engine.{k}=" + (f'"{v}"' if isinstance(v, str) else str(v).lower())
+            for k, v in PER_NODE_KEEPS.items()]
+
+
 def test_with_q_scope_new_contexts_and_no_walk_the_engine_plays_as_without_the_network():
-    # the recurring game with the default preset (q_scope = new_contexts): no walk
-    # acts (three workloads; context_infer_known = 3), so the network never acts and
-    # every move is use_q_network = false's (where the unscoped network's guarded
-    # greedy moves do change the trace)
-    game, limit = "recurring-workloads.toml", 400
-    scoped = _trace(game, limit, [])
-    no_q = _trace(game, limit, ["engine.use_q_network=false"])
-    everywhere = _trace(game, limit, ["engine.q_scope=everywhere"])
+    # the recurring game with q_scope = new_contexts: no walk acts (three workloads;
+    # context_infer_known = 3), so the network never acts and every move is
+    # use_q_network = false's (where the unscoped network's guarded greedy moves do
+    # change the trace)
+    game, limit, scope = "recurring-workloads.toml", 400, _before_39()
+    scoped = _trace(game, limit, scope)
+    no_q = _trace(game, limit, [*scope, "engine.use_q_network=false"])
+    everywhere = _trace(game, limit, [*scope, "engine.q_scope=everywhere"])
     assert scoped["window"] == no_q["window"] and scoped["rate_limit"] == no_q["rate_limit"]
     assert everywhere["window"] != no_q["window"]
 
@@ -214,18 +222,18 @@ def test_the_scoped_lead_is_the_networks_and_its_ablation_is_untouched():
     assert no_q_lead["window"] == no_q["window"]
 
 
-def test_the_stationary_game_with_the_default_preset_plays_as_without_the_network():
+def test_the_stationary_game_with_q_scope_new_contexts_plays_as_without_the_network():
     # q_scope = new_contexts and no signature PIs (no context, no walk): the network
-    # trains but never acts, so the default and use_q_network = false play one game
+    # trains but never acts, so that scope and use_q_network = false play one game
     # (the ablation floor's "not worse on the stationary game" is a tie by construction)
-    game = "storagegamesim.toml"
-    default = _trace(game, 300, [])
-    no_q = _trace(game, 300, ["engine.use_q_network=false"])
+    game, scope = "storagegamesim.toml", _before_39()
+    default = _trace(game, 300, scope)
+    no_q = _trace(game, 300, [*scope, "engine.use_q_network=false"])
     assert default["window"] == no_q["window"] and default["rate_limit"] == no_q["rate_limit"]
     assert default["throughput"] == no_q["throughput"]
-    first = _trace(game, 300, ["engine.q_scope=first_visits"])   # round 7's scope too
+    first = _trace(game, 300, [*scope, "engine.q_scope=first_visits"])   # round 7's scope
     assert first["window"] == no_q["window"]
-    everywhere = _trace(game, 300, ["engine.q_scope=everywhere"])
+    everywhere = _trace(game, 300, [*scope, "engine.q_scope=everywhere"])
     assert everywhere["window"] != no_q["window"]         # where the network acts, it shows
 
 
@@ -256,13 +264,15 @@ def test_q_scope_first_visits_with_the_lead_plays_where_the_network_reads_the_st
 
 
 def test_context_replan_changes_nothing_before_the_first_new_context():
-    # the default preset re-aims a new workload's first probe (engine.context_replan,
-    # round 8); off, the engine plays as before it. Both play the same moves through the
-    # first workload (a session's own first probe is not re-aimed) and part only after
-    # randwrite, the first new context, arrives at tick 600; the stationary game has no
-    # context, so its trace is the same on and off
-    off = ["engine.context_replan=false"]
-    on, before = (_trace("recurring-workloads.toml", 700, s, seed=0)["window"] for s in ([], off))
-    differ = [i for i, (a, b) in enumerate(zip(on, before)) if a != b]
+    # engine.context_replan (round 8) re-aims a new workload's first (global) probe; off,
+    # the engine plays as before it. With global probes (the default before issue 39)
+    # both play the same moves through the first workload (a session's own first probe
+    # is not re-aimed) and part only after randwrite, the first new context, arrives at
+    # tick 600; the stationary game has no context, so its trace is the same on and off
+    on = _before_39()
+    off = [*on, "engine.context_replan=false"]
+    on_w, before = (_trace("recurring-workloads.toml", 700, s, seed=0)["window"]
+                    for s in (on, off))
+    differ = [i for i, (a, b) in enumerate(zip(on_w, before)) if a != b]
     assert differ and 600 <= differ[0] <= 620
-    assert _trace("storagegamesim.toml", 120, []) == _trace("storagegamesim.toml", 120, off)
+    assert _trace("storagegamesim.toml", 120, on) == _trace("storagegamesim.toml", 120, off)

@@ -29,6 +29,8 @@ class StepGrid:
     n_steps: np.ndarray      # (K,) int64: its last index
     hi: np.ndarray | None = None   # (K,) its max (None: on the grid, lo + n_steps·step)
     specs: tuple = ()        # the knobs' specs, where one has forbidden values (else ())
+    ladder: np.ndarray | None = None   # (K,) bool: a knob given as a ladder of named values
+                                       # (``values = [...]``, e.g. powers of two), not a range
 
     def __post_init__(self):
         if self.hi is None:
@@ -36,6 +38,8 @@ class StepGrid:
         forbids = np.array([bool(s.forbidden) for s in self.specs], bool) if self.specs \
             else np.zeros(len(self.lo), bool)
         object.__setattr__(self, "forbids", forbids)      # (K,) a knob with forbidden values
+        if self.ladder is None:
+            object.__setattr__(self, "ladder", np.zeros(len(self.lo), bool))
 
     @classmethod
     def of(cls, specs: list[ParameterSpec]) -> StepGrid:
@@ -45,7 +49,7 @@ class StepGrid:
         n = np.floor((hi - lo) / step + TOLERANCE).astype(np.int64)
         n += lo + n * step < hi - TOLERANCE * step          # max itself is the last point
         return cls(lo, step, n, hi, tuple(specs) if any(getattr(s, "forbidden", ()) for s in specs)
-                   else ())
+                   else (), np.array([bool(getattr(s, "values", ())) for s in specs], bool))
 
     def knob_values(self, k: int) -> np.ndarray:
         """Every setting of knob ``k``, in index order."""
