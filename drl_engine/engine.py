@@ -37,7 +37,8 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from capes.common.step_grid import StepGrid
 from drl_engine.config import DQNConfig, RewardConfig
-from drl_engine.dqn import device_name, epsilon
+from drl_engine.device import device_name
+from drl_engine.exploration import epsilon
 from drl_engine.tuner import Checkpointed
 
 action_name = actions.name
@@ -116,7 +117,7 @@ class Engine(Checkpointed):
     # -- ε ------------------------------------------------------------------------------
     @property
     def epsilon(self) -> float:
-        """ε now, the one way in: the one schedule (``dqn.epsilon``) on the engine's
+        """ε now, the one way in: the one schedule (``exploration.epsilon``) on the engine's
         clock, or on the current workload context's (its ticks counted from the
         context's first: ``WorkloadContexts.origin``), with the mode's own start and
         bump length (:meth:`epsilon_settings`)."""

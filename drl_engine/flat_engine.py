@@ -22,12 +22,46 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.context import WorkloadContexts, fresh_q
 from drl_engine.costs import tuned_online
 from drl_engine.decision import Decision
-from drl_engine.dqn import DQN
 from drl_engine.engine import Engine, apply_action
 from drl_engine.experience import Experience
 from drl_engine.guide import Guide
 
 CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
+
+
+class FlatNetwork:
+    """The flat Q-learner (:class:`drl_engine.dqn.DQN`) once the replay DB's layout fixes
+    its shape, built the first time a Q-value or a minibatch needs it: importing torch
+    takes ~2 s, and the ``default`` preset's first ticks are the guide's probes, which
+    need no network. Built from the seed, so with the weights an early build has."""
+
+    def __init__(self, obs_dim: int, n_actions: int, cfg: DQNConfig, device: str,
+                 seed: int):
+        self.n_actions = n_actions
+        self._args = (obs_dim, n_actions, cfg, device, seed)
+        self._learner = None
+
+    @property
+    def learner(self):
+        if self._learner is None:
+            from drl_engine.dqn import DQN
+            self._learner = DQN(*self._args)
+        return self._learner
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self.learner.q_values(obs)
+
+    def learn(self, batch):
+        return self.learner.learn(batch)
+
+    def mean_loss(self, losses) -> float | None:
+        return self.learner.mean_loss(losses)
+
+    def state_dict(self) -> dict:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)
 
 
 class FlatEngine(Engine):
@@ -41,7 +75,7 @@ class FlatEngine(Engine):
                                      dqn.missing_tolerance, dqn.normalise_inputs, dqn.n_step,
                                      dqn.gamma, dqn.return_shift,
                                      scale_rewards=dqn.scale_rewards)
-        self.dqn: DQN | None = None
+        self.dqn: FlatNetwork | None = None
         self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
@@ -62,7 +96,8 @@ class FlatEngine(Engine):
                                  f"({len(exp.layout.node_names)} nodes × "
                                  f"{len(exp.layout.pi_names)} PIs × {self.cfg.stack} ticks), "
                                  f"more than engine.max_inputs = {self.cfg.max_inputs}")
-            self.dqn = DQN(exp.obs_dim, exp.n_actions, self.cfg, self.device, self.seed)
+            self.dqn = FlatNetwork(exp.obs_dim, exp.n_actions, self.cfg, self.device,
+                                   self.seed)
             if self._pending_state is not None:
                 state, self._pending_state = self._pending_state, None
                 try:

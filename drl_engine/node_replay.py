@@ -8,6 +8,7 @@ knob PIs (the replay DB's action table holds one row per tick for the whole syst
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -52,6 +53,9 @@ def pick_subsets(rng: np.random.Generator, rows: int, n: int, m: int) -> np.ndar
 
 @dataclass
 class NodeBatch:
+    """A minibatch of ticks × nodes, the per-node learner's input
+    (``drl_engine.node_model.NodeDQN.learn``): numpy from :meth:`RowData.sample`,
+    tensors on the device from ``drl_engine.device_replay``."""
     obs: np.ndarray          # (B, M, D)
     mask: np.ndarray         # (B, M) node present at t
     actions: np.ndarray      # (B, M)
@@ -62,6 +66,14 @@ class NodeBatch:
     valid: np.ndarray        # (B, M) transition counts
     abar: np.ndarray | None = None       # (B, M, A) the others' actions at t (mean field)
     next_abar: np.ndarray | None = None  # (B, M, A) ... at t+n
+
+    def without_full_masks(self) -> "NodeBatch":
+        """This batch with a mask of every node (the usual case) as None: the network
+        pools all nodes then, with the same sums and quotients, in ~20 fewer ops a step
+        (4 %), and its gradient by hand (drl_engine/node_backward.py) applies."""
+        return dataclasses.replace(
+            self, mask=None if self.mask.all() else self.mask,
+            next_mask=None if self.next_mask.all() else self.next_mask)
 
 
 class NodeReplay:

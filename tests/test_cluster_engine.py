@@ -15,7 +15,7 @@ import torch
 from capes.experiments.cluster_test import (aggregate, format_table, is_cluster_config,
                                             load_config, run_one, run_tuners)
 from drl_engine.engine import Engine
-from drl_engine.node_replay import NodeReplay, RowData, pick_subsets
+from drl_engine.node_replay import NodeBatch, NodeReplay, RowData, pick_subsets
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.node_model import NodeDQN, NodeModelConfig, NodeQNetwork, pool_nodes
 from storagegamesim.cluster import PI_NAMES, ClusterConfig
@@ -115,10 +115,12 @@ def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
             x, nx = (rng.normal(0, 1, (B, M, 12)).astype(np.float32) for _ in range(2))
             abar, nabar = (rng.dirichlet(np.ones(5), (B, M)).astype(np.float32)
                            if model.mean_field else None for _ in range(2))
-            losses.append(dqn.learn_arrays(x, None, rng.integers(0, 5, (B, M)),
-                                           rng.normal(0, 3, B).astype(np.float32),
-                                           np.full(B, 0.95, np.float32), nx, None,
-                                           rng.random((B, M)) > 0.2, abar, nabar))
+            every = np.ones((B, M), bool)            # every node present at t and t+n
+            losses.append(dqn.learn(NodeBatch(
+                obs=x, mask=every, actions=rng.integers(0, 5, (B, M)),
+                returns=rng.normal(0, 3, B).astype(np.float32),
+                discounts=np.full(B, 0.95, np.float32), next_obs=nx, next_mask=every,
+                valid=rng.random((B, M)) > 0.2, abar=abar, next_abar=nabar)))
         states.append((losses, list(dqn.optimizer.square_avg),
                        list(dqn.q.parameters()) + list(dqn.target.parameters())))
     (l1, g1, w1), (l2, g2, w2) = states

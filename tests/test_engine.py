@@ -6,6 +6,7 @@ import torch
 
 from capes.common.replay_db import ReplayReader
 from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
+from drl_engine.experience import Batch
 from drl_engine.engine import Engine, action_name, apply_action
 from drl_engine.config import RewardConfig
 from conftest import two_params
@@ -81,9 +82,10 @@ def test_train_step_minimises_the_squared_td_error():
     y = dqn.td_target(rewards, disc, nxt)
     q = dqn.q(obs).gather(1, actions[:, None]).squeeze(1)
     expected = ((y - q) ** 2).mean().detach()
-    loss = dqn.train_step(obs, actions, rewards, disc, nxt)
+    batch = Batch(obs=obs, actions=actions, rewards=rewards, discounts=disc, next_obs=nxt)
+    loss = dqn.train_step(batch)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
-    losses = [float(dqn.train_step(obs, actions, rewards, disc, nxt)) for _ in range(200)]
+    losses = [float(dqn.train_step(batch)) for _ in range(200)]
     assert losses[-1] < 0.1 * losses[0]
 
 
