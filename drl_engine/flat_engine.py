@@ -118,21 +118,21 @@ class FlatEngine(Engine):
         change); local probes only after that. ``global_fraction = 0``: none, not even
         on the first tick (measured live: a uniform probe there took read_ahead_kb
         128 -> 8 KiB at the 4th second, worst 10 s 0.65x the original)."""
-        if self.local_bump or self.cfg.global_fraction <= 0:
+        if self.exploration.local or self.cfg.global_fraction <= 0:
             return 0.0
-        start = self.bumped_at or 0
+        start = self.exploration.bumped_at or 0
         span = max(1.0, self.cfg.global_fraction * self.cfg.exploration_ticks)
         return max(0.0, 1.0 - (self.action_ticks - start) / span)
 
     def change_detected(self) -> None:
         """The guide's detector saw the objective leave the levels its settings had: ε is
         raised as for a new workload, but probes stay local (no global search)."""
-        self.raise_epsilon(self.action_ticks, local=True)
+        self.exploration.bump(self.action_ticks, local=True)
         self.change_alarms += 1
 
     def workload_changed(self) -> None:
         """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
-        self.raise_epsilon(self.action_ticks)
+        self.exploration.bump(self.action_ticks)
         if self.guide is not None:
             self.guide.forget()
 
@@ -299,7 +299,7 @@ class FlatEngine(Engine):
                 # the controller: what a restart must not forget (best-known setting, ...)
                 "guide": self.guide.state() if self.guide is not None else None,
                 "contexts": self.context.state() if self.context is not None else None,
-                "guide_session": self.guide_session, "local_bump": self.local_bump,
+                "guide_session": self.guide_session, "local_bump": self.exploration.local,
                 "change_alarms": self.change_alarms}
 
     def resume(self, state: dict, path, weights_only: bool) -> None:
@@ -308,7 +308,7 @@ class FlatEngine(Engine):
         if weights_only:
             state = {"dqn": state["dqn"], "layout": state["layout"],
                      "stats": state.get("stats")}
-            self.pretrained = True
+            self.exploration.pretrained = True
         if self.dqn is None:
             self._pending_state = state
         else:
@@ -327,7 +327,7 @@ class FlatEngine(Engine):
             self.experience.normaliser.load(state["stats"])
         if "action_ticks" in state:
             self.restore_counters(state)
-            self.local_bump = state.get("local_bump", False)
+            self.exploration.local = state.get("local_bump", False)
             self.change_alarms = state.get("change_alarms", 0)
         if state.get("guide") is not None and self.cfg.guided:
             guide = self._new_guide(self.experience.param_specs())

@@ -315,7 +315,7 @@ def test_a_workload_change_is_detected_counted_and_raises_exploration(signal, ch
         eng.ingest(t, y)
     assert any(200 <= a <= 230 for a in eng.control.alarm_ticks), eng.control.alarm_ticks
     assert not [a for a in eng.control.alarm_ticks if a < 200]
-    assert eng.bumped_at is not None and eng.epsilon > eng.cfg.epsilon_final
+    assert eng.exploration.bumped_at is not None and eng.epsilon > eng.cfg.epsilon_final
     assert eng.counters()["alarms"] == len(eng.control.alarm_ticks)
 
 
@@ -330,7 +330,7 @@ def test_a_checkpoint_trained_on_8_nodes_runs_on_64(tmp_path):
     assert state["nodes_trained"] == 8
     big = engine(64)
     big.load(ckpt, weights_only=True)
-    assert big.weights == state["weights"] and big.data.mean is not None and big.pretrained
+    assert big.weights == state["weights"] and big.data.mean is not None and big.exploration.pretrained
     rng = np.random.default_rng(1)
     x = np.full((64, len(PI_NAMES)), 80.0, np.float32)
     x[:, 4], x[:, 5] = 20, 2000
@@ -360,7 +360,7 @@ def test_resume_restores_counters(tmp_path):
     path = eng.save(tmp_path / "c.pt")
     again = engine(8)
     again.load(path)
-    assert again.action_ticks == 5 and not again.pretrained
+    assert again.action_ticks == 5 and not again.exploration.pretrained
 
 
 # -- the harness -----------------------------------------------------------------------------

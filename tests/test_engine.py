@@ -182,7 +182,8 @@ def test_checkpoint_resume_restores_networks_counters_and_epsilon(tmp_path, make
     ckpt = eng.save(tmp_path / "ckpt" / "engine.pt")
     resumed = make_engine(path, seed=99)
     resumed.load(ckpt)
-    assert (resumed.action_ticks, resumed.train_steps, resumed.bumped_at) == (30, 20, 30)
+    assert (resumed.action_ticks, resumed.train_steps,
+            resumed.exploration.bumped_at) == (30, 20, 30)
     assert resumed.epsilon == eng.epsilon
     obs = eng.experience.latest(1)[1][None]
     np.testing.assert_allclose(resumed.dqn.q_values(obs), eng.dqn.q_values(obs))
@@ -233,7 +234,7 @@ def test_a_pretrained_model_explores_less_at_first(tmp_path, make_session):
     assert pretrained.epsilon == pytest.approx(0.3)
     resumed = make_engine(path)
     resumed.load(pretrained.save(tmp_path / "p.pt"))
-    assert resumed.pretrained and resumed.epsilon == pytest.approx(0.3)
+    assert resumed.exploration.pretrained and resumed.epsilon == pytest.approx(0.3)
 
 
 def test_a_checkpoint_of_another_layout_found_before_data_starts_afresh(tmp_path, make_session):
