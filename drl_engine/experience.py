@@ -158,14 +158,14 @@ class Experience:
 
     @property
     def objective_std(self) -> float:
-        """Spread of the objective, to scale rewards (1 before statistics exist)."""
+        """Spread of the objective, the reward's unit (``drl_engine.reward_scale.spread``;
+        1 before statistics exist)."""
         return self.normaliser.objective_std
 
     @property
     def reward_scale(self) -> float:
-        """What a minibatch's rewards are multiplied by: 1 / the objective's spread with
-        ``engine.scale_rewards``, else 1 (the per-node mode's is ``RowData.p_scale``,
-        applied in its sample likewise)."""
+        """What a minibatch's rewards are multiplied by: 1 / the reward's unit with
+        ``engine.scale_rewards``, else 1 (``drl_engine.reward_scale``: both modes')."""
         return 1.0 / self.objective_std if self.scale_rewards else 1.0
 
     def _derive(self, data: SessionData, d: _Derived, start: int) -> None:
