@@ -66,6 +66,8 @@ class TargetNetworkLearner:
     online network θ (gradient norm clipped to ``cfg.grad_clip`` when set), then the soft
     target update. Needs ``cfg`` and ``device``."""
 
+    fields: tuple[str, ...] = ()      # the typed batch's arrays a training step reads
+
     def _build_networks(self, make_net, seed: int) -> None:
         """The online network ``make_net()`` (on ``device``), its target copy and its
         RMSprop. ``torch.manual_seed(seed)`` runs first, so a seed gives the same weights
@@ -81,8 +83,6 @@ class TargetNetworkLearner:
         self._graphs = CUDAGraphStep(self) if self.device.type == "cuda" and \
             self.cfg.cuda_graph else None
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
-
-    fields: tuple[str, ...] = ()      # the batch's arrays a training step reads
 
     def learn(self, batch) -> torch.Tensor:
         """One minibatch, the replay's typed batch (numpy; :attr:`fields` are what the
