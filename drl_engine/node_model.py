@@ -246,7 +246,7 @@ class NodeDQN(TargetNetworkLearner):
         at t and t+n (mean field). Returns the loss (0-d)."""
         # the gradient by hand (drl_engine/node_backward.py, bit-identical to autograd's)
         # where it covers the step; ``q.by_hand`` False: autograd (the tests compare)
-        if not (self.q.by_hand and node_backward.supported(self.q, b.obs, b.mask)):
+        if not (self.q.by_hand and node_backward.supported(self.q, b)):
             def step():
                 return self.descend(self.loss(b.obs, b.mask, b.actions, b.returns,
                                               b.discounts, b.next_obs, b.next_mask, b.valid,
@@ -255,8 +255,7 @@ class NodeDQN(TargetNetworkLearner):
             return self.loss.guarded(step) if isinstance(self.loss, CompiledOrEager) \
                 else step()
         y = self._td_target(b.returns, b.discounts, b.next_obs, b.next_mask, b.next_abar)
-        loss, grads = node_backward.loss_and_grads(self.q, b.obs, b.actions, y, b.valid,
-                                                   b.abar, self.huber)
+        loss, grads = node_backward.loss_and_grads(self.q, b, y, self.huber)
         with torch.no_grad():                   # descend's update, after its backward
             self._update_with(grads)
         return loss
