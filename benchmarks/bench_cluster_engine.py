@@ -242,22 +242,22 @@ def bench_step(n: int, device: str, reps: int, sets=(), device_sampling: bool = 
                    for g in (True, False)}
         eng = engines[True]
         m = eng.mcfg.loss_nodes or n
-        arrays = eng.dqn.inputs(eng.batch())
-        t = eng.dqn.to_tensors(*arrays)
+        batch = eng.batch()
+        t = eng.dqn.to_tensors(eng.dqn.step_batch(batch))
         for _ in range(5):                           # warm-up; on CUDA: the capture
-            eng.dqn.train_step(*t), eng.dqn.learn_arrays(*arrays)
+            eng.dqn.train_step(t), eng.dqn.learn(batch)
             for e in engines.values():
                 e.train(1)
         _sync(eng.device)
         sample = _median_ms(lambda: eng.batch(), "cpu", reps)
-        step = _median_ms(lambda: eng.dqn.train_step(*t), eng.device, reps)
-        learn = _median_ms(lambda: eng.dqn.learn_arrays(*arrays), eng.device, reps)
+        step = _median_ms(lambda: eng.dqn.train_step(t), eng.device, reps)
+        learn = _median_ms(lambda: eng.dqn.learn(batch), eng.device, reps)
         train = {g: _median_ms(lambda: e.train(1), e.device, reps)
                  for g, e in engines.items()}
         act = _median_ms(eng.act, eng.device, reps)
         row = {g: _back_to_back_ms(lambda: e.train(1), e.device, reps)
                for g, e in engines.items()}
-        learn_row = _back_to_back_ms(lambda: eng.dqn.learn_arrays(*arrays), eng.device, reps)
+        learn_row = _back_to_back_ms(lambda: eng.dqn.learn(batch), eng.device, reps)
         graphed = f"; graph replays {eng.dqn._graphs.replays}" if eng.dqn._graphs else ""
         print(f"  weights {eng.weights}; minibatch {eng.cfg.batch_size} ticks x {m} nodes "
               f"({eng.cfg.batch_size * m} node transitions): sampling {sample:.2f} ms, "

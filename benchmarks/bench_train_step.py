@@ -25,6 +25,7 @@ from torch import nn
 from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
 from drl_engine.dqn import DQN, DQNConfig, pick_device
+from drl_engine.experience import Batch
 from drl_engine.engine import Engine
 from drl_engine.config import RewardConfig
 
@@ -103,7 +104,8 @@ def main() -> int:
     batch = (torch.rand(BATCH, OBS, generator=g), torch.randint(0, ACTIONS, (BATCH,), generator=g),
              torch.rand(BATCH, generator=g), torch.rand(BATCH, OBS, generator=g))
     batch = tuple(t.to(device) for t in batch)
-    dqn_batch = batch[:3] + (gamma.to(device),) + batch[3:]
+    dqn_batch = Batch(obs=batch[0], actions=batch[1], rewards=batch[2],
+                      discounts=gamma.to(device), next_obs=batch[3])
     with tempfile.TemporaryDirectory() as tmp:
         make_db(Path(tmp) / "r.db")
         engine = Engine(cfg, RewardConfig(), ReplayReader(Path(tmp) / "r.db"), device=str(device))
@@ -113,10 +115,10 @@ def main() -> int:
         ebatch = (torch.rand(BATCH, eobs, generator=g).to(device), batch[1], batch[2],
                   torch.rand(BATCH, eobs, generator=g).to(device))
         for _ in range(10):                      # warm-up
-            dqn.train_step(*dqn_batch); bare(*batch); engine.train(1); bare_e(*ebatch)
+            dqn.train_step(dqn_batch); bare(*batch); engine.train(1); bare_e(*ebatch)
         ours, theirs, full, theirs_e = [], [], [], []
         for _ in range(args.steps // 10):        # interleave so load drifts hit all alike
-            ours += timed(lambda: dqn.train_step(*dqn_batch), device, 10)
+            ours += timed(lambda: dqn.train_step(dqn_batch), device, 10)
             theirs += timed(lambda: bare(*batch), device, 10)
             full += timed(lambda: engine.train(1), device, 10)
             theirs_e += timed(lambda: bare_e(*ebatch), device, 10)

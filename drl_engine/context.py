@@ -60,7 +60,7 @@ Hooks (marked ``[context hook]`` in ``drl_engine/flat_engine.py``):
 credits new ticks, then :meth:`WorkloadContexts.recall_action`,
 :meth:`WorkloadContexts.lead` and :meth:`WorkloadContexts.holding` before the probes;
 ``Engine.epsilon`` reads :attr:`WorkloadContexts.origin` (ε's clock); a switch raises or
-restores ε's bump through ``Engine.raise_epsilon``; ``FlatEngine.state_dict`` keeps
+restores ε's bump through ``engine.exploration.bump``; ``FlatEngine.state_dict`` keeps
 :meth:`WorkloadContexts.state`.
 """
 from __future__ import annotations
@@ -314,7 +314,7 @@ class WorkloadContexts:
             left = self.memory[self._left]
             left.stats = copy.deepcopy(guide.grid_stats if guide.dense else guide.sums)
             left.detector = guide.detector
-            left.bumped_at, left.local_bump = engine.bumped_at, engine.local_bump
+            left.bumped_at, left.local_bump = engine.exploration.bumped_at, engine.exploration.local
             left.best = guide.best_setting(now)
         self._left = switch.context
         self.target, self.hold_until, self.infer, self._net = None, -1, False, None
@@ -330,7 +330,7 @@ class WorkloadContexts:
             _clear_stats(guide)
             guide.best = None
             guide.detector = _fresh_detector(guide)
-            engine.raise_epsilon(now)
+            engine.exploration.bump(now)
             return
         mem = self.memory[switch.context]
         mem.visits += 1
@@ -339,7 +339,7 @@ class WorkloadContexts:
         else:
             guide.sums = copy.deepcopy(mem.stats)
         guide.detector = mem.detector
-        engine.raise_epsilon(mem.bumped_at, mem.local_bump)
+        engine.exploration.bump(mem.bumped_at, mem.local_bump)
         guide.best = mem.best
         best = guide.best_setting(now)
         self.target = best if best is not None else mem.best
@@ -416,7 +416,7 @@ class WorkloadContexts:
             if self.cfg.context_infer_local:
                 # trust the walk: its end is searched around, not away from by the new
                 # context's global probes (issue 25 round 9)
-                engine.raise_epsilon(engine.bumped_at, local=True)
+                engine.exploration.bump(engine.exploration.bumped_at, local=True)
             return None
         net.update(wait=now + self.cfg.settle_ticks + 1, moves=net["moves"] + 1,
                    last=(k, sign))

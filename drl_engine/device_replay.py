@@ -30,6 +30,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from drl_engine.node_replay import NodeBatch
+
 # NodeReplay's arrays the sampler reads, one row per ring slot
 _FIELDS = ("lp", "present", "actions", "ahist", "r")
 _STAGED_SLOTS = 8          # ring rows per staged copy (more: several copies)
@@ -181,10 +183,9 @@ class DeviceSampler:
             nodes = r[:, 1:].topk(M, dim=1, largest=False, sorted=False).indices
         return t, nodes, total[0] > 0
 
-    def gather(self, t: torch.Tensor, nodes: torch.Tensor, any_valid=None) -> tuple:
-        """The minibatch of ticks ``t`` (B,) and ``nodes`` (B, M), as ``NodeDQN.
-        train_step``'s arguments (obs, mask, actions, returns, discounts, next_obs,
-        next_mask, valid, abar, next_abar): :meth:`RowData.batch_at`'s numbers."""
+    def gather(self, t: torch.Tensor, nodes: torch.Tensor, any_valid=None) -> NodeBatch:
+        """The minibatch of ticks ``t`` (B,) and ``nodes`` (B, M), tensors:
+        :meth:`RowData.batch_at`'s numbers."""
         sh, ring = self.shape, self.ring
         C, N, P, S, n = sh["C"], sh["N"], sh["P"], sh["S"], sh["n"]
         B, M = nodes.shape
@@ -209,8 +210,9 @@ class DeviceSampler:
         if sh["mean_field"]:
             abar = self._mean_field(s0, acts)
             next_abar = self._mean_field(s1, ring["actions"][s1[:, None], nodes].long())
-        return (obs, mask, acts.clamp_min(0), returns, discounts, next_obs, next_mask,
-                valid, abar, next_abar)
+        return NodeBatch(obs=obs, mask=mask, actions=acts.clamp_min(0), returns=returns,
+                         discounts=discounts, next_obs=next_obs, next_mask=next_mask,
+                         valid=valid, abar=abar, next_abar=next_abar)
 
     def _mean_field(self, s: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
         """NodeReplay.mean_field at slots ``s`` (B,) for the nodes whose own actions
@@ -220,20 +222,14 @@ class DeviceSampler:
         others = hist - (own[..., None] == self.action_ids).to(hist.dtype)
         return others / others.sum(dim=-1, keepdim=True).clamp_min(1.0)
 
-    def batch(self, batch: int) -> tuple:
+    def batch(self, batch: int) -> NodeBatch:
         """One minibatch drawn and gathered on the device (what a CUDA graph captures).
         On the CPU a mask of every node is passed as None, as the numpy path does (the
         learner's gradient by hand then applies); on CUDA it stays a tensor (no host
         read inside a graph)."""
         t, nodes, any_valid = self.draw(batch)
         out = self.gather(t, nodes, any_valid)
-        if not self.cuda:
-            out = list(out)
-            for i in (1, 6):
-                if bool(out[i].all()):
-                    out[i] = None
-            out = tuple(out)
-        return out
+        return out if self.cuda else out.without_full_masks()
 
     def learn(self, learner, data, batch: int):
         """One training step of ``learner`` on a minibatch of ``batch`` ticks drawn here

@@ -21,8 +21,8 @@ class of its own behind the same surface (``update``, ``act``, ``train``,
   :class:`~drl_engine.row_controller.RowController`.
 
 This module keeps what both share: the counters, ε (one schedule, one way in, one
-writer of its bump), the training loop and the checkpoint's save and load; the one
-apply of an action (``StepGrid.apply``, over forbidden values) and the one walk
+state changed in one place: ``drl_engine.exploration.Exploration``), the training loop
+and the checkpoint's save and load; the one apply of an action (``StepGrid.apply``, over forbidden values) and the one walk
 (``capes.common.step_grid.walk``) live with the step grid. ``docs/engine.md`` has the
 why of each part.
 """
@@ -37,7 +37,8 @@ from capes.common.params import ParameterSpec
 from capes.common.replay_db import ReplayReader
 from capes.common.step_grid import StepGrid
 from drl_engine.config import DQNConfig, RewardConfig
-from drl_engine.dqn import device_name, epsilon
+from drl_engine.device import device_name
+from drl_engine.exploration import Exploration
 from drl_engine.tuner import Checkpointed
 
 action_name = actions.name
@@ -76,9 +77,7 @@ class Engine(Checkpointed):
         self.rng = np.random.default_rng(seed)
         self.action_ticks = 0
         self.train_steps = 0
-        self.bumped_at: int | None = None     # ε raised here (raise_epsilon) ...
-        self.local_bump = False               # ... by the guide's detector
-        self.pretrained = False          # started from another run's model (--init-model)
+        self.exploration = Exploration(dqn)   # ε's bump and pretrained start
         self.last_loss: float | None = None
         self._train_calls = 0                  # calls of train() on the tick schedule
         self.restore_error: str | None = None   # why a checkpoint could not be used
@@ -116,30 +115,18 @@ class Engine(Checkpointed):
     # -- ε ------------------------------------------------------------------------------
     @property
     def epsilon(self) -> float:
-        """ε now, the one way in: the one schedule (``dqn.epsilon``) on the engine's
+        """ε now, the one way in: the exploration state's schedule on the engine's
         clock, or on the current workload context's (its ticks counted from the
         context's first: ``WorkloadContexts.origin``), with the mode's own start and
         bump length (:meth:`epsilon_settings`)."""
-        ticks, bumped = self.action_ticks, self.bumped_at
         origin = self.context.origin if self.context is not None else None
-        if origin is not None:
-            ticks = max(0, ticks - origin)
-            bumped = bumped - origin if bumped is not None and bumped > origin else None
         start, bump_ticks = self.epsilon_settings()
-        return epsilon(ticks, self.cfg, bumped, self.pretrained, start=start,
-                       bump_ticks=bump_ticks)
+        return self.exploration.epsilon(self.action_ticks, origin, start, bump_ticks)
 
     def epsilon_settings(self) -> tuple[float | None, int | None]:
         """The mode's own ε start and bump length (None: ``engine.epsilon_start``,
         ``workload_ticks``)."""
         return None, None
-
-    def raise_epsilon(self, at: int | None, local: bool = False) -> None:
-        """The one place ε's bump changes: raised at action tick ``at`` (None: not
-        raised), ``local`` when by the guide's change detector (probes stay local).
-        A workload change, an alarm, a context switch (which also restores a context's
-        own bump) all come here."""
-        self.bumped_at, self.local_bump = at, local
 
     # -- train --------------------------------------------------------------------------
     @property
@@ -204,15 +191,17 @@ class Engine(Checkpointed):
     def counters_state(self) -> dict:
         """The counters a checkpoint keeps (both modes), and the random generator."""
         return {"action_ticks": self.action_ticks, "train_steps": self.train_steps,
-                "bumped_at": self.bumped_at, "pretrained": self.pretrained,
+                "bumped_at": self.exploration.bumped_at,
+                "pretrained": self.exploration.pretrained,
                 "rng": self.rng.bit_generator.state}
 
     def restore_counters(self, state: dict) -> None:
         """:meth:`counters_state`'s counters back."""
         self.action_ticks = state["action_ticks"]
         self.train_steps = state["train_steps"]
-        self.bumped_at = state["bumped_at"]
-        self.pretrained = state.get("pretrained", False)
+        x = self.exploration
+        x.bump(state["bumped_at"], x.local)
+        x.pretrained = state.get("pretrained", False)
         self.rng.bit_generator.state = state["rng"]
 
     def recommendations(self) -> list[dict]:

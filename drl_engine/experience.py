@@ -41,13 +41,15 @@ def n_step_returns(r: np.ndarray, t: np.ndarray, n: int, gamma: float, shift: in
 
 @dataclass
 class Batch:
+    """A minibatch of transitions, the flat learner's input (``drl_engine.dqn.DQN.learn``:
+    numpy here, its step's fields as tensors on the device there)."""
     obs: np.ndarray        # (B, obs_dim) float32
     actions: np.ndarray    # (B,) int64
     rewards: np.ndarray    # (B,) float32: the n-step return r_t + γ r_{t+1} + … + γ^{n−1} r_{t+n−1}
     next_obs: np.ndarray   # (B, obs_dim) float32: s_{t+n}
     discounts: np.ndarray  # (B,) float32: γ^n, what the TD target multiplies max Q⁻(s_{t+n}) by
-    sessions: np.ndarray   # (B,) session ids
-    ticks: np.ndarray      # (B,) ticks t
+    sessions: np.ndarray | None = None   # (B,) session ids
+    ticks: np.ndarray | None = None      # (B,) ticks t
     demo: np.ndarray | None = None   # (B,) demonstrated actions (−1: none), DQfD's
 
 
@@ -156,14 +158,14 @@ class Experience:
 
     @property
     def objective_std(self) -> float:
-        """Spread of the objective, to scale rewards (1 before statistics exist)."""
+        """Spread of the objective, the reward's unit (``drl_engine.reward_scale.spread``;
+        1 before statistics exist)."""
         return self.normaliser.objective_std
 
     @property
     def reward_scale(self) -> float:
-        """What a minibatch's rewards are multiplied by: 1 / the objective's spread with
-        ``engine.scale_rewards``, else 1 (the per-node mode's is ``RowData.p_scale``,
-        applied in its sample likewise)."""
+        """What a minibatch's rewards are multiplied by: 1 / the reward's unit with
+        ``engine.scale_rewards``, else 1 (``drl_engine.reward_scale``: both modes')."""
         return 1.0 / self.objective_std if self.scale_rewards else 1.0
 
     def _derive(self, data: SessionData, d: _Derived, start: int) -> None:

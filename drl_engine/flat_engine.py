@@ -22,12 +22,46 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.context import WorkloadContexts, fresh_q
 from drl_engine.costs import tuned_online
 from drl_engine.decision import Decision
-from drl_engine.dqn import DQN
 from drl_engine.engine import Engine, apply_action
 from drl_engine.experience import Experience
 from drl_engine.guide import Guide
 
 CHECKPOINT_VERSION = 1       # version 1 files without a "guide" entry still load
+
+
+class FlatNetwork:
+    """The flat Q-learner (:class:`drl_engine.dqn.DQN`) once the replay DB's layout fixes
+    its shape, built the first time a Q-value or a minibatch needs it: importing torch
+    takes ~2 s, and the ``default`` preset's first ticks are the guide's probes, which
+    need no network. Built from the seed, so with the weights an early build has."""
+
+    def __init__(self, obs_dim: int, n_actions: int, cfg: DQNConfig, device: str,
+                 seed: int):
+        self.n_actions = n_actions
+        self._args = (obs_dim, n_actions, cfg, device, seed)
+        self._learner = None
+
+    @property
+    def learner(self):
+        if self._learner is None:
+            from drl_engine.dqn import DQN
+            self._learner = DQN(*self._args)
+        return self._learner
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        return self.learner.q_values(obs)
+
+    def learn(self, batch):
+        return self.learner.learn(batch)
+
+    def mean_loss(self, losses) -> float | None:
+        return self.learner.mean_loss(losses)
+
+    def state_dict(self) -> dict:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state)
 
 
 class FlatEngine(Engine):
@@ -41,7 +75,7 @@ class FlatEngine(Engine):
                                      dqn.missing_tolerance, dqn.normalise_inputs, dqn.n_step,
                                      dqn.gamma, dqn.return_shift,
                                      scale_rewards=dqn.scale_rewards)
-        self.dqn: DQN | None = None
+        self.dqn: FlatNetwork | None = None
         self.checkpoints = checkpoint.Checkpoints("flat", CHECKPOINT_VERSION, "a flat-engine")
         self.context: WorkloadContexts | None = None   # [context hook] built with the guide
         self.guide: Guide | None = None      # the default preset's guide (cfg.guided)
@@ -62,7 +96,8 @@ class FlatEngine(Engine):
                                  f"({len(exp.layout.node_names)} nodes × "
                                  f"{len(exp.layout.pi_names)} PIs × {self.cfg.stack} ticks), "
                                  f"more than engine.max_inputs = {self.cfg.max_inputs}")
-            self.dqn = DQN(exp.obs_dim, exp.n_actions, self.cfg, self.device, self.seed)
+            self.dqn = FlatNetwork(exp.obs_dim, exp.n_actions, self.cfg, self.device,
+                                   self.seed)
             if self._pending_state is not None:
                 state, self._pending_state = self._pending_state, None
                 try:
@@ -83,21 +118,21 @@ class FlatEngine(Engine):
         change); local probes only after that. ``global_fraction = 0``: none, not even
         on the first tick (measured live: a uniform probe there took read_ahead_kb
         128 -> 8 KiB at the 4th second, worst 10 s 0.65x the original)."""
-        if self.local_bump or self.cfg.global_fraction <= 0:
+        if self.exploration.local or self.cfg.global_fraction <= 0:
             return 0.0
-        start = self.bumped_at or 0
+        start = self.exploration.bumped_at or 0
         span = max(1.0, self.cfg.global_fraction * self.cfg.exploration_ticks)
         return max(0.0, 1.0 - (self.action_ticks - start) / span)
 
     def change_detected(self) -> None:
         """The guide's detector saw the objective leave the levels its settings had: ε is
         raised as for a new workload, but probes stay local (no global search)."""
-        self.raise_epsilon(self.action_ticks, local=True)
+        self.exploration.bump(self.action_ticks, local=True)
         self.change_alarms += 1
 
     def workload_changed(self) -> None:
         """A new workload started: raise ε to ``workload_epsilon`` (thesis §5.1.6)."""
-        self.raise_epsilon(self.action_ticks)
+        self.exploration.bump(self.action_ticks)
         if self.guide is not None:
             self.guide.forget()
 
@@ -264,7 +299,7 @@ class FlatEngine(Engine):
                 # the controller: what a restart must not forget (best-known setting, ...)
                 "guide": self.guide.state() if self.guide is not None else None,
                 "contexts": self.context.state() if self.context is not None else None,
-                "guide_session": self.guide_session, "local_bump": self.local_bump,
+                "guide_session": self.guide_session, "local_bump": self.exploration.local,
                 "change_alarms": self.change_alarms}
 
     def resume(self, state: dict, path, weights_only: bool) -> None:
@@ -273,7 +308,7 @@ class FlatEngine(Engine):
         if weights_only:
             state = {"dqn": state["dqn"], "layout": state["layout"],
                      "stats": state.get("stats")}
-            self.pretrained = True
+            self.exploration.pretrained = True
         if self.dqn is None:
             self._pending_state = state
         else:
@@ -292,7 +327,7 @@ class FlatEngine(Engine):
             self.experience.normaliser.load(state["stats"])
         if "action_ticks" in state:
             self.restore_counters(state)
-            self.local_bump = state.get("local_bump", False)
+            self.exploration.local = state.get("local_bump", False)
             self.change_alarms = state.get("change_alarms", 0)
         if state.get("guide") is not None and self.cfg.guided:
             guide = self._new_guide(self.experience.param_specs())

@@ -20,9 +20,11 @@ import torch
 from drl_engine.qnet import linear_grads
 
 
-def supported(net, x: torch.Tensor, mask) -> bool:
-    """Whether :func:`loss_and_grads` computes this step (else: autograd)."""
-    return (mask is None and x.device.type == "cpu" and x.dtype == torch.float32
+def supported(net, b) -> bool:
+    """Whether :func:`loss_and_grads` computes the step of minibatch ``b`` (a
+    ``NodeBatch`` of tensors; else: autograd)."""
+    x = b.obs
+    return (b.mask is None and x.device.type == "cpu" and x.dtype == torch.float32
             and x.is_contiguous() and net.pool == "mean_std" and net.summary_once
             and net.numpy_tanh)
 
@@ -77,10 +79,12 @@ def _forward(net, x: torch.Tensor, abar):
     return q, (rows, tanhs, e, d, std, c, w_c, own_in, own2d, w_own, head_rows)
 
 
-def loss_and_grads(net, x, actions, y, valid, abar, huber: bool):
+def loss_and_grads(net, b, y, huber: bool):
     """The loss of :meth:`NodeDQN.loss` (mask None) and the gradient of every parameter
-    of ``net`` in ``net.parameters()`` order. x (B, M, D); actions (B, M) int64; y (B, M)
-    the TD targets; valid (B, M); abar (B, M, A) or None."""
+    of ``net`` in ``net.parameters()`` order, for the minibatch ``b`` (a ``NodeBatch`` of
+    tensors: obs (B, M, D), actions (B, M) int64, valid (B, M), abar (B, M, A) or None)
+    and its TD targets ``y`` (B, M)."""
+    x, actions, valid, abar = b.obs, b.actions, b.valid, b.abar
     B, M = x.shape[0], x.shape[1]
     enc, rest = net.encoder_linears, net.head_linears
     with torch.no_grad():

@@ -8,12 +8,14 @@ knob PIs (the replay DB's action table holds one row per tick for the whole syst
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from capes.common.params import ParameterSpec
+from drl_engine import reward_scale
 from drl_engine.config import RewardConfig
 from drl_engine.experience import n_step_returns
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
@@ -52,6 +54,9 @@ def pick_subsets(rng: np.random.Generator, rows: int, n: int, m: int) -> np.ndar
 
 @dataclass
 class NodeBatch:
+    """A minibatch of ticks × nodes, the per-node learner's input
+    (``drl_engine.node_model.NodeDQN.learn``): numpy from :meth:`RowData.sample`,
+    tensors on the device from ``drl_engine.device_replay``."""
     obs: np.ndarray          # (B, M, D)
     mask: np.ndarray         # (B, M) node present at t
     actions: np.ndarray      # (B, M)
@@ -62,6 +67,14 @@ class NodeBatch:
     valid: np.ndarray        # (B, M) transition counts
     abar: np.ndarray | None = None       # (B, M, A) the others' actions at t (mean field)
     next_abar: np.ndarray | None = None  # (B, M, A) ... at t+n
+
+    def without_full_masks(self) -> "NodeBatch":
+        """This batch with a mask of every node (the usual case) as None: the network
+        pools all nodes then, with the same sums and quotients, in ~20 fewer ops a step
+        (4 %), and its gradient by hand (drl_engine/node_backward.py) applies."""
+        return dataclasses.replace(
+            self, mask=None if self.mask.all() else self.mask,
+            next_mask=None if self.next_mask.all() else self.next_mask)
 
 
 class NodeReplay:
@@ -279,7 +292,7 @@ class RowData:
         self.replay = NodeReplay(nodes, self.pi_names, self.params, cap, reward)
         self.mean: np.ndarray | None = None     # (P,) of the log1p PIs
         self.std: np.ndarray | None = None
-        self.p_scale: float | None = None       # the objective's level: reward unit 1 %
+        self.p_scale: float | None = None       # the reward's unit (reward_scale.level)
         self._tiled: tuple | None = None        # (mean, std, both tiled to S ticks)
 
     def reset(self) -> None:
@@ -317,12 +330,8 @@ class RowData:
         self.std = np.maximum(np.nan_to_num(std), self.mcfg.std_floor).astype(np.float32)
 
     def _fit_scale(self) -> None:
-        """The reward unit from the finite objective values only (an infinite one made
-        the scale infinite, every return 0 or NaN, and was saved in checkpoints)."""
-        p = self.replay.pobj[self.replay.tick_of >= 0]
-        p = np.where(np.isinf(p), np.nan, p)       # (the same sum as before without)
-        level = float(np.nanmean(np.abs(p))) if np.isfinite(p).any() else 0.0
-        self.p_scale = level / 100.0 if 0 < level < np.inf else 1.0
+        """The reward unit (``drl_engine.reward_scale.level``) from the ticks so far."""
+        self.p_scale = reward_scale.level(self.replay.pobj[self.replay.tick_of >= 0])
 
     def features(self, x: np.ndarray) -> np.ndarray:
         """z-scores of log1p PI windows (..., S·P); NaN (missing) becomes 0, the mean."""

@@ -1,5 +1,5 @@
 """Input normalisation: per-(node, PI) mean and standard deviation of the PIs, and the
-spread of the objective (to scale rewards). PIs differ by orders of magnitude (bytes/s
+spread of the objective (the one-row mode's reward unit, ``drl_engine.reward_scale``). PIs differ by orders of magnitude (bytes/s
 next to a window of 50); a network sees them better as z-scores.
 
 The statistics follow the data: ``maybe_update`` recomputes them when the cache has
@@ -12,6 +12,8 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+
+from drl_engine import reward_scale
 
 
 class Normaliser:
@@ -39,11 +41,10 @@ class Normaliser:
                                                                 category=RuntimeWarning):
             mean = np.nanmean(allp, axis=0)
             std = np.nanstd(allp, axis=0)
-            ps = np.concatenate(objective) if objective else np.zeros(0)
-            ostd = float(np.nanstd(ps)) if np.isfinite(ps).any() else 1.0
         self.mean = np.nan_to_num(mean).astype(np.float32)
         self.std = np.where(np.isfinite(std) & (std > 1e-6), std, 1.0).astype(np.float32)
-        self.objective_std = ostd if ostd > 1e-6 else 1.0
+        self.objective_std = reward_scale.spread(np.concatenate(objective) if objective
+                                                 else np.zeros(0))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         """z-scores of ``x`` (..., nodes, PIs); unchanged until statistics exist."""

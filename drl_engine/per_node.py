@@ -120,7 +120,7 @@ class DeploymentEngine(RowEngine):
                 self._init_rows(RowShape(list(layout.pi_names), rows.knobs,
                                          len(layout.node_names)), self.mcfg, self.reader)
                 self.action_ticks = self.train_steps = 0      # (validated first: a part's
-                self.bumped_at, self.pretrained = None, False  # own load may have failed
+                self.exploration.reset()                      # own load may have failed
                 self.rng = np.random.default_rng(self.seed)   # after these were set)
         return True
 

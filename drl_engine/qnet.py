@@ -1,10 +1,8 @@
-"""The torch side of deep Q-learning (:mod:`drl_engine.dqn` describes the algorithm):
-the Q-network, the optimiser, gradient clipping and one training step.
-
-Kept apart from :mod:`drl_engine.dqn` so that importing the engine does not import torch
-(~2 s of every process start): :class:`drl_engine.dqn.DQN` builds a
-:class:`DQNLearner` the first time the network is needed, which for the ``default``
-preset is after its first probes.
+"""The torch machinery every Q-learner here shares (:mod:`drl_engine.dqn` is the flat
+algorithm, :mod:`drl_engine.node_model` the per-node one): the flat Q-network, the
+learner base (networks, optimiser step with clipping, soft target update, typed batches
+to tensors), the CUDA-graph replay and compiled parts of a step, and an RMSprop that
+does not import ``torch._dynamo``.
 """
 from __future__ import annotations
 
@@ -15,12 +13,6 @@ import warnings
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F
-
-from drl_engine.config import DQNConfig
-from drl_engine.demonstrations import margin_loss
-
-_TANH_BACKWARD = torch.ops.aten.tanh_backward.default
 
 
 class QNetwork(nn.Module):
@@ -74,10 +66,12 @@ class TargetNetworkLearner:
     online network θ (gradient norm clipped to ``cfg.grad_clip`` when set), then the soft
     target update. Needs ``cfg`` and ``device``."""
 
+    fields: tuple[str, ...] = ()      # the typed batch's arrays a training step reads
+
     def _build_networks(self, make_net, seed: int) -> None:
         """The online network ``make_net()`` (on ``device``), its target copy and its
         RMSprop. ``torch.manual_seed(seed)`` runs first, so a seed gives the same weights
-        in every learner and in every build of one (drl_engine/dqn.py builds late)."""
+        in every learner and in every build of one (the flat engine builds late)."""
         torch.manual_seed(seed)
         self.q = make_net().to(self.device)
         self.target = copy.deepcopy(self.q)
@@ -91,30 +85,35 @@ class TargetNetworkLearner:
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
 
     def learn(self, batch) -> torch.Tensor:
-        """One minibatch, a typed batch of the learner's mode (``inputs`` names its
-        arrays in ``train_step``'s order). Returns the loss."""
-        return self.learn_arrays(*self.inputs(batch))
-
-    def learn_arrays(self, *arrays) -> torch.Tensor:
-        """One minibatch from numpy arrays (``train_step``'s arguments in its order, None
-        where it takes none): on a CUDA device replayed as a CUDA graph
-        (``cfg.cuda_graph``), else converted and run as it is written. Returns the loss."""
+        """One minibatch, the replay's typed batch (numpy; :attr:`fields` are what the
+        step reads): on a CUDA device replayed as a CUDA graph (``cfg.cuda_graph``), else
+        converted and run as it is written. Returns the loss."""
+        batch = self.step_batch(batch)
         if self._graphs is not None:
-            return self._graphs(arrays)
-        return self.train_step(*self.to_tensors(*arrays))
+            return self._graphs(batch)
+        return self.train_step(self.to_tensors(batch))
+
+    def step_batch(self, batch):
+        """``batch`` as the step takes it (a mode may drop what it need not compute)."""
+        return batch
 
     def learn_sampled(self, sample, key) -> torch.Tensor:
-        """One minibatch drawn on the device by ``sample()`` (``train_step``'s arguments
-        as tensors; drl_engine/device_replay.py): on a CUDA device the draw and the step
-        replayed as one CUDA graph per ``key`` (``cfg.cuda_graph``), else run as written."""
+        """One minibatch drawn on the device by ``sample()`` (a typed batch of tensors;
+        drl_engine/device_replay.py): on a CUDA device the draw and the step replayed as
+        one CUDA graph per ``key`` (``cfg.cuda_graph``), else run as written."""
         if self._graphs is not None:
-            return self._graphs.sampled(key, lambda: self.train_step(*sample()))
-        return self.train_step(*sample())
+            return self._graphs.sampled(key, lambda: self.train_step(sample()))
+        return self.train_step(sample())
 
-    def to_tensors(self, *arrays):
-        return tuple(None if a is None else
-                     torch.as_tensor(np.ascontiguousarray(a), device=self.device)
-                     for a in arrays)
+    def to_tensors(self, batch):
+        """``batch`` with its :attr:`fields` as tensors on the device (None stays None)."""
+        return self.with_fields(batch, [
+            None if a is None else torch.as_tensor(np.ascontiguousarray(a), device=self.device)
+            for a in (getattr(batch, f) for f in self.fields)])
+
+    def with_fields(self, batch, values):
+        """``batch`` with :attr:`fields` set to ``values``, in their order."""
+        return dataclasses.replace(batch, **dict(zip(self.fields, values)))
 
     def _networks_state(self) -> dict:
         """The networks' and optimiser's part of a checkpoint (both learners' layout)."""
@@ -210,15 +209,17 @@ class CUDAGraphStep:
         self.shapes: dict[tuple, _GraphedShape] = {}
         self.replays = 0
 
-    def __call__(self, arrays) -> torch.Tensor:
+    def __call__(self, batch) -> torch.Tensor:
+        learner = self.learner
+        arrays = [getattr(batch, f) for f in learner.fields]
         key = tuple(None if a is None else (a.shape, a.dtype.str) for a in arrays)
         g = self.shapes.get(key)
         if g is None:
             if len(self.shapes) >= self.max_shapes:
-                return self.learner.train_step(*self.learner.to_tensors(*arrays))
-            g = self.shapes[key] = _GraphedShape(arrays, self.learner.device)
+                return learner.train_step(learner.to_tensors(batch))
+            g = self.shapes[key] = _GraphedShape(arrays, learner.device)
         g.load(arrays)
-        return self._run(g, lambda: self.learner.train_step(*g.inputs))
+        return self._run(g, lambda: learner.train_step(learner.with_fields(batch, g.inputs)))
 
     def sampled(self, key, step) -> torch.Tensor:
         """``step()``, a training step that draws its own minibatch on the device
@@ -452,109 +453,3 @@ class RMSprop:
             if s is not None:
                 v.copy_(s["square_avg"])
                 self.steps = int(s["step"])
-
-
-class DQNLearner(TargetNetworkLearner):
-    """The online and target Q-networks, their optimiser, and one training step
-    (built by :class:`drl_engine.dqn.DQN` on first use)."""
-
-    def __init__(self, obs_dim: int, n_actions: int, cfg: DQNConfig,
-                 device: str | torch.device = "cpu", seed: int = 0):
-        self.cfg = cfg
-        self.device = torch.device(device)
-        self.obs_dim, self.n_actions = obs_dim, n_actions
-        self._build_networks(lambda: QNetwork(obs_dim, n_actions, cfg.hidden_layers,
-                                              cfg.hidden_width, cfg.numpy_tanh), seed)
-        # the functional losses, not their nn.Module wrappers (same arithmetic)
-        self.loss_fn = F.smooth_l1_loss if cfg.loss == "huber" else F.mse_loss
-        # ... and for :meth:`_cpu_step` the kernels they call (a mean: reduction 1),
-        # forward and backward, each with its extra arguments (Huber: beta = 1)
-        self._loss_kernels = (
-            (torch._C._nn.smooth_l1_loss, torch.ops.aten.smooth_l1_loss_backward.default,
-             (1, 1.0)) if cfg.loss == "huber" else
-            (torch._C._nn.mse_loss, torch.ops.aten.mse_loss_backward.default, (1,)))
-        # on CPU the step's gradients by hand (:meth:`_cpu_step`), not by autograd
-        self._by_hand = self.device.type == "cpu"
-
-    @staticmethod
-    def inputs(batch) -> tuple:
-        """``train_step``'s arrays from a minibatch (``drl_engine.experience.Batch``):
-        its rewards already scaled (``Experience.reward_scale``), its demonstrations
-        only where there are any."""
-        arrays = (batch.obs, batch.actions, batch.rewards, batch.discounts, batch.next_obs)
-        return arrays if batch.demo is None else (*arrays, batch.demo)
-
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-            return self.q.forward(x).cpu().numpy()
-
-    def td_target(self, rewards: torch.Tensor, discounts: torch.Tensor,
-                  next_obs: torch.Tensor) -> torch.Tensor:
-        """y = r + d · Q⁻(s', a*), a* = argmax Q⁻(s') (or argmax Q(s') with Double DQN).
-        One-step: d = γ; with n-step returns r is the discounted sum of n rewards, s' is
-        s_{t+n} and d = γⁿ."""
-        with torch.no_grad():
-            # ``forward``, not ``__call__``: no hooks here, the same ops without their cost
-            next_q = self.target.forward(next_obs)
-            if self.cfg.double_dqn:
-                best = self.q.forward(next_obs).argmax(dim=1, keepdim=True)
-                next_v = next_q.gather(1, best).squeeze(1)
-            else:
-                next_v = next_q.max(dim=1).values
-            return rewards + discounts * next_v
-
-    def train_step(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor,
-                   discounts: torch.Tensor, next_obs: torch.Tensor,
-                   demo: torch.Tensor | None = None) -> torch.Tensor:
-        """One minibatch of Eq. 2.1 plus the soft target update; returns the loss.
-        ``demo``: demonstrated actions (−1: none), DQfD's margin loss added
-        (``cfg.demo_margin``, drl_engine/demonstrations.py)."""
-        y = self.td_target(rewards, discounts, next_obs)
-        if self._by_hand and y.shape == actions.shape and \
-                (demo is None or not bool((demo >= 0).any())):
-            return self._cpu_step(obs, actions, y)
-        q_all = self.q.forward(obs)
-        loss = self.loss_fn(q_all.gather(1, actions.unsqueeze(1)).squeeze(1), y)
-        if demo is not None:
-            loss = loss + margin_loss(q_all, demo, self.cfg.demo_margin)
-        return self.descend(loss)
-
-    @torch.no_grad()
-    def _cpu_step(self, obs: torch.Tensor, actions: torch.Tensor,
-                  y: torch.Tensor) -> torch.Tensor:
-        """:meth:`train_step` without a demonstration, its gradients computed by hand.
-
-        Why: at this network's size autograd's own work (recording the graph, its
-        engine's bookkeeping) is a fifth of a step: by hand one takes 0.75-0.84x as long
-        (default preset, 96 x 72 inputs, under load; docs/journal.md, speed-10). These
-        are the kernels autograd's backward formulas call, with the same arguments
-        (addmm: ``grad.t().mm(input)`` for the weight, ``grad.sum(0)`` for the bias,
-        ``grad.mm(weight)`` for the input; tanh_backward; gather: scatter_add_ into
-        zeros; the loss's own backward kernel at a gradient of one), so the gradients,
-        and every step after them, are bit-identical to ``loss.backward()``'s
-        (tests/test_qnet_step.py checks it)."""
-        layers = self.q.affine
-        x, inputs = self.q.forward_inputs(obs)
-        index = actions.unsqueeze(1)
-        pred = x.gather(1, index).squeeze(1)
-        forward, backward, extra = self._loss_kernels
-        loss = forward(pred, y, *extra)
-        g = backward(torch.ones_like(loss), pred, y, *extra)
-        g = x.new_zeros(x.shape).scatter_add_(1, index, g.to(x.dtype).unsqueeze(1))
-        grads = [None] * (2 * len(layers))
-        for i in range(len(layers) - 1, -1, -1):
-            g_in, grads[2 * i], grads[2 * i + 1] = linear_grads(layers[i], inputs[i], g,
-                                                                 i > 0)
-            if i:
-                g = _TANH_BACKWARD(g_in, inputs[i])
-        self._update_with(grads)
-        return loss
-
-    def state_dict(self) -> dict:
-        return {**self._networks_state(), "cfg": dataclasses.asdict(self.cfg),
-                "obs_dim": self.obs_dim, "n_actions": self.n_actions}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._load_networks(state, ("obs_dim", "n_actions"),
-                            (self.obs_dim, self.n_actions), "inputs")

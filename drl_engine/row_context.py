@@ -269,7 +269,7 @@ class RowContexts:
         if self._event_new:                            # only the new rows explore (also
             self.hold_until[list(self._event_new)] = 0  # those new a tick or two before)
         if new_rows or engine.mcfg.return_epsilon:
-            engine.raise_epsilon(engine.action_ticks)
+            engine.exploration.bump(engine.action_ticks)
         if self._event_new and engine.mcfg.context_search:
             self._search_at = self._snapshot_until     # once the rows have confirmed
             self._search_rows = set(self._event_new)

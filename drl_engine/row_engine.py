@@ -193,7 +193,7 @@ class RowEngine(Engine):
     def _forget_best(self, tick: int | None = None) -> None:
         """A new workload: raise ε, forget the best-known setting, and track it afresh
         only over windows that start after the change has settled."""
-        self.raise_epsilon(self.action_ticks)
+        self.exploration.bump(self.action_ticks)
         self.control.forget(self.data.replay.last if tick is None else tick)
 
     # -- ε and the workload ---------------------------------------------------------------
@@ -237,7 +237,7 @@ class RowEngine(Engine):
         eps = self.epsilon
         none = np.zeros(self.nodes, np.int16)
         cold = control.cold
-        if cold is not None and cold.active and not self.pretrained:
+        if cold is not None and cold.active and not self.exploration.pretrained:
             control.rollback.due = False         # the search owns the setting until then
             out = cold.act(rep, int(tick), cur, present)
             if out is None:
@@ -370,7 +370,7 @@ class RowEngine(Engine):
             data.mean = np.asarray(state["stats"]["mean"], np.float32)
             data.std = np.asarray(state["stats"]["std"], np.float32)
         if weights_only:
-            self.pretrained = True
+            self.exploration.pretrained = True
             return
         self.restore_counters(state)
         control.alarm_ticks = list(state.get("alarm_ticks", []))

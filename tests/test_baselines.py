@@ -226,7 +226,9 @@ def test_run_one_scores_a_tuner_with_the_honest_metrics():
 
 def test_the_engine_and_every_baseline_meet_the_tick_loops_tuner_protocol(tmp_path):
     """``run_ticks`` types its tuner as ``drl_engine.tuner.Tuner`` (issue 39): the
-    engine of both modes (which also checkpoints) and the baselines meet it."""
+    engine of both modes (which also checkpoints) and every shipped baseline meet it,
+    explicitly (the protocol is among their classes' bases, not met by accident)."""
+    from capes.experiments.baselines import missing_dependency, tuner_names
     from drl_engine.config import DQNConfig, RewardConfig
     from drl_engine.engine import Engine
     from drl_engine.tuner import Checkpointed, Tuner
@@ -237,12 +239,16 @@ def test_the_engine_and_every_baseline_meet_the_tick_loops_tuner_protocol(tmp_pa
     writer.begin_session(SessionInfo(pi_names=list(PI_NAMES), node_names=["sim0"],
                                      params=specs))
     reader = ReplayReader(tmp_path / "r.db")
-    for name in ("random", "hill"):
+    names = [n for n in tuner_names() if missing_dependency(n) is None]
+    assert {"random", "hill"} <= set(names)
+    for name in names:
         tuner = make_tuner(name, specs, reader, cfg.reward, 0)
-        assert isinstance(tuner, Tuner) and not isinstance(tuner, Checkpointed)
+        assert isinstance(tuner, Tuner) and not isinstance(tuner, Checkpointed), name
+        assert Tuner in type(tuner).__mro__, name
     flat = Engine(DQNConfig(), RewardConfig(), reader, device="cpu")
     rows = Engine.over_rows(DQNConfig(), RewardConfig(), list(NODE_PIS),
                             list(ClusterConfig().param_specs().values()), 4)
-    assert isinstance(flat, Checkpointed) and isinstance(rows, Checkpointed)
+    for engine in (flat, rows):
+        assert isinstance(engine, Checkpointed) and Checkpointed in type(engine).__mro__
     reader.close()
     writer.close()

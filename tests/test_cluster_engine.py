@@ -15,7 +15,7 @@ import torch
 from capes.experiments.cluster_test import (aggregate, format_table, is_cluster_config,
                                             load_config, run_one, run_tuners)
 from drl_engine.engine import Engine
-from drl_engine.node_replay import NodeReplay, RowData, pick_subsets
+from drl_engine.node_replay import NodeBatch, NodeReplay, RowData, pick_subsets
 from drl_engine.config import DQNConfig, RewardConfig, with_preset
 from drl_engine.node_model import NodeDQN, NodeModelConfig, NodeQNetwork, pool_nodes
 from storagegamesim.cluster import PI_NAMES, ClusterConfig
@@ -115,10 +115,12 @@ def test_the_training_step_by_hand_is_bit_identical_to_autograd(kw):
             x, nx = (rng.normal(0, 1, (B, M, 12)).astype(np.float32) for _ in range(2))
             abar, nabar = (rng.dirichlet(np.ones(5), (B, M)).astype(np.float32)
                            if model.mean_field else None for _ in range(2))
-            losses.append(dqn.learn_arrays(x, None, rng.integers(0, 5, (B, M)),
-                                           rng.normal(0, 3, B).astype(np.float32),
-                                           np.full(B, 0.95, np.float32), nx, None,
-                                           rng.random((B, M)) > 0.2, abar, nabar))
+            every = np.ones((B, M), bool)            # every node present at t and t+n
+            losses.append(dqn.learn(NodeBatch(
+                obs=x, mask=every, actions=rng.integers(0, 5, (B, M)),
+                returns=rng.normal(0, 3, B).astype(np.float32),
+                discounts=np.full(B, 0.95, np.float32), next_obs=nx, next_mask=every,
+                valid=rng.random((B, M)) > 0.2, abar=abar, next_abar=nabar)))
         states.append((losses, list(dqn.optimizer.square_avg),
                        list(dqn.q.parameters()) + list(dqn.target.parameters())))
     (l1, g1, w1), (l2, g2, w2) = states
@@ -313,7 +315,7 @@ def test_a_workload_change_is_detected_counted_and_raises_exploration(signal, ch
         eng.ingest(t, y)
     assert any(200 <= a <= 230 for a in eng.control.alarm_ticks), eng.control.alarm_ticks
     assert not [a for a in eng.control.alarm_ticks if a < 200]
-    assert eng.bumped_at is not None and eng.epsilon > eng.cfg.epsilon_final
+    assert eng.exploration.bumped_at is not None and eng.epsilon > eng.cfg.epsilon_final
     assert eng.counters()["alarms"] == len(eng.control.alarm_ticks)
 
 
@@ -328,7 +330,7 @@ def test_a_checkpoint_trained_on_8_nodes_runs_on_64(tmp_path):
     assert state["nodes_trained"] == 8
     big = engine(64)
     big.load(ckpt, weights_only=True)
-    assert big.weights == state["weights"] and big.data.mean is not None and big.pretrained
+    assert big.weights == state["weights"] and big.data.mean is not None and big.exploration.pretrained
     rng = np.random.default_rng(1)
     x = np.full((64, len(PI_NAMES)), 80.0, np.float32)
     x[:, 4], x[:, 5] = 20, 2000
@@ -358,7 +360,7 @@ def test_resume_restores_counters(tmp_path):
     path = eng.save(tmp_path / "c.pt")
     again = engine(8)
     again.load(path)
-    assert again.action_ticks == 5 and not again.pretrained
+    assert again.action_ticks == 5 and not again.exploration.pretrained
 
 
 # -- the harness -----------------------------------------------------------------------------

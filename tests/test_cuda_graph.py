@@ -8,19 +8,23 @@ import torch
 from drl_engine.cluster_config import NodeModelConfig
 from drl_engine.config import DQNConfig, with_preset
 from drl_engine.node_model import NodeDQN
-from drl_engine.qnet import DQNLearner
+from drl_engine.dqn import DQN
+from drl_engine.experience import Batch
+from drl_engine.node_replay import NodeBatch
 from test_device_replay import feed
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
 def _node_batch(rng, B=32, M=16, D=60, A=3, mean_field=True):
-    return (rng.normal(size=(B, M, D)).astype(np.float32), rng.random((B, M)) < 0.9,
-            rng.integers(0, A, (B, M)), rng.normal(size=B).astype(np.float32),
-            np.full(B, 0.95, np.float32), rng.normal(size=(B, M, D)).astype(np.float32),
-            rng.random((B, M)) < 0.9, rng.random((B, M)) < 0.8,
-            rng.random((B, M, A)).astype(np.float32) if mean_field else None,
-            rng.random((B, M, A)).astype(np.float32) if mean_field else None)
+    return NodeBatch(
+        obs=rng.normal(size=(B, M, D)).astype(np.float32), mask=rng.random((B, M)) < 0.9,
+        actions=rng.integers(0, A, (B, M)), returns=rng.normal(size=B).astype(np.float32),
+        discounts=np.full(B, 0.95, np.float32),
+        next_obs=rng.normal(size=(B, M, D)).astype(np.float32),
+        next_mask=rng.random((B, M)) < 0.9, valid=rng.random((B, M)) < 0.8,
+        abar=rng.random((B, M, A)).astype(np.float32) if mean_field else None,
+        next_abar=rng.random((B, M, A)).astype(np.float32) if mean_field else None)
 
 
 def _cfg(**kw) -> DQNConfig:
@@ -46,7 +50,7 @@ def test_node_graph_steps_match_eager_steps(mean_field):
     batches = [_node_batch(rng, B=32 if i % 4 else 20, mean_field=mean_field)
                for i in range(10)]
     for b in batches:
-        lg, le = graphed.learn_arrays(*b), eager.learn_arrays(*b)
+        lg, le = graphed.learn(b), eager.learn(b)
         assert torch.isfinite(lg) and abs(float(lg) - float(le)) <= 1e-4 * (1 + abs(float(le)))
     assert graphed._graphs.replays > 0
     assert graphed.optimizer.steps == eager.optimizer.steps == len(batches)
@@ -55,18 +59,18 @@ def test_node_graph_steps_match_eager_steps(mean_field):
 
 def test_flat_graph_steps_match_eager_steps_with_demonstrations():
     cfg = _cfg(demo_margin=0.5)
-    graphed = DQNLearner(40, 5, cfg, device="cuda", seed=1)
-    eager = DQNLearner(40, 5, _cfg(demo_margin=0.5, cuda_graph=False),
-                       device="cuda", seed=1)
+    graphed = DQN(40, 5, cfg, device="cuda", seed=1)
+    eager = DQN(40, 5, _cfg(demo_margin=0.5, cuda_graph=False), device="cuda", seed=1)
     rng = np.random.default_rng(1)
     for i in range(8):
         demo = np.where(rng.random(32) < 0.3, rng.integers(0, 5, 32), -1)
         if i == 5:
             demo[:] = -1                   # no demonstration at all in this batch
-        b = (rng.normal(size=(32, 40)).astype(np.float32), rng.integers(0, 5, 32),
-             rng.normal(size=32).astype(np.float32), np.full(32, 0.99, np.float32),
-             rng.normal(size=(32, 40)).astype(np.float32), demo)
-        lg, le = graphed.learn_arrays(*b), eager.learn_arrays(*b)
+        b = Batch(obs=rng.normal(size=(32, 40)).astype(np.float32),
+                  actions=rng.integers(0, 5, 32), rewards=rng.normal(size=32).astype(np.float32),
+                  discounts=np.full(32, 0.99, np.float32),
+                  next_obs=rng.normal(size=(32, 40)).astype(np.float32), demo=demo)
+        lg, le = graphed.learn(b), eager.learn(b)
         assert abs(float(lg) - float(le)) <= 1e-4 * (1 + abs(float(le)))
     torch.testing.assert_close(_params(graphed), _params(eager), rtol=1e-4, atol=1e-6)
 
@@ -74,9 +78,9 @@ def test_flat_graph_steps_match_eager_steps_with_demonstrations():
 def test_loss_is_reported_one_call_late_without_waiting():
     learner = NodeDQN(60, 3, _cfg(), NodeModelConfig(), device="cuda", seed=0)
     rng = np.random.default_rng(2)
-    first = learner.learn_arrays(*_node_batch(rng))
+    first = learner.learn(_node_batch(rng))
     assert learner.mean_loss([first]) is None           # nothing read yet
-    second = learner.learn_arrays(*_node_batch(rng))
+    second = learner.learn(_node_batch(rng))
     assert learner.mean_loss([second]) == pytest.approx(float(first))
 
 

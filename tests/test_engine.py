@@ -6,6 +6,7 @@ import torch
 
 from capes.common.replay_db import ReplayReader
 from drl_engine.dqn import DQN, DQNConfig, epsilon, pick_device
+from drl_engine.experience import Batch
 from drl_engine.engine import Engine, action_name, apply_action
 from drl_engine.config import RewardConfig
 from conftest import two_params
@@ -81,9 +82,10 @@ def test_train_step_minimises_the_squared_td_error():
     y = dqn.td_target(rewards, disc, nxt)
     q = dqn.q(obs).gather(1, actions[:, None]).squeeze(1)
     expected = ((y - q) ** 2).mean().detach()
-    loss = dqn.train_step(obs, actions, rewards, disc, nxt)
+    batch = Batch(obs=obs, actions=actions, rewards=rewards, discounts=disc, next_obs=nxt)
+    loss = dqn.train_step(batch)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
-    losses = [float(dqn.train_step(obs, actions, rewards, disc, nxt)) for _ in range(200)]
+    losses = [float(dqn.train_step(batch)) for _ in range(200)]
     assert losses[-1] < 0.1 * losses[0]
 
 
@@ -180,7 +182,8 @@ def test_checkpoint_resume_restores_networks_counters_and_epsilon(tmp_path, make
     ckpt = eng.save(tmp_path / "ckpt" / "engine.pt")
     resumed = make_engine(path, seed=99)
     resumed.load(ckpt)
-    assert (resumed.action_ticks, resumed.train_steps, resumed.bumped_at) == (30, 20, 30)
+    assert (resumed.action_ticks, resumed.train_steps,
+            resumed.exploration.bumped_at) == (30, 20, 30)
     assert resumed.epsilon == eng.epsilon
     obs = eng.experience.latest(1)[1][None]
     np.testing.assert_allclose(resumed.dqn.q_values(obs), eng.dqn.q_values(obs))
@@ -231,7 +234,7 @@ def test_a_pretrained_model_explores_less_at_first(tmp_path, make_session):
     assert pretrained.epsilon == pytest.approx(0.3)
     resumed = make_engine(path)
     resumed.load(pretrained.save(tmp_path / "p.pt"))
-    assert resumed.pretrained and resumed.epsilon == pytest.approx(0.3)
+    assert resumed.exploration.pretrained and resumed.epsilon == pytest.approx(0.3)
 
 
 def test_a_checkpoint_of_another_layout_found_before_data_starts_afresh(tmp_path, make_session):

@@ -57,9 +57,9 @@ def test_checkpoint_loads_into_a_fresh_engine_and_a_converge_run(recorded, tmp_p
     saved = torch.load(ckpt, weights_only=True)["dqn"]["q"]
 
     engine = fresh_engine(recorded / "run1.db", cfg)
-    untrained = {k: v.clone() for k, v in engine.dqn.q.state_dict().items()}
+    untrained = {k: v.clone() for k, v in engine.dqn.learner.q.state_dict().items()}
     engine.load(ckpt, weights_only=True)
-    for name, tensor in engine.dqn.q.state_dict().items():
+    for name, tensor in engine.dqn.learner.q.state_dict().items():
         torch.testing.assert_close(tensor, saved[name])
         assert not torch.equal(tensor, untrained[name])
     assert engine.train_steps == 0          # weights only: counters start afresh

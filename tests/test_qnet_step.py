@@ -1,4 +1,4 @@
-"""The CPU training step's gradients by hand (drl_engine/qnet.py, ``DQNLearner._cpu_step``)
+"""The CPU training step's gradients by hand (drl_engine/dqn.py, ``DQN._cpu_step``)
 must leave the networks and the optimiser bit-for-bit where autograd's step leaves them:
 the converge runs and every saved model depend on it."""
 import warnings
@@ -8,35 +8,36 @@ import pytest
 import torch
 
 from drl_engine.config import PRESETS, DQNConfig
-from drl_engine.qnet import DQNLearner
+from drl_engine.dqn import DQN
+from drl_engine.experience import Batch
 
 
 def batches(dim, n_actions, batch, steps, demo, seed=0):
     rng = np.random.default_rng(seed)
     for _ in range(steps):
-        arrays = [rng.normal(size=(batch, dim)).astype(np.float32) * 3,
-                  rng.integers(0, n_actions, batch).astype(np.int64),
-                  rng.normal(size=batch).astype(np.float32) * 5,
-                  np.full(batch, 0.99 ** 5, np.float32),
-                  rng.normal(size=(batch, dim)).astype(np.float32) * 3]
+        b = Batch(obs=rng.normal(size=(batch, dim)).astype(np.float32) * 3,
+                  actions=rng.integers(0, n_actions, batch).astype(np.int64),
+                  rewards=rng.normal(size=batch).astype(np.float32) * 5,
+                  discounts=np.full(batch, 0.99 ** 5, np.float32),
+                  next_obs=rng.normal(size=(batch, dim)).astype(np.float32) * 3)
         if demo == "none":            # the engine's array when no row is demonstrated
-            arrays.append(np.full(batch, -1, np.int64))
+            b.demo = np.full(batch, -1, np.int64)
         elif demo == "some":
-            arrays.append(np.where(rng.random(batch) < 0.2,
-                                   rng.integers(0, n_actions, batch), -1).astype(np.int64))
-        yield arrays
+            b.demo = np.where(rng.random(batch) < 0.2,
+                              rng.integers(0, n_actions, batch), -1).astype(np.int64)
+        yield b
 
 
 def train(preset, by_hand, dim, n_actions, batch, steps, demo, layers=2, width=0,
           numpy_tanh=False):
     cfg = DQNConfig(**{**PRESETS[preset], "preset": preset, "hidden_layers": layers,
                        "hidden_width": width, "numpy_tanh": numpy_tanh})
-    learner = DQNLearner(dim, n_actions, cfg, seed=3)
+    learner = DQN(dim, n_actions, cfg, seed=3)
     learner._by_hand = by_hand
     calls = []
     step = learner._cpu_step
     learner._cpu_step = lambda *a: calls.append(1) or step(*a)
-    losses = [learner.learn_arrays(*a).item() for a in batches(dim, n_actions, batch, steps, demo)]
+    losses = [learner.learn(b).item() for b in batches(dim, n_actions, batch, steps, demo)]
     state = ([p.detach().clone() for p in learner.q.parameters()]
              + [p.detach().clone() for p in learner.target.parameters()]
              + [v.clone() for v in learner.optimizer.square_avg])

@@ -10,6 +10,7 @@ from capes.common import actions
 from capes.common.step_grid import StepGrid
 from drl_engine.config import DQNConfig
 from drl_engine.context import WorkloadContexts, fresh_observations
+from drl_engine.exploration import Exploration
 from drl_engine.normaliser import Normaliser
 
 PIS = ["throughput", "window", "rate_limit", "request_kb"]
@@ -60,10 +61,8 @@ def network_walk(request_kb: float, start: int, frozen=(False, False), known: in
                         SimpleNamespace(min=1, max=100, step=1)])
     guide = SimpleNamespace(step_grid=grid, n_steps=grid.n_steps, frozen=np.array(frozen))
     engine = SimpleNamespace(experience=experience([80.0, 1.0, 50.0, request_kb]),
-                             dqn=PointingNetwork(), action_ticks=0, bumped_at=None,
-                             local_bump=False)
-    engine.raise_epsilon = lambda at, local=False: setattr(engine, "local_bump", local) \
-        or setattr(engine, "bumped_at", at)
+                             dqn=PointingNetwork(), action_ticks=0,
+                             exploration=Exploration(DQNConfig()))
     network_walk.engine = engine
     ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True, **cfg), [3])
     ctx.memory = [SimpleNamespace(best=np.array([0, 0]))] * known + [SimpleNamespace(best=None)]
@@ -103,7 +102,7 @@ def test_context_infer_local_keeps_the_probes_local_after_the_networks_walk_only
     # walk (fewer known workloads), the new context's probes start global as before
     for local, known, bumped in ((True, 2, True), (False, 2, False), (True, 1, False)):
         network_walk(1024.0, 32, known=known, context_infer_local=local)
-        assert network_walk.engine.local_bump is bumped
+        assert network_walk.engine.exploration.local is bumped
 
 
 def test_without_the_network_a_new_context_starts_at_the_nearest_contexts_best():

@@ -121,7 +121,7 @@ def run(args) -> int:
         if not ray_available():
             print(f"capes converge-test: {RAY_MISSING}", file=sys.stderr)
             return 2
-    from drl_engine.dqn import device_name
+    from drl_engine.device import device_name
     try:
         device = device_name(args.device)
     except RuntimeError as exc:

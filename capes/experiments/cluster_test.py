@@ -655,7 +655,7 @@ def _clean(o):
 
 def main(args) -> int:
     """``capes converge-test`` on a config with a ``[cluster]`` table."""
-    from drl_engine.dqn import pick_device
+    from drl_engine.device import pick_device
     overrides = list(args.overrides)
     if args.noise:
         overrides.append(f"cluster.noise={args.noise[0]}")
