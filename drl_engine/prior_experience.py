@@ -48,6 +48,7 @@ from drl_engine.experience import Experience
 from drl_engine.guide import Guide
 
 STARTS = ("memory", "gp", "qnet", "qnet_probes")
+NETWORK_STARTS = ("qnet", "qnet_probes")    # need the network's weights (--init-model)
 DEFAULT_START = "memory"
 PROMISE_MARGIN = 0.25      # a start below 75 % of the promised level is not trusted
 GP_MAX_POINTS = 400        # recorded (workload, setting) means the GP is fitted on
@@ -84,6 +85,7 @@ class PriorExperience:
     newest_started_at: float
     start: str = DEFAULT_START
     margin: float = PROMISE_MARGIN
+    refused: str | None = None      # why a session did not take it (seed)
 
     # -- load -----------------------------------------------------------------------------
     @classmethod
@@ -154,8 +156,9 @@ class PriorExperience:
         now = time.time() if now is None else now
         age = max(0.0, now - self.newest_started_at)
         known = sum(w.best is not None for w in self.workloads)
-        return (f"experience: {len(self.workloads)} workloads known ({known} with a best "
-                f"setting) from {self.sessions} sessions, {self.ticks:,} ticks, newest "
+        return (f"experience: {_n(len(self.workloads), 'workload')} known ({known} with a "
+                f"best setting) from {_n(self.sessions, 'session')}, {self.ticks:,} ticks, "
+                f"newest "
                 f"{_age(age)} old; start for a new workload: {self.start} "
                 f"({', '.join(self.paths)})")
 
@@ -168,14 +171,21 @@ class PriorExperience:
                 f"{list(param_names)} (experience from another target is not used)")
 
     # -- seed ---------------------------------------------------------------------------
-    def seed(self, engine, contexts: WorkloadContexts, guide: Guide) -> None:
+    def seed(self, engine, contexts: WorkloadContexts, guide: Guide) -> bool:
         """Make every recorded workload a context of ``contexts`` (before its first
-        tick) and install the start proposer for workloads never seen."""
-        self.check_layout(engine.experience.layout.pi_names,
-                          engine.experience.layout.param_names)
-        if list(guide.shape) != [int(n) + 1 for n in StepGrid.of(self.specs).n_steps]:
-            raise ExperienceError("--experience: recorded with other parameter ranges or "
-                                  "steps than this session's")
+        tick) and install the start proposer for workloads never seen. False, with
+        ``refused`` saying why, for a session of another layout or grid: a live engine
+        then starts without experience rather than stop (the CLI checks what it can
+        before, :meth:`check_layout`)."""
+        try:
+            self.check_layout(engine.experience.layout.pi_names,
+                              engine.experience.layout.param_names)
+            if list(guide.shape) != [int(n) + 1 for n in StepGrid.of(self.specs).n_steps]:
+                raise ExperienceError("--experience: recorded with other parameter ranges "
+                                      "or steps than this session's")
+        except ExperienceError as exc:
+            self.refused = str(exc)
+            return False
         cl = contexts.clusters
         cl.offset = None if self.offset is None else self.offset.copy()
         cl.mean = [w.log_mean.copy() for w in self.workloads]
@@ -187,6 +197,7 @@ class PriorExperience:
                 created_at=-w.ticks, stats=_guide_stats(guide, w), best=w.best,
                 detector=_fresh_detector(guide)))
         contexts.prior = self
+        return True
 
     def propose(self, engine, session: int, contexts: WorkloadContexts,
                 current: np.ndarray, guide: Guide) -> np.ndarray | None:
@@ -332,6 +343,10 @@ def _guide_stats(guide: Guide, w: KnownWorkload):
             for key, s in zip(w.keys, w.stats)}
 
 
+def _n(count: int, what: str) -> str:
+    return f"{count} {what}" if count == 1 else f"{count} {what}s"
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -342,5 +357,5 @@ def _age(seconds: float) -> str:
     return f"{seconds / 86400:.0f} d"
 
 
-__all__ = ["DEFAULT_START", "ExperienceError", "KnownWorkload", "PriorExperience",
-           "STARTS", "gp_mean"]
+__all__ = ["DEFAULT_START", "ExperienceError", "KnownWorkload", "NETWORK_STARTS",
+           "PriorExperience", "STARTS", "gp_mean"]
