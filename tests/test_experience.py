@@ -127,3 +127,13 @@ def test_a_recorded_workload_comes_back_to_its_best_setting_without_a_search(rec
     # it went straight there: by tick 20 the window is the recorded best, and it holds
     assert with_exp.trace["window"][20] == best_window
     assert fresh.first_win_s is None or fresh.first_win_s > with_exp.first_win_s
+
+
+def test_the_paired_bootstrap_interval_covers_a_shift_and_only_it():
+    from capes.common.stats import paired_bootstrap_ci
+    rng = np.random.default_rng(0)
+    a = rng.exponential(80, 30)                  # skewed, as times to a band are
+    med, lo, hi = paired_bootstrap_ci(a, a - 40 + rng.normal(0, 5, 30))
+    assert lo < med < hi and lo < -40 < hi and hi < 0
+    assert paired_bootstrap_ci(a, a) == (0.0, 0.0, 0.0)
+    assert paired_bootstrap_ci([1.0], [2.0]) is None
