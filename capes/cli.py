@@ -56,6 +56,34 @@ def common_config_args(parser: argparse.ArgumentParser, default: str | None = No
                         f"--set {example} (repeatable)")
 
 
+def experience_args(parser: argparse.ArgumentParser) -> None:
+    """``--experience DB…`` and ``--experience-start`` (drl_engine/prior_experience.py)."""
+    parser.add_argument("--experience", nargs="+", metavar="DB",
+                        help="start from the experience of earlier sessions: their replay "
+                             "DBs (one merged by `capes replay merge`, or several); each "
+                             "recorded workload is known at once, a new one starts where "
+                             "--experience-start proposes (docs/engine.md)")
+    parser.add_argument("--experience-start", default=None, metavar="HOW",
+                        help="where a workload never seen starts: memory (the nearest "
+                             "recorded workload's best setting; the default), gp, qnet or "
+                             "qnet_probes (the last two need --init-model, a network "
+                             "trained on the merged DB)")
+
+
+def load_experience(args, engine_cfg, reward_cfg):
+    """The ``--experience`` of ``args`` loaded (None without it); ExperienceError (a
+    ValueError) with a clear message for a DB that cannot be used."""
+    if not getattr(args, "experience", None):
+        return None
+    from drl_engine.prior_experience import (DEFAULT_START, NETWORK_STARTS,
+                                             ExperienceError, PriorExperience)
+    start = args.experience_start or DEFAULT_START
+    if start in NETWORK_STARTS and not args.init_model:
+        raise ExperienceError(f"--experience-start {start}: needs --init-model, a network "
+                              f"trained on the merged DB (capes train)")
+    return PriorExperience.load(args.experience, engine_cfg, reward_cfg, start=start)
+
+
 # each command's --set example: a key that command reads, not one example everywhere
 SET_EXAMPLES = {
     "interface-daemon": "daemon.db=/var/lib/capes/replay.db",

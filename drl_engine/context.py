@@ -181,6 +181,14 @@ class SignatureClusters:
         (``drl_engine/row_context.py``) compute them for every row at once."""
         self.leaving = False
         if self.current is None:
+            # the first tick: a context known from earlier sessions when it fits one
+            # (drl_engine/prior_experience.py seeds them), else context 0 of a new engine
+            fits = [(self.distance(u, k), k) for k in range(self.count)]
+            fits = [f for f in fits if f[0] <= self.threshold]
+            if fits:
+                self.current = min(fits)[1]
+                self._add(self.current, u)
+                return self.current, False
             self.current = self._new(u)
             return self.current, True
         if np.isfinite(newest).all():
@@ -254,6 +262,9 @@ class WorkloadContexts:
         self._left: int | None = None               # the context whose memory the guide holds
         self._seen = 0                              # session indices folded in so far
         self._session_from = 0                      # switches of the current session
+        self.prior = None     # experience of earlier sessions (drl_engine/prior_experience)
+        self._promise: float | None = None          # the level a recalled start promised
+        self._heard: list[float] = []               # ... and the levels heard there
 
     @classmethod
     def build(cls, cfg, layout, reward_pis) -> "WorkloadContexts | None":
@@ -272,10 +283,39 @@ class WorkloadContexts:
         the running median: the tick where the Q-network, which sees it, leads."""
         return self.clusters.leaving
 
-    def holding(self, now: int) -> bool:
+    def holding(self, now: int, engine=None, guide: Guide | None = None) -> bool:
         """Just arrived at a recalled setting: no probes yet (the context's best-known
-        setting is used before it is questioned again)."""
-        return now < self.hold_until
+        setting is used before it is questioned again). With experience of earlier
+        sessions (``prior``), a start that does not deliver what it promised ends the
+        hold (:meth:`_promise_broken`)."""
+        if now >= self.hold_until:
+            return False
+        if guide is not None and self._promise_broken(engine, guide, now):
+            return False
+        return True
+
+    def _promise_broken(self, engine, guide: Guide, now: int) -> bool:
+        """After the settle time at a start recalled from earlier sessions: the median
+        level heard below ``1 − prior.margin`` of what its workload reached there. The
+        hold ends; a recorded workload's return is searched as a new one (its recorded
+        statistics were another system's)."""
+        if self._promise is None or guide.last_p is None:
+            return False
+        if now <= self.hold_until - self.cfg.context_hold_ticks + self.cfg.settle_ticks + 1:
+            return False
+        self._heard.append(guide.last_p)
+        if len(self._heard) < 3 or np.median(self._heard) >= \
+                (1.0 - self.prior.margin) * self._promise:
+            return False
+        self._promise, self._heard, self.hold_until = None, [], now
+        c = self.current
+        if self.memory[c].created_at < 0:         # a recorded workload: search afresh
+            self.memory[c].created_at = now
+            _clear_stats(guide)
+            guide.best = None
+            if engine is not None:
+                engine.raise_epsilon(now)
+        return True
 
     def new_session(self) -> None:
         """Another session of the replay DB: its ticks are folded in from its start."""
@@ -310,7 +350,7 @@ class WorkloadContexts:
     def _switch(self, engine, guide: Guide, switch: Switch) -> None:
         self.switches.append(switch)
         now = engine.action_ticks
-        if self.memory:                                   # store the context left
+        if self.memory and self._left is not None:        # store the context left
             left = self.memory[self._left]
             left.stats = copy.deepcopy(guide.grid_stats if guide.dense else guide.sums)
             left.detector = guide.detector
@@ -318,6 +358,7 @@ class WorkloadContexts:
             left.best = guide.best_setting(now)
         self._left = switch.context
         self.target, self.hold_until, self.infer, self._net = None, -1, False, None
+        self._promise, self._heard = None, []
         guide.probe, guide._best_at = None, -1
         if switch.new:
             if not self.memory:
@@ -326,7 +367,7 @@ class WorkloadContexts:
                 self.memory.append(_Memory(created_at=0))
                 return
             self.memory.append(_Memory(created_at=now))
-            self.infer = self.cfg.context_infer
+            self.infer = self.cfg.context_infer or self.prior is not None
             _clear_stats(guide)
             guide.best = None
             guide.detector = _fresh_detector(guide)
@@ -334,6 +375,8 @@ class WorkloadContexts:
             return
         mem = self.memory[switch.context]
         mem.visits += 1
+        if self.prior is not None and mem.created_at < 0:   # recorded in earlier sessions
+            self._promise = self.prior.level_of(switch.context)
         if guide.dense:
             guide.grid_stats[:] = mem.stats
         else:
@@ -384,6 +427,14 @@ class WorkloadContexts:
         now = engine.action_ticks
         if self.infer:
             self.infer = False
+            if self.prior is not None:        # experience of earlier sessions proposes
+                self._promise = self.prior.promised(self)
+                target = self.prior.propose(engine, session, self, current, guide)
+                if target is not None:
+                    self.target = np.where(guide.frozen, current, target)
+                    return None
+                if self.prior.start != "qnet":
+                    return None
             known = sum(m.best is not None for m in self.memory[:-1])
             if known < self.cfg.context_infer_known:
                 return None

@@ -60,6 +60,8 @@ class EngineDaemonOptions:
     status_file: str | None = None     # JSON of tick, ε, loss, ... rewritten every tick
     metrics: str = DEFAULT_ENGINE_METRICS   # Prometheus /metrics, host:port; "" off
     tensorboard: str | None = None     # TensorBoard log dir (needs the tensorboard package)
+    experience: object = None          # a PriorExperience (--experience), used when no
+                                       # checkpoint is resumed (one keeps what it brought)
 
 
 def _wait_for_db(client: ControlClient, stop: StopSignal) -> Path | None:
@@ -196,6 +198,15 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
             engine.close()
             return None
         log.info("started from the model in %s", opts.init_model)
+    if opts.experience is not None and not ckpt.exists():
+        if hasattr(engine, "prior"):
+            engine.prior = opts.experience
+            if opts.init_model:             # the network's weights, not a lower ε
+                engine.pretrained = False
+            log.info("%s", opts.experience.summary())
+        else:
+            log.warning("--experience is used by the one-row engine only; this "
+                        "deployment's per-node engine starts without it")
     return engine
 
 

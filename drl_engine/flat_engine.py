@@ -83,6 +83,7 @@ class FlatEngine(Engine):
         self.change_alarms = 0
         self.guide_session: int | None = None  # the session the guide credits
         self._pending_state: dict | None = None
+        self.prior = None        # experience of earlier sessions (prior_experience.py)
         self.update()
 
     # -- data ---------------------------------------------------------------------------
@@ -205,6 +206,8 @@ class FlatEngine(Engine):
             self.context = WorkloadContexts.build(self.cfg, self.experience.layout,
                                                   self.reward_cfg.pis)
             self._context_built = True
+            if self.prior is not None and self.context is not None:
+                self.prior.seed(self, self.context, guide)    # earlier sessions' memory
         if self.guide_session is not None and session != self.guide_session:
             guide.new_session()
             if self.context is not None:
@@ -244,7 +247,7 @@ class FlatEngine(Engine):
                 q = fresh_q(self, session, cur, guide) if self.cfg.q_scope == "new_contexts" \
                     else self.dqn.q_values(obs[None])[0]
                 return self.context.lead(int(q.argmax()), len(cur)), False, float(q.max())
-            holding = self.context.holding(self.action_ticks)
+            holding = self.context.holding(self.action_ticks, self, guide)
         action = guide.probe_action(cur)
         if action is None and not holding and (obs is None or guide.sweep
                                                or self.rng.random() < eps):

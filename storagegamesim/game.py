@@ -31,6 +31,10 @@ as four more PIs (:data:`SIGNATURE_PI_NAMES`), each multiplied by a noise factor
 ``1 + signature_noise · N(0, 1)`` every tick; the signature does not depend on the knobs
 (a real queue depth does: this game leaves that out). Without workloads the PIs, and the
 random stream, are the paper game's.
+
+A workload family (optional, ``[game.family]``, :mod:`storagegamesim.family`): members along
+one continuous parameter, the write fraction; ``game.write_fraction`` names the member
+this game plays (``configs/workload-family.toml``).
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from capes.common.params import ParameterSpec
+from storagegamesim.family import WorkloadFamily
 from storagegamesim.phases import GamePhase, phase_starts, validate_schedule
 
 PI_NAMES = ("throughput", "window", "rate_limit")
@@ -92,8 +97,28 @@ class GameConfig:
     workloads: list[GameWorkload] = field(default_factory=list)
     workload: str = ""            # the workload of phase 0 (with workloads)
     signature_noise: float = 0.10  # relative noise of the signature PIs
+    # a workload family (storagegamesim/family.py): the game plays its member at
+    # ``write_fraction``, which replaces ``workloads`` and ``workload``
+    family: WorkloadFamily | None = None
+    write_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.family is not None and self.write_fraction is not None \
+                and 0 <= self.write_fraction <= 1:
+            member = self.family.workload(self.write_fraction)
+            self.workloads, self.workload = [member], member.name
 
     def validate(self) -> None:
+        if (self.family is None) != (self.write_fraction is None):
+            raise ValueError("write_fraction: a workload family plays the member at "
+                             "game.write_fraction; give both [game.family] and it, or neither")
+        if self.family is not None:
+            if not 0 <= self.write_fraction <= 1:
+                raise ValueError(f"write_fraction: must lie in [0, 1] "
+                                 f"(got {self.write_fraction})")
+            if any(ph.workload is not None for ph in self.phases):
+                raise ValueError("phases: a family's game plays one member; a phase "
+                                 "cannot name a workload")
         if not self.curve_width > 0:
             raise ValueError(f"curve_width: must be > 0 (got {self.curve_width})")
         if not self.peak_throughput > 0:

@@ -21,7 +21,7 @@ from test_target_collectors import FakeBlockDevices, FakeLustreClient, FakeProc
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 NOT_DEPLOYMENTS = {"storagegamesim.toml", "cluster-sim.toml",    # the converge tests' own configs
                    "recurring-workloads.toml", "recurring-workloads-cluster.toml",
-                   "recurring-workloads-mixes.toml"}
+                   "recurring-workloads-mixes.toml", "workload-family.toml"}
 DEPLOYMENTS = sorted(p for p in CONFIGS.glob("*.toml") if p.name not in NOT_DEPLOYMENTS)
 
 # collector -> (option holding a path, its default)

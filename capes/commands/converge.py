@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from capes.cli import common_config_args
+from capes.cli import common_config_args, experience_args, load_experience
 
 
 def _floats(text: str) -> list[float]:
@@ -98,6 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "random, hill, bo, tpe, cma (bo, tpe and cma need the tune "
                         "extra: pip install 'capes[tune]'); the cluster game takes a "
                         "comma list (default: capes)")
+    experience_args(p)
 
 
 def run(args) -> int:
@@ -113,6 +114,10 @@ def run(args) -> int:
                 return 2
     from capes.settings import is_cluster_config
     if is_cluster_config(args.config):            # a [cluster] table: the cluster game
+        if getattr(args, "experience", None):
+            print("capes converge-test: --experience is for the single-node game (the "
+                  "cluster game's per-node engine has no such start yet)", file=sys.stderr)
+            return 2
         from capes.experiments.cluster_test import main as cluster_main
         return cluster_main(args)
     backend = getattr(args, "backend", "local")
@@ -133,6 +138,19 @@ def run(args) -> int:
             print(f"capes converge-test: {TENSORBOARD_MISSING}", file=sys.stderr)
             return 2
     cfg = load_config(args.config, args.overrides, args.preset)
+    try:
+        experience = load_experience(args, cfg.engine, cfg.reward)
+    except ValueError as exc:
+        print(f"capes converge-test: {exc}", file=sys.stderr)
+        return 2
+    if experience is not None:
+        try:
+            specs = cfg.game.param_specs()
+            experience.check_layout(cfg.game.pi_names(), list(specs))
+        except ValueError as exc:
+            print(f"capes converge-test: {exc}", file=sys.stderr)
+            return 2
+        print(experience.summary(), file=sys.stderr)
     noises = args.noise or [cfg.game.noise]
     rewards = args.reward or [cfg.reward.type]
     print(f"converge test: {len(noises)} noise × {len(rewards)} reward cells × "
@@ -143,7 +161,8 @@ def run(args) -> int:
                       args.init_model, keep_traces=1 if args.plot else 0,
                       progress=None if args.quiet else sys.stderr, device=device,
                       play_on=args.play_on, tuner=args.tuner, tensorboard=args.tensorboard,
-                      backend=backend, ray_address=getattr(args, "ray_address", None))
+                      backend=backend, ray_address=getattr(args, "ray_address", None),
+                      experience=experience)
     print(format_table(report))
     if args.json:
         write_json(report, args.json)

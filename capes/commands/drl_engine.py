@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from capes.cli import common_config_args
+from capes.cli import common_config_args, experience_args, load_experience
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensorboard", metavar="DIR",
                    help="write TensorBoard scalars here (needs: pip install "
                         "'capes[tensorboard]')")
+    experience_args(p)
 
 
 def run(args) -> int:
@@ -51,10 +53,15 @@ def run(args) -> int:
         parse_address(metrics)
     except ValueError as exc:
         raise ConfigError("--metrics", "", str(exc)) from None
+    try:
+        experience = load_experience(args, settings.engine, settings.reward)
+    except ValueError as exc:
+        print(f"capes drl-engine: {exc}", file=sys.stderr)
+        return 2
     opts = EngineDaemonOptions(device=args.device, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every_s=args.checkpoint_every,
                                init_model=args.init_model, seed=args.seed,
                                log_every_s=args.log_every, max_ticks=args.max_ticks,
                                status_file=args.status_file, metrics=metrics,
-                               tensorboard=args.tensorboard)
+                               tensorboard=args.tensorboard, experience=experience)
     return run_daemon(settings, settings.engine, settings.reward, opts)

@@ -91,3 +91,22 @@ def paired_mean_ci(a, b, confidence: float = 0.95) -> tuple[float, float, float]
         return None
     ci = mean_ci([y - x for x, y in zip(a, b)], confidence)
     return ci.mean, ci.low, ci.high
+
+
+def paired_bootstrap_ci(a, b, stat=np.median, confidence: float = 0.95,
+                        resamples: int = 2000, seed: int = 0
+                        ) -> tuple[float, float, float] | None:
+    """``stat`` (default the median) of the paired differences ``b[i] − a[i]`` and a
+    percentile bootstrap interval over the pairs (the seeds resampled with
+    replacement); None with fewer than two pairs. No normality assumed: times to a
+    band are skewed and censored at the time limit."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length ({len(a)} and {len(b)})")
+    if len(a) < 2:
+        return None
+    d = np.asarray(b, float) - np.asarray(a, float)
+    rng = np.random.default_rng(seed)
+    boot = stat(d[rng.integers(0, len(d), (resamples, len(d)))], axis=1)
+    alpha = (1 - confidence) / 2
+    lo, hi = np.quantile(boot, [alpha, 1 - alpha])
+    return float(stat(d)), float(lo), float(hi)

@@ -155,10 +155,11 @@ def make_player(tuner: str, cfg: ConvergeConfig, reader: ReplayReader, device: s
 def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
             init_model: str | None = None, device: str = "cpu",
             keep_trace: bool = False, play_on: bool = True, tuner: str = "capes",
-            tensorboard: str | None = None, observers=()) -> RunResult:
+            tensorboard: str | None = None, observers=(), experience=None) -> RunResult:
     """Play one game to the time limit (or, without ``play_on``, to the win); the same
     seed gives the same result. ``observers``: more of the tick loop's observers
-    (``observer(record, game, engine)``), e.g. tools/engine_trace.py's."""
+    (``observer(record, game, engine)``), e.g. tools/engine_trace.py's. ``experience``:
+    a :class:`~drl_engine.prior_experience.PriorExperience` the engine starts from."""
     game_seed, engine_seed = np.random.SeedSequence(seed).generate_state(2)
     game = StorageGameSim(cfg.game, seed=int(game_seed))
     specs = list(cfg.game.param_specs().values())
@@ -172,6 +173,10 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
         engine = make_player(tuner, cfg, reader, device, int(engine_seed), specs)
         if init_model:
             engine.load(init_model, weights_only=True)
+        if experience is not None and tuner == "capes":
+            engine.prior = experience
+            if init_model:                 # the network's share, not a lower ε's
+                engine.pretrained = False
         trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
 
         def record(rec: TickRecord) -> None:
@@ -229,10 +234,11 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
 # -- grids of runs ------------------------------------------------------------------------
 
 def _run_job(job):
-    cfg, seed, init_model, keep_trace, device, play_on, tuner, tensorboard = job
+    cfg, seed, init_model, keep_trace, device, play_on, tuner, tensorboard = job[:8]
     use_one_core()
     return run_one(cfg, seed, init_model=init_model, device=device, keep_trace=keep_trace,
-                   play_on=play_on, tuner=tuner, tensorboard=tensorboard)
+                   play_on=play_on, tuner=tuner, tensorboard=tensorboard,
+                   experience=job[8] if len(job) > 8 else None)
 
 
 def cell_config(base: ConvergeConfig, noise: float, reward: str) -> ConvergeConfig:
@@ -295,13 +301,14 @@ def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int 
              jobs: int = 1, init_model: str | None = None, keep_traces: int = 0,
              progress=sys.stderr, device: str = "cpu", play_on: bool = True,
              tuner: str = "capes", tensorboard: str | None = None,
-             backend: str = "local", ray_address: str | None = None) -> dict:
+             backend: str = "local", ray_address: str | None = None,
+             experience=None) -> dict:
     """Every (noise, reward) cell with ``seeds`` runs; returns the JSON-ready report.
     ``backend="ray"``: the runs are Ray tasks (``capes.experiments.ray_backend``)."""
     plan = [(noise, reward, first_seed + s) for noise in noises for reward in rewards
             for s in range(seeds)]
     jobs_in = [(cell_config(base, n, r), seed, init_model, seed - first_seed < keep_traces,
-                device, play_on, tuner, tensorboard) for n, r, seed in plan]
+                device, play_on, tuner, tensorboard, experience) for n, r, seed in plan]
     results: list[RunResult] = []
     t0 = time.perf_counter()
 

@@ -1,0 +1,139 @@
+"""Experience across sessions (issue 37): a workload family, ``--experience`` and what it
+brings along, its errors, and a recorded workload's return without a search."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capes.common.config import ConfigError
+from capes.experiments.converge_test import load_config, run_one
+from drl_engine.prior_experience import ExperienceError, PriorExperience
+from storagegamesim.family import WorkloadFamily
+from storagegamesim.game import StorageGameSim
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "workload-family.toml"
+
+
+def member(x: float, ticks: int):
+    cfg = load_config(CONFIG)
+    return dataclasses.replace(cfg, game=dataclasses.replace(
+        cfg.game, write_fraction=x, time_limit_ticks=ticks))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One fresh 600-s session at write fraction 0.3, its replay DB kept."""
+    db = tmp_path_factory.mktemp("exp") / "recorded.db"
+    run_one(member(0.3, 600), seed=101, db_path=db)
+    return db
+
+
+# ------------------------------------------------------------------ the family
+def test_a_members_optimum_and_signature_move_smoothly_with_the_write_fraction():
+    fam = WorkloadFamily()
+    xs = np.linspace(0, 1, 11)
+    members = [fam.workload(x) for x in xs]
+    windows = np.array([m.peak_window for m in members])
+    assert windows[0] == fam.reader_window and windows[-1] == fam.writer_window
+    assert np.allclose(np.diff(windows), np.diff(windows)[0])        # linear: no jumps
+    assert [m.read_fraction for m in members] == pytest.approx(1 - xs)
+    assert np.all(np.diff([m.request_kb for m in members]) < 0)
+    # the game plays the member it is given, and shows its signature in the PIs
+    game = StorageGameSim(member(0.6, 100).game, seed=0)
+    assert game.active.peak_window == pytest.approx(fam.workload(0.6).peak_window)
+    assert game.pis()["read_fraction"] == pytest.approx(0.4)
+
+
+def test_a_family_without_its_member_is_a_config_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(CONFIG.read_text().replace("write_fraction = 0.35", "write_fraction = 1.5"))
+    with pytest.raises(ConfigError, match="write_fraction"):
+        load_config(bad)
+
+
+# ------------------------------------------------------------------ --experience
+def test_experience_says_what_it_brought(recorded):
+    cfg = member(0.3, 600)
+    prior = PriorExperience.load([recorded], cfg.engine, cfg.reward)
+    line = prior.summary()
+    assert "1 workload known (1 with a best setting) from 1 session, 600 ticks" in line, line
+    assert str(recorded) in line and "old" in line
+    # its best-known setting is the member's optimum (window 58.5; 123 MB/s, so a rate limit >= 130)
+    window = prior.specs[1].min + prior.workloads[0].best[1] * prior.specs[1].step
+    assert prior.param_names == ["rate_limit", "window"]
+    assert abs(window - 58.5) <= 6
+
+
+def test_converge_test_logs_its_experience_line(recorded):
+    out = subprocess.run(
+        [sys.executable, "-m", "capes", "converge-test", "--config", str(CONFIG),
+         "--experience", str(recorded), "--quiet", "--set", "game.time_limit_ticks=60"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [x for x in out.stderr.splitlines() if x.startswith("experience: ")]
+    assert len(lines) == 1 and "1 workload known" in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("command", ["converge-test", "drl-engine"])
+def test_a_bad_experience_db_is_one_clear_error(tmp_path, command):
+    not_db = tmp_path / "notes.txt"
+    not_db.write_text("not a replay DB\n")
+    for path, said in ((tmp_path / "missing.db", "no such file"),
+                       (not_db, "not a usable replay DB")):
+        out = subprocess.run([sys.executable, "-m", "capes", command, "--experience",
+                              str(path)], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0] and said in lines[0], out.stderr
+
+
+def test_experience_from_another_target_is_refused(recorded, tmp_path):
+    paper = load_config()                       # the paper game: no signature PIs
+    prior = PriorExperience.load([recorded], paper.engine, paper.reward)
+    with pytest.raises(ExperienceError, match="another target"):
+        prior.check_layout(paper.game.pi_names(), list(paper.game.param_specs()))
+    out = subprocess.run([sys.executable, "-m", "capes", "converge-test", "--experience",
+                          str(recorded)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "another target" in out.stderr, out.stderr
+
+
+def test_a_network_start_needs_a_trained_network(recorded, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "capes", "converge-test", "--config",
+                          str(CONFIG), "--experience", str(recorded),
+                          "--experience-start", "qnet"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--init-model" in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------ a return
+def test_a_recorded_workload_comes_back_to_its_best_setting_without_a_search(recorded):
+    """The member recorded earlier runs again: with the experience the engine walks to
+    the recorded best setting and is in band within its first minute (the walk, the
+    knob delay and the 21-s hold); a fresh engine on the same seed searches first."""
+    cfg = member(0.3, 240)
+    prior = PriorExperience.load([recorded], cfg.engine, cfg.reward)
+    best_window = prior.specs[1].min + prior.workloads[0].best[1] * prior.specs[1].step
+    with_exp = run_one(cfg, seed=7, experience=prior, keep_trace=True)
+    fresh = run_one(cfg, seed=7, keep_trace=True)
+    assert with_exp.first_win_s is not None and with_exp.first_win_s <= 60, with_exp
+    # it went straight there: by tick 20 the window is the recorded best, and it holds
+    assert with_exp.trace["window"][20] == best_window
+    assert fresh.first_win_s is None or fresh.first_win_s > with_exp.first_win_s
+
+
+def test_the_paired_bootstrap_interval_covers_a_shift_and_only_it():
+    from capes.common.stats import paired_bootstrap_ci
+    rng = np.random.default_rng(0)
+    a = rng.exponential(80, 30)                  # skewed, as times to a band are
+    med, lo, hi = paired_bootstrap_ci(a, a - 40 + rng.normal(0, 5, 30))
+    assert lo < med < hi and lo < -40 < hi and hi < 0
+    assert paired_bootstrap_ci(a, a) == (0.0, 0.0, 0.0)
+    assert paired_bootstrap_ci([1.0], [2.0]) is None
