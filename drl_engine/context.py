@@ -314,7 +314,7 @@ class WorkloadContexts:
             _clear_stats(guide)
             guide.best = None
             if engine is not None:
-                engine.raise_epsilon(now)
+                engine.exploration.bump(now)
         return True
 
     def new_session(self) -> None:

@@ -202,7 +202,7 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
         if hasattr(engine, "prior"):
             engine.prior = opts.experience
             if opts.init_model:             # the network's weights, not a lower ε
-                engine.pretrained = False
+                engine.exploration.pretrained = False
             log.info("%s", opts.experience.summary())
         else:
             log.warning("--experience is used by the one-row engine only; this "

@@ -255,8 +255,10 @@ class FlatEngine(Engine):
             action = guide.probe_action(cur) or 0
         if action is not None:
             return action, True, None
-        if not self._q_greedy:                # [ablation hook] greedy holds the best-known
-            best = guide.best                 # setting (q_scope: the network only walks)
+        if not self._q_greedy or obs is None:  # greedy holds the best-known setting
+            best = guide.best                 # (q_scope: the network only walks; or its
+                                              # stack is not full yet: a recalled context
+                                              # holding from the session's first ticks)
             return (walk_action(cur, best, guide.n_steps, straight=True) if best is not None
                     else 0), False, None
         q = self.dqn.q_values(obs[None])[0]

@@ -176,7 +176,7 @@ def run_one(cfg: ConvergeConfig, seed: int, db_path: str | Path | None = None,
         if experience is not None and tuner == "capes":
             engine.prior = experience
             if init_model:                 # the network's share, not a lower ε's
-                engine.pretrained = False
+                engine.exploration.pretrained = False
         trace = {k: [] for k in TRACE_KEYS} if keep_trace else None
 
         def record(rec: TickRecord) -> None:
