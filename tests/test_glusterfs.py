@@ -558,13 +558,19 @@ def _before() -> dict:
                          for f in Path(gv.BLKIO_V1).glob("blkio.throttle.*_device")}}
 
 
-@pytest.mark.slow
-def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(tmp_path):
+@pytest.fixture
+def cluster_base(tmp_path):
+    """(the cluster's directory, the host's state before it): skips where no cluster can
+    stand up."""
     why = _cluster_skip_reason()
     if why:
         pytest.skip(why)
-    base = tmp_path / "cluster"
-    before = _before()
+    return tmp_path / "cluster", _before()
+
+
+@pytest.mark.slow
+def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(cluster_base):
+    base, before = cluster_base
     vol = gv.GlusterTestVolume(base, bricks=4, clients=4, netns=True,
                                disk=gv.BrickDisk(size_gib=1, read_mbs=40, write_mbs=40,
                                                  memory_mib=128))
@@ -601,12 +607,8 @@ def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(tmp_pa
 
 
 @pytest.mark.slow
-def test_cluster_tool_run_tears_down_when_signalled(tmp_path):
-    why = _cluster_skip_reason()
-    if why:
-        pytest.skip(why)
-    base = tmp_path / "cluster"
-    before = _before()
+def test_cluster_tool_run_tears_down_when_signalled(cluster_base):
+    base, before = cluster_base
     tool = Path(__file__).resolve().parents[1] / "tools" / "gluster-test-volume"
     done = subprocess.run(
         [sys.executable, str(tool), "run", "--netns", "--dir", str(base), "--bricks", "4",
