@@ -2,7 +2,7 @@
 per-phase best, and the hill climber, BO and CAPES run live through the same stack.
 
 The cluster (``capes.experiments.gluster_volume``, what ``tools/gluster-test-volume run
---bricks 4 --clients 4 --brick-gib 2 --brick-mbs 50`` stands up): our own glusterd, a
+--bricks 4 --clients 4 --brick-gib 2 --brick-mbs 10`` stands up): our own glusterd, a
 distributed volume of ``--bricks`` bricks each on its own loop device throttled to
 ``--brick-mbs`` MB/s and ``--brick-iops`` (cgroup v1 blkio or v2 io.max, said in the
 JSON), the bricks' page cache capped (``--brick-memory-mib``), ``--clients``
@@ -56,14 +56,14 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--bricks", type=int, default=4)
-    gv.add_brick_disk_args(ap, brick_mbs=80, brick_seek_ms=4.0, brick_memory_mib=256)
+    gv.add_brick_disk_args(ap, brick_mbs=10, brick_seek_ms=0.0, brick_memory_mib=256)
     ap.add_argument("--client-memory-mib", type=int, default=64,
                     help="each client's applications in a memory cgroup (its page cache)")
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
                     help=f"phases, of {', '.join(rc.PHASES)}")
     ap.add_argument("--phase-s", type=float, default=60)
     ap.add_argument("--tuners", default=TUNERS)
-    ap.add_argument("--grid", default="16,64,512,8192")
+    ap.add_argument("--grid", default="4,16,64,512,8192")
     ap.add_argument("--original", type=int, default=128,
                     help="every client's read_ahead_kb at the start (a wrong one: 16)")
     ap.add_argument("--grid-reps", type=int, default=2)
@@ -82,7 +82,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.clients, args.schedule, args.phase_s = 2, "analysis,mixed", 20
-        args.grid, args.grid_reps, args.grid_duration = "16,8192", 1, 4
+        args.grid, args.grid_reps, args.grid_duration = "4,64", 1, 4
         if args.tuners == TUNERS:                 # --quick runs CAPES unless told otherwise
             args.tuners = "capes"
         args.exploration_ticks = args.exploration_ticks or 20

@@ -599,6 +599,16 @@ def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(cluste
         subprocess.run(["dd", "if=/dev/zero", f"of={vol.state.brick_mounts[0]}/raw",
                         "bs=1M", "count=24", "oflag=direct", "status=none"], check=True)
         assert time.monotonic() - t0 > 0.3, f"{loop} not throttled"
+        # lifted while data is laid out, and back afterwards, even after an error
+        rule, mm = vol.state.throttle_rules[0]
+
+        def has_rule() -> bool:
+            return any(line.split()[0] == mm for line in Path(rule).read_text().splitlines())
+        assert has_rule()
+        with pytest.raises(KeyError), vol.throttle_lifted():
+            assert not has_rule()
+            raise KeyError("a failed lay-out")
+        assert has_rule()
     finally:
         problems = vol.down()
     assert problems == []

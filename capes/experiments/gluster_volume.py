@@ -59,6 +59,7 @@ Stdlib only (the shell tool runs with any Python 3.11).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -672,18 +673,39 @@ class GlusterTestVolume:
                             _write(path, value)
             caps = disk.caps()
             if self.state.throttle == "cgroup v1 blkio":
-                for key, value in caps.items():
+                for key in caps:
                     f = os.path.join(BLKIO_V1, f"blkio.throttle.{key}_device")
                     self.state.throttle_rules.append([f, mm])
-                    self._save()
-                    _write(f, f"{mm} {value}\n")
             elif caps:
-                f = os.path.join(self.state.throttle_cgroup, "io.max")
-                self.state.throttle_rules.append([f, mm])
-                self._save()
-                _write(f, f"{mm} " + " ".join(f"{V2_KEYS[k]}={v}" for k, v in caps.items())
-                       + "\n")
+                self.state.throttle_rules.append(
+                    [os.path.join(self.state.throttle_cgroup, "io.max"), mm])
             self._save()
+            self._write_caps(mm, caps)
+
+    def _write_caps(self, mm: str, caps: dict[str, int]) -> None:
+        """Device ``mm``'s throttle rules (a 0 in ``caps``: none for that key)."""
+        if self.state.throttle == "cgroup v1 blkio":
+            for key, value in caps.items():
+                _write(os.path.join(BLKIO_V1, f"blkio.throttle.{key}_device"),
+                       f"{mm} {value}\n")
+        elif caps:
+            _write(os.path.join(self.state.throttle_cgroup, "io.max"),
+                   f"{mm} " + " ".join(f"{V2_KEYS[k]}={v or 'max'}" for k, v in caps.items())
+                   + "\n")
+
+    @contextlib.contextmanager
+    def throttle_lifted(self):
+        """The bricks' disks unthrottled for a while (laying data out at full speed), the
+        throttle back on afterwards, whatever happens."""
+        caps = self.disk.caps() if self.disk else {}
+        devices = sorted({mm for _, mm in self.state.throttle_rules})
+        for mm in devices:
+            self._write_caps(mm, dict.fromkeys(caps, 0))
+        try:
+            yield
+        finally:
+            for mm in devices:
+                self._write_caps(mm, caps)
 
     def _seekdisk(self, d: Path, i: int, image: Path) -> Path:
         """``tools/seekdisk`` serving ``image`` as DIR/seek/bK/disk (built when absent)."""
