@@ -375,22 +375,31 @@ def test_loopback_host_refuses_localhost():
 
 # ---------------------------------------------------------------- integration (real gluster)
 
-def _skip_reason() -> str | None:
+def _host_reason(needs: str, tools: tuple[str, ...]) -> str | None:
+    """Why this host cannot stand GlusterFS up: not root, ``tools`` or FUSE missing."""
     if os.geteuid() != 0:
-        return "needs root (glusterd, FUSE mount)"
-    missing = [t for t in ("glusterd", "glusterfs", "gluster")
-               if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
+        return f"needs root ({needs})"
+    missing = [t for t in tools if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
     if missing:
-        return f"GlusterFS not installed ({', '.join(missing)} missing)"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
-    if gv.port_in_use() or gv.glusterd_pids():
-        return f"a glusterd already runs here (pids {gv.glusterd_pids()}, port {gv.GLUSTERD_PORT})"
+        return f"{', '.join(missing)} not installed"
+    return None if os.path.exists("/dev/fuse") else "no /dev/fuse"
+
+
+def _gluster_reason(check) -> str | None:
     try:
-        gv.loopback_host()
+        check()
     except gv.GlusterError as exc:
         return str(exc)
     return None
+
+
+def _skip_reason() -> str | None:
+    why = _host_reason("glusterd, FUSE mount", ("glusterd", "glusterfs", "gluster"))
+    if why:
+        return why
+    if gv.port_in_use() or gv.glusterd_pids():
+        return f"a glusterd already runs here (pids {gv.glusterd_pids()}, port {gv.GLUSTERD_PORT})"
+    return _gluster_reason(gv.loopback_host)
 
 
 @pytest.mark.slow
@@ -511,22 +520,14 @@ def test_descendants_finds_grandchildren():
 def _cluster_skip_reason() -> str | None:
     """As _skip_reason, but the cluster runs in a network namespace of its own, so a
     glusterd elsewhere on the host does not stop it."""
-    if os.geteuid() != 0:
-        return "needs root (glusterd, FUSE mounts, loop devices)"
-    missing = [t for t in ("glusterd", "glusterfs", "gluster", "ip", "nsenter")
-               if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
-    if missing:
-        return f"{', '.join(missing)} not installed"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
+    why = _host_reason("glusterd, FUSE mounts, loop devices",
+                       ("glusterd", "glusterfs", "gluster", "ip", "nsenter"))
+    if why:
+        return why
     missing = [t for t in ("losetup", "mkfs.xfs") if not shutil.which(t)]
     if missing:
         return f"{', '.join(missing)} not installed (loop-device bricks)"
-    try:
-        gv.throttle_mechanism()
-    except gv.GlusterError as exc:
-        return str(exc)
-    return None
+    return _gluster_reason(gv.throttle_mechanism)
 
 
 def _nothing_of_ours_left(base: Path, before: dict) -> None:

@@ -368,13 +368,10 @@ def node_collectors(pi_file: Path) -> str:
 
 
 @dataclass
-class ClusterTunerRun:
-    name: str
-    status: dict = field(default_factory=dict)
-    exit_codes: dict = field(default_factory=dict)
-    restored: bool | None = None
+class ClusterTunerRun(rr.TunerRun):
+    """A live session's record, with every client's value at the end and the replay
+    rows lost."""
     restored_values: dict = field(default_factory=dict)
-    applied: list[int] = field(default_factory=list)
     rows_lost: int | None = None
 
 
