@@ -90,27 +90,36 @@ default = 3000
     return path
 
 
-def compare(toml: Path, sets: list[str], workload: str, target: str, args, stop,
-            cgroup: str | None = None, direction: str = "total", title: str = "") -> dict:
+def compare_sets(toml: Path, sets: list[str], meter, args, stop, title: str,
+                 workload: str, target: str, label_width: int = 44,
+                 prepare=ev.drop_caches, settle_s: float = 0.0) -> dict:
+    """The original values against ``sets`` with ``capes evaluate``'s code (the
+    deployment's appliers, ``meter`` per repetition, ``args.reps`` x ``args.duration``),
+    each repetition's mean MB/s printed; the report, saying what was measured."""
     cfg = load_deployment(toml)
     configs = [ev.ConfigSet.parse(s) for s in ["original", *sets]]
     names = sorted({n for c in configs for n in (c.values or {})})
     knobs = ev.Knobs(cfg, names)
-    meter = ev.FioMeter(workload, args.duration, target, direction=direction, cgroup=cgroup)
 
     def on_rep(rep, i, total):
         x = rep.samples
-        print(f"  {i:>2}/{total} {configs[rep.config].label:<44} "
+        print(f"  {i:>2}/{total} {configs[rep.config].label:<{label_width}} "
               f"{(sum(x) / len(x) / 1e6 if x else float('nan')):8.1f} MB/s", flush=True)
     print(f"\n== {title}", flush=True)
     try:
         report = ev.evaluate(knobs, configs, meter, args.reps, args.seed, stop,
-                             prepare=ev.drop_caches, on_rep=on_rep)
+                             prepare=prepare, settle_s=settle_s, on_rep=on_rep)
     finally:
         knobs.close()
     report.update(title=title, unit="bytes/s", metric=meter.describe(),
                   workload=workload, target=target, duration_s=args.duration)
     return report
+
+
+def compare(toml: Path, sets: list[str], workload: str, target: str, args, stop,
+            cgroup: str | None = None, direction: str = "total", title: str = "") -> dict:
+    meter = ev.FioMeter(workload, args.duration, target, direction=direction, cgroup=cgroup)
+    return compare_sets(toml, sets, meter, args, stop, title, workload, target)
 
 
 def table(report: dict) -> str:

@@ -43,10 +43,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_real_blockdev import cannot_run, hardware, table  # noqa: E402
+from bench_real_blockdev import cannot_run, compare_sets, hardware, table  # noqa: E402
 
 from capes.common.atomic import write_json  # noqa: E402
-from capes.common.deployment import load_deployment  # noqa: E402
 from capes.common.stop_signal import StopSignal  # noqa: E402
 from capes.experiments import evaluate as ev  # noqa: E402
 from capes.experiments import workload_driver as wd  # noqa: E402
@@ -94,29 +93,13 @@ def deployment_toml(path: Path, vol: GlusterTestVolume) -> Path:
 
 def compare(toml: Path, name: str, mount: Path, args, stop) -> dict:
     job, what, direction, fname, sets = WORKLOADS[name]
-    cfg = load_deployment(toml)
-    configs = [ev.ConfigSet.parse(s) for s in ["original", *sets]]
-    names = sorted({n for c in configs for n in (c.values or {})})
-    knobs = ev.Knobs(cfg, names)
     meter = ev.FioMeter(job, args.duration, str(mount / fname), size="1g",
                         direction=direction)
     title = (f"{what} (`{job}.fio`), GlusterFS 3-brick distributed volume over FUSE; "
              f"{args.reps} x {args.duration:g} s per configuration")
-
-    def on_rep(rep, i, total):
-        x = rep.samples
-        print(f"  {i:>2}/{total} {configs[rep.config].label:<40} "
-              f"{(sum(x) / len(x) / 1e6 if x else float('nan')):8.1f} MB/s", flush=True)
-    print(f"\n== {title}", flush=True)
-    try:
-        report = ev.evaluate(knobs, configs, meter, args.reps, args.seed, stop,
-                             prepare=ev.drop_caches if args.drop_caches else None,
-                             settle_s=args.settle, on_rep=on_rep)
-    finally:
-        knobs.close()
-    report.update(title=title, unit="bytes/s", metric=meter.describe(), workload=job,
-                  target=str(mount / fname), duration_s=args.duration)
-    return report
+    return compare_sets(toml, sets, meter, args, stop, title, job, str(mount / fname),
+                        label_width=40, prepare=ev.drop_caches if args.drop_caches else None,
+                        settle_s=args.settle)
 
 
 def client_rss_mb(vol: GlusterTestVolume) -> float | None:

@@ -58,8 +58,9 @@ from zmq.utils.monitor import recv_monitor_message
 from capes.common import curve
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
+from capes.common.inbox import drain
 from capes.common.params import ParameterSpec
-from capes.common.protocol import Ack, Action, DecodeError, decode, encode
+from capes.common.protocol import Ack, Action, DecodeError, encode
 from capes.common.stop_signal import StopSignal
 from control_agent.appliers import Applier, ApplyError, build_applier
 from control_agent.state_file import OriginalValues, applier_fingerprint, state_path
@@ -556,17 +557,7 @@ class ControlAgent:
     def _receive(self) -> bool:
         """Handle every waiting message; True when one came from a sane daemon."""
         heard = False
-        while True:
-            try:
-                data = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return heard
-            try:
-                msg = decode(data, self.cfg.daemon.max_message_bytes)
-            except DecodeError as exc:
-                self.counters.bad_messages += 1
-                log.warning("dropped a message from the daemon: %s", exc)
-                continue
+        for msg in drain(self.sock, self.cfg.daemon.max_message_bytes, self._malformed):
             if not isinstance(msg, Action):
                 self.counters.bad_messages += 1
                 continue
@@ -574,6 +565,11 @@ class ControlAgent:
             ack = self.handle_action(msg)
             if ack is not None and not self._send(ack):
                 self.counters.acks_dropped += 1
+        return heard
+
+    def _malformed(self, exc: DecodeError) -> None:
+        self.counters.bad_messages += 1
+        log.warning("dropped a message from the daemon: %s", exc)
 
     def close(self) -> None:
         if self.monitor is not None:

@@ -84,6 +84,9 @@ class DQNConfig:
     model_beta: float = 0.5            # UCB = mean + β·sd (standardised objective) ...
     model_travel: float = 0.005        # ... − this per tick of walking to the target
     guard_steps: int = 3               # local probes stay this close to the best-known setting
+    probe_unit: int = 0                # guard_steps, probe_local_steps and alarm_guard_steps
+                                       # count 1/probe_unit of each knob's range (10: tenths,
+                                       # a rung of an 11-value ladder); 0: each knob's own steps
     first_probe: Literal["local", "global"] = "global"   # before any setting is known:
                                        # "local" holds where tuning starts until its level is
                                        # known (the trust region's anchor); "global" probes
@@ -166,7 +169,7 @@ class DQNConfig:
             raise ValueError(f"tick_poll_s: must be >= 0 (got {self.tick_poll_s})")
         for name in ("settle_ticks", "probe_dwell", "guard_steps", "greedy_guard_steps",
                      "best_min_samples", "alarm_guard_steps", "alarm_probes", "sweep_points",
-                     "return_shift"):
+                     "return_shift", "probe_unit"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 1 <= self.action_steps <= MAX_STEPS:
@@ -214,7 +217,7 @@ class DQNConfig:
             "learning_rate": 10.0,
             "settle_ticks": 10**6, "lag_fit_ticks": 10**6, "return_shift": 10**6, "probe_dwell": 10**6,
             "guard_steps": 10**6, "greedy_guard_steps": 10**6, "alarm_guard_steps": 10**6,
-            "alarm_probes": 10**6, "context_hold_ticks": 10**6,
+            "alarm_probes": 10**6, "context_hold_ticks": 10**6, "probe_unit": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
             "grad_clip": 1e12, "demo_margin": 1e6, "tick_poll_s": 3600.0}

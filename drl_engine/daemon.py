@@ -30,9 +30,10 @@ import numpy as np
 from capes.common.atomic import write_json
 from capes.common.control_client import ControlClient, ControlError
 from capes.common.deployment import DeploymentConfig
-from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, MetricSpec,
-                                  fmt, iso, registry_for, serve_metrics,
-                                  tensorboard_available, tensorboard_writer, tick_text)
+from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, fmt, iso,
+                                  registry_for, serve_metrics, tensorboard_available,
+                                  tensorboard_writer, tick_text)
+from capes.common.metrics import metric as _m
 from capes.common.one_core import single_thread_blas
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
@@ -196,10 +197,6 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
             return None
         log.info("started from the model in %s", opts.init_model)
     return engine
-
-
-def _m(name: str, kind: str, help: str, *labels: str) -> MetricSpec:
-    return MetricSpec(name, kind, help, labels)
 
 
 ENGINE_METRICS = [

@@ -467,11 +467,12 @@ class Guide:
                 replan = self.replan_uniform         # (context_replan: re-aimed as the
                                                      # walk's ticks give the model data)
         else:
-            g, spread = self.cfg.guard_steps, self.cfg.probe_local_steps
+            g = self._in_steps(self.cfg.guard_steps, whole=True)
+            spread = self._in_steps(self.cfg.probe_local_steps)
             if self.wide_left > 0:            # after a change: a far optimum in few probes
                 self.wide_left -= 1
-                g = max(g, self.cfg.alarm_guard_steps)
-                spread = max(spread, float(g))
+                g = np.maximum(g, self._in_steps(self.cfg.alarm_guard_steps, whole=True))
+                spread = np.maximum(spread, g.astype(float))
             jitter = np.clip(np.rint(self.rng.normal(0.0, spread,
                                                      size=(self.LOCAL_CANDIDATES, len(best)))),
                              -g, g)
@@ -494,6 +495,19 @@ class Guide:
         if current is not None:
             target = np.where(self.frozen, current, target)
         self.probe = Probe(target, self.cfg.probe_dwell, replan)
+
+    def _in_steps(self, size: float, whole: bool = False) -> np.ndarray:
+        """A probe size (``guard_steps``, ``probe_local_steps``, ``alarm_guard_steps``) in
+        each knob's own steps. With ``probe_unit = N`` a size counts tenths (N = 10) of
+        each knob's range, so that one setting means as much on a ladder of 11 rungs as on
+        a range of 100 steps; 0: the knob's own steps. ``whole``: at least one step."""
+        unit = self.cfg.probe_unit
+        sizes = np.full(len(self.n_steps), float(size))
+        if unit:
+            sizes = sizes * self.n_steps / unit
+        if whole:
+            sizes = np.where(sizes > 0, np.maximum(1, np.rint(sizes)), 0).astype(np.int64)
+        return sizes
 
     def _sweep_plan(self, best: np.ndarray) -> list[list[int]]:
         """The coarse sweep around ``best``: per knob (one at a time, the others held),

@@ -84,6 +84,13 @@ def ewma(p: np.ndarray, weight: float, start: float = np.nan) -> np.ndarray:
     return out
 
 
+def next_minus_now(x: np.ndarray) -> np.ndarray:
+    """r_t = x_{t+1} − x_t; NaN at the last tick, which has no next value yet."""
+    r = np.full(len(x), np.nan)
+    r[:-1] = x[1:] - x[:-1]
+    return r
+
+
 @reward_type("diff")
 class Diff:
     Options = NoOptions
@@ -93,9 +100,7 @@ class Diff:
         self.options = options
 
     def __call__(self, p: np.ndarray) -> np.ndarray:
-        r = np.full(len(p), np.nan)
-        r[:-1] = p[1:] - p[:-1]
-        return r
+        return next_minus_now(p)
 
 
 @dataclass
@@ -148,10 +153,7 @@ class DiffOfEWMA:
                                                                           0.999999)))
 
     def __call__(self, p: np.ndarray) -> np.ndarray:
-        e = ewma(p, self.weight)
-        r = np.full(len(p), np.nan)
-        r[:-1] = e[1:] - e[:-1]
-        return r
+        return next_minus_now(ewma(p, self.weight))
 
 
 def pi_columns(pis: list[str], pi_names) -> list[int]:

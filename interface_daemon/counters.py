@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from capes.common.metrics import Histogram, MetricSpec
+from capes.common.metrics import Histogram
+from capes.common.metrics import metric as _m
 
 
 @dataclass
@@ -44,10 +45,6 @@ class Counters:
                 "actions": dict(self.actions), "full_requests": self.full_requests,
                 "rows_written": self.rows_written, "ticks_written": self.ticks_written,
                 "commits": self.commits, "uptime_s": self.uptime_s}
-
-
-def _m(name: str, kind: str, help: str, *labels: str) -> MetricSpec:
-    return MetricSpec(name, kind, help, labels)
 
 
 DAEMON_METRICS = [

@@ -38,7 +38,8 @@ from zmq.utils.monitor import recv_monitor_message
 from capes.common import curve
 from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
-from capes.common.protocol import REFUSED, DecodeError, DeltaEncoder, FullRequest, decode, encode
+from capes.common.inbox import drain
+from capes.common.protocol import REFUSED, DecodeError, DeltaEncoder, FullRequest, encode
 from capes.common.registry import PluginError
 from capes.common.stop_signal import StopSignal
 from monitor_agent.collectors import Collector, build_collector
@@ -259,17 +260,7 @@ class MonitorAgent:
 
     def handle_incoming(self) -> None:
         """Drain messages from the daemon; a FullRequest makes the next frame full."""
-        while True:
-            try:
-                data = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                msg = decode(data, self.cfg.daemon.max_message_bytes)
-            except DecodeError as exc:
-                self.counters.bad_messages += 1
-                log.debug("dropped a message from the daemon: %s", exc)
-                continue
+        for msg in drain(self.sock, self.cfg.daemon.max_message_bytes, self._malformed):
             if isinstance(msg, FullRequest) and msg.reason.startswith(REFUSED):
                 log.warning("the daemon refuses this agent's frames: %s (key %r; bind it "
                             "to node %r with `capes keys generate --bind`)",
@@ -280,6 +271,10 @@ class MonitorAgent:
                 self.encoder.request_full()
             else:
                 self.counters.bad_messages += 1
+
+    def _malformed(self, exc: DecodeError) -> None:
+        self.counters.bad_messages += 1
+        log.debug("dropped a message from the daemon: %s", exc)
 
     def run(self, stop: StopSignal, max_ticks: int | None = None) -> int:
         """Send one frame per tick until ``stop`` is set (or ``max_ticks`` frames)."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from capes.common.config import ConfigError
 from capes.common.deployment import DeploymentConfig
 from capes.common.params import ParameterSpec
 from capes.common.protocol import Action, encode
+from capes.experiments.workload_driver import missing_on_host
 from control_agent.agent import ControlAgent, state_path
 from control_agent.appliers import ApplyError, build_applier
 from monitor_agent.collectors import build_collector
@@ -496,11 +496,10 @@ def _active(text: str) -> str:
 def loop_device(tmp_path):
     """A loop device on a 256 MiB file in tmp_path (direct I/O where the kernel allows);
     yields its name; detaches it, whatever happens."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates a loop device and writes sysfs/sysctl knobs")
-    for tool in ("losetup", "fio"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"needs {tool} (apt-get install util-linux fio)")
+    why = missing_on_host("creates a loop device and writes sysfs/sysctl knobs",
+                          ("losetup", "fio"))
+    if why:
+        pytest.skip(why)
     img = tmp_path / "disk.img"
     with open(img, "wb") as fh:
         fh.truncate(256 << 20)

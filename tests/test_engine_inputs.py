@@ -214,15 +214,22 @@ def damage(path, how: str) -> None:
     torch.save(state, path)
 
 
+def restart_engine(c: LiveCluster, action_ticks: int) -> str:
+    """The engine started again (no extra arguments), fed until its status shows
+    ``action_ticks`` decisions, then stopped cleanly; its log."""
+    c.engine_args = []
+    c.start_engine()
+    c.feed_until(lambda: (read_status(c.status_file).get("action_ticks") or 0)
+                 >= action_ticks)
+    c.engine.terminate()
+    assert c.engine.wait(20) == 0
+    return c.engine.stderr.read().decode()
+
+
 def assert_trains_afresh(c: LiveCluster, why: str) -> None:
     """The engine runs on (decides, trains), says why in its log, and keeps the
     checkpoint it could not use aside."""
-    c.engine_args = []
-    c.start_engine()
-    c.feed_until(lambda: (read_status(c.status_file).get("action_ticks") or 0) >= 5)
-    c.engine.terminate()
-    assert c.engine.wait(20) == 0
-    log = c.engine.stderr.read().decode()
+    log = restart_engine(c, 5)
     assert "the checkpoint could not be used" in log and why in log, log[-3000:]
     assert (c.tmp / "ckpt" / "engine-latest.pt.incompatible").exists()
     # the checkpoint it saves at exit is a fresh one, and resumable
@@ -306,12 +313,7 @@ def test_a_pi_that_is_not_finite_in_the_first_ticks_reaches_no_scale_or_statisti
 
 
 def assert_resumes(c: LiveCluster) -> None:
-    c.engine_args = []
-    c.start_engine()
-    c.feed_until(lambda: (read_status(c.status_file).get("action_ticks") or 0) >= 45)
-    c.engine.terminate()
-    assert c.engine.wait(20) == 0
-    log = c.engine.stderr.read().decode()
+    log = restart_engine(c, 45)
     assert "resumed from" in log and "could not be used" not in log, log[-3000:]
 
 

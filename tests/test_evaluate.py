@@ -487,11 +487,9 @@ def test_capes_evaluate_restores_on_sigterm(tmp_path):
 # ------------------------------------------------------------------------- real device
 
 def _loop_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (losetup, /sys/block/*/queue/read_ahead_kb)"
-    for tool in ("losetup", "fio"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
+    why = wd.missing_on_host("losetup, /sys/block/*/queue/read_ahead_kb", ("losetup", "fio"))
+    if why:
+        return why
     if not os.path.exists("/dev/loop-control"):
         return "no loop device support (/dev/loop-control)"
     return None

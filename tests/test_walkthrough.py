@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from capes.experiments.workload_driver import missing_on_host
 from test_first_host import ROOT, walkthrough_commands, walkthrough_text
 
 pytestmark = pytest.mark.slow
@@ -35,11 +35,9 @@ ORIGINAL_KB = 16
 
 
 def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (losetup, cgroups, sysfs)"
-    for tool in ("fio", "losetup"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
+    why = missing_on_host("losetup, cgroups, sysfs", ("fio", "losetup"))
+    if why:
+        return why
     v2 = Path("/sys/fs/cgroup/cgroup.subtree_control")
     if not (os.path.isfile("/sys/fs/cgroup/blkio/blkio.throttle.read_iops_device") or
             (v2.exists() and "io" in v2.read_text().split())):

@@ -46,6 +46,12 @@ class MetricSpec:
     labels: tuple[str, ...] = ()
 
 
+def metric(name: str, kind: str, help: str, *labels: str) -> MetricSpec:
+    """A :class:`MetricSpec` with its labels as trailing arguments: a component's table
+    of metrics reads one metric per call."""
+    return MetricSpec(name, kind, help, labels)
+
+
 @dataclass
 class Histogram:
     """A cumulative-free latency histogram kept by the component itself (no

@@ -52,7 +52,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +68,7 @@ from drl_engine.config import DQNConfig, RewardConfig
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from storagegamesim.cluster import ClusterConfig, ClusterSim, phase_optima
 from storagegamesim.phases import phase_starts, score_phases, summarise
+from capes.experiments.ray_backend import map_jobs
 from capes.experiments.recall_scoring import (cluster_workloads, recall_summary,
                                               score_classes, with_visits)
 from capes.common.shipped_configs import config_path
@@ -559,20 +559,9 @@ def run_tuners(cfg: ClusterTestConfig, tuners: list[str], seeds: int, first_seed
                   f"{r['wall_s']:.1f} s wall (elapsed {time.perf_counter() - t0:.0f} s)",
                   file=progress, flush=True)
 
-    if backend == "ray":
-        from capes.experiments.ray_backend import map_ray
-        for i, r in enumerate(map_ray(_run_job, plan, ray_address, num_cpus=jobs)):
-            results.append(r)
-            report(i, r)
-    elif jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for i, r in enumerate(pool.map(_run_job, plan)):
-                results.append(r)
-                report(i, r)
-    else:
-        for i, job in enumerate(plan):
-            results.append(_run_job(job))
-            report(i, results[-1])
+    for i, r in enumerate(map_jobs(_run_job, plan, backend, jobs, ray_address)):
+        results.append(r)
+        report(i, r)
     optima = phase_optima(cfg.cluster, cfg.cluster.best_static)
     return {"nodes": cfg.cluster.nodes, "seeds": seeds, "first_seed": first_seed,
             "best_static": [o.to_dict() for o in optima],

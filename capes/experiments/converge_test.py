@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from drl_engine.decision import Decision
 from drl_engine.engine import Engine
 from drl_engine.loop import TickRecord, TickState, run_ticks
 from drl_engine.config import RewardConfig
+from capes.experiments.ray_backend import map_jobs
 from capes.experiments.recall_scoring import score_occurrences
 from storagegamesim.game import GameConfig, StorageGameSim
 from capes.common.shipped_configs import config_path
@@ -314,20 +314,9 @@ def run_grid(base: ConvergeConfig, noises, rewards, seeds: int, first_seed: int 
                   f"seed={res.seed}: {status}, {res.wall_s:.1f} s wall "
                   f"(elapsed {time.perf_counter() - t0:.0f} s)", file=progress, flush=True)
 
-    if backend == "ray":
-        from capes.experiments.ray_backend import map_ray
-        for i, res in enumerate(map_ray(_run_job, jobs_in, ray_address, jobs)):
-            results.append(res)
-            report(i, res)
-    elif jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for i, res in enumerate(pool.map(_run_job, jobs_in)):
-                results.append(res)
-                report(i, res)
-    else:
-        for i, job in enumerate(jobs_in):
-            results.append(_run_job(job))
-            report(i, results[-1])
+    for i, res in enumerate(map_jobs(_run_job, jobs_in, backend, jobs, ray_address)):
+        results.append(res)
+        report(i, res)
     cells = []
     for noise in noises:
         for reward in rewards:

@@ -18,6 +18,8 @@ CPUs and shut down at the end; with one, the driver connects to that cluster, wh
 nodes must have CAPES installed (the tasks import it there).
 
 ``ray`` is an optional extra: nothing imports it unless this backend is asked for.
+:func:`map_jobs` is the one choice between the backends (in this process, a process
+pool, Ray) that every sweep makes.
 """
 from __future__ import annotations
 
@@ -63,4 +65,22 @@ def map_ray(fn: Callable[[Any], Any], jobs: Iterable[Any], address: str | None =
             ray.shutdown()
 
 
-__all__ = ["RAY_MISSING", "map_ray", "ray_available"]
+def map_jobs(fn: Callable[[Any], Any], jobs: list[Any], backend: str = "local",
+             workers: int = 1, ray_address: str | None = None) -> Iterator[Any]:
+    """``fn(job)`` for every job, the results yielded in the jobs' order (so a report
+    is the same whichever backend ran it): ``backend="ray"``, Ray tasks
+    (:func:`map_ray`, a local Ray of ``workers`` CPUs or the cluster at
+    ``ray_address``); otherwise a pool of ``workers`` processes, or this process, one
+    job after another, when ``workers`` is 1."""
+    if backend == "ray":
+        yield from map_ray(fn, jobs, ray_address, num_cpus=workers)
+    elif workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            yield from pool.map(fn, jobs)
+    else:
+        for job in jobs:
+            yield fn(job)
+
+
+__all__ = ["RAY_MISSING", "map_jobs", "map_ray", "ray_available"]
