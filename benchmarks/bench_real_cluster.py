@@ -2,7 +2,7 @@
 per-phase best, and the hill climber, BO and CAPES run live through the same stack.
 
 The cluster (``capes.experiments.gluster_volume``, what ``tools/gluster-test-volume run
---bricks 4 --clients 4 --brick-gib 2 --brick-mbs 50`` stands up): our own glusterd, a
+--bricks 4 --clients 4 --brick-gib 2 --brick-mbs 10`` stands up): our own glusterd, a
 distributed volume of ``--bricks`` bricks each on its own loop device throttled to
 ``--brick-mbs`` MB/s and ``--brick-iops`` (cgroup v1 blkio or v2 io.max, said in the
 JSON), the bricks' page cache capped (``--brick-memory-mib``), ``--clients``
@@ -27,8 +27,8 @@ own best static throughput (``relative``), with per-client fairness (Jain's inde
 Writes (``--json``) ``best_static {setting, relative}``, ``per_phase_best_gap``,
 ``original``, ``tuners.{capes,hill,bo}.{relative, diff_vs_best_static, ci95,
 worst_10s_vs_original, restored, rows_lost, fairness, recall_30s, phases}``, and a
-``static`` entry. About 33 minutes with the defaults (26 without ``static``);
-``--quick``: 2 clients, 2 phases of 20 s, CAPES only, about 2 minutes. Exit 77 (skip)
+``static`` entry. About 35 minutes with the defaults (28 without ``static``);
+``--quick``: 2 clients, 2 phases of 20 s, CAPES only, under 2 minutes. Exit 77 (skip)
 without root, GlusterFS, FUSE, fio or loop devices. The cluster runs in a network
 namespace of its own, so another glusterd on the host does not stop it.
 
@@ -44,6 +44,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from capes.experiments import gluster_volume as gv  # noqa: E402
 from capes.experiments import real_cluster as rc  # noqa: E402
 from capes.experiments import real_readahead as rr  # noqa: E402
 
@@ -55,20 +56,14 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--bricks", type=int, default=4)
-    ap.add_argument("--brick-mbs", type=float, default=80)
-    ap.add_argument("--brick-iops", type=int, default=0)
-    ap.add_argument("--seek-ms", type=float, default=4.0,
-                    help="each brick's seek disk (tools/seekdisk): the seek cost; 0: none")
-    ap.add_argument("--seek-mbs", type=float, default=100.0)
+    gv.add_brick_disk_args(ap, brick_mbs=10, brick_seek_ms=0.0, brick_memory_mib=256)
     ap.add_argument("--client-memory-mib", type=int, default=64,
                     help="each client's applications in a memory cgroup (its page cache)")
-    ap.add_argument("--brick-memory-mib", type=int, default=256,
-                    help="the bricks' page cache (a memory cgroup): reads reach the disks")
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
                     help=f"phases, of {', '.join(rc.PHASES)}")
     ap.add_argument("--phase-s", type=float, default=60)
     ap.add_argument("--tuners", default=TUNERS)
-    ap.add_argument("--grid", default="16,64,512,8192")
+    ap.add_argument("--grid", default="4,16,64,512,8192")
     ap.add_argument("--original", type=int, default=128,
                     help="every client's read_ahead_kb at the start (a wrong one: 16)")
     ap.add_argument("--grid-reps", type=int, default=2)
@@ -87,7 +82,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.clients, args.schedule, args.phase_s = 2, "analysis,mixed", 20
-        args.grid, args.grid_reps, args.grid_duration = "16,8192", 1, 4
+        args.grid, args.grid_reps, args.grid_duration = "4,64", 1, 4
         if args.tuners == TUNERS:                 # --quick runs CAPES unless told otherwise
             args.tuners = "capes"
         args.exploration_ticks = args.exploration_ticks or 20
@@ -120,14 +115,8 @@ def report_table(result: dict) -> str:
                      f"{sc['relative']:.3f} | {sc['diff_vs_best_static']:+.3f} "
                      f"[{sc['ci95'][0]:+.3f}, {sc['ci95'][1]:+.3f}] | "
                      f"{sc['worst_10s_vs_original']:.2f} | {fair} | {sc['restored']} |")
-    st = result["static"]
-    lines += ["", "Static grid (mean MB/s, summed over the clients):", "",
-              "| read_ahead_kb | " + " | ".join(st["means"]) + " | relative |",
-              "|---:|" + "---:|" * (len(st["means"]) + 1)]
-    for v, rel in st["relative_by_setting"].items():
-        lines.append(f"| {v} | " + " | ".join(f"{st['means'][w][v] / 1e6:.1f}"
-                                                for w in st["means"]) + f" | {rel:.3f} |")
-    return "\n".join(lines)
+    lines += ["", "Static grid (mean MB/s, summed over the clients):", ""]
+    return "\n".join(lines + rr.static_grid_table(result["static"], digits=1))
 
 
 def main(argv=None) -> int:
@@ -140,9 +129,8 @@ def main(argv=None) -> int:
         print(f"skip: {why}")
         return SKIP
     opts = rc.ClusterBenchOptions(
-        clients=args.clients, bricks=args.bricks, brick_mbs=args.brick_mbs,
-        brick_iops=args.brick_iops, brick_memory_mib=args.brick_memory_mib,
-        brick_seek_ms=args.seek_ms, brick_seek_mbs=args.seek_mbs,
+        clients=args.clients, bricks=args.bricks,
+        disk=gv.brick_disk_from_args(args, size_gib=rc.BRICK_GIB),
         client_memory_mib=args.client_memory_mib,
         schedule=[rr.Phase(p, args.phase_s) for p in args.schedule.split(",")],
         tuners=[t for t in args.tuners.split(",") if t],

@@ -375,22 +375,31 @@ def test_loopback_host_refuses_localhost():
 
 # ---------------------------------------------------------------- integration (real gluster)
 
-def _skip_reason() -> str | None:
+def _host_reason(needs: str, tools: tuple[str, ...]) -> str | None:
+    """Why this host cannot stand GlusterFS up: not root, ``tools`` or FUSE missing."""
     if os.geteuid() != 0:
-        return "needs root (glusterd, FUSE mount)"
-    missing = [t for t in ("glusterd", "glusterfs", "gluster")
-               if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
+        return f"needs root ({needs})"
+    missing = [t for t in tools if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
     if missing:
-        return f"GlusterFS not installed ({', '.join(missing)} missing)"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
-    if gv.port_in_use() or gv.glusterd_pids():
-        return f"a glusterd already runs here (pids {gv.glusterd_pids()}, port {gv.GLUSTERD_PORT})"
+        return f"{', '.join(missing)} not installed"
+    return None if os.path.exists("/dev/fuse") else "no /dev/fuse"
+
+
+def _gluster_reason(check) -> str | None:
     try:
-        gv.loopback_host()
+        check()
     except gv.GlusterError as exc:
         return str(exc)
     return None
+
+
+def _skip_reason() -> str | None:
+    why = _host_reason("glusterd, FUSE mount", ("glusterd", "glusterfs", "gluster"))
+    if why:
+        return why
+    if gv.port_in_use() or gv.glusterd_pids():
+        return f"a glusterd already runs here (pids {gv.glusterd_pids()}, port {gv.GLUSTERD_PORT})"
+    return _gluster_reason(gv.loopback_host)
 
 
 @pytest.mark.slow
@@ -511,22 +520,14 @@ def test_descendants_finds_grandchildren():
 def _cluster_skip_reason() -> str | None:
     """As _skip_reason, but the cluster runs in a network namespace of its own, so a
     glusterd elsewhere on the host does not stop it."""
-    if os.geteuid() != 0:
-        return "needs root (glusterd, FUSE mounts, loop devices)"
-    missing = [t for t in ("glusterd", "glusterfs", "gluster", "ip", "nsenter")
-               if not shutil.which(t) and not os.path.exists(f"/usr/sbin/{t}")]
-    if missing:
-        return f"{', '.join(missing)} not installed"
-    if not os.path.exists("/dev/fuse"):
-        return "no /dev/fuse"
+    why = _host_reason("glusterd, FUSE mounts, loop devices",
+                       ("glusterd", "glusterfs", "gluster", "ip", "nsenter"))
+    if why:
+        return why
     missing = [t for t in ("losetup", "mkfs.xfs") if not shutil.which(t)]
     if missing:
         return f"{', '.join(missing)} not installed (loop-device bricks)"
-    try:
-        gv.throttle_mechanism()
-    except gv.GlusterError as exc:
-        return str(exc)
-    return None
+    return _gluster_reason(gv.throttle_mechanism)
 
 
 def _nothing_of_ours_left(base: Path, before: dict) -> None:
@@ -558,13 +559,19 @@ def _before() -> dict:
                          for f in Path(gv.BLKIO_V1).glob("blkio.throttle.*_device")}}
 
 
-@pytest.mark.slow
-def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(tmp_path):
+@pytest.fixture
+def cluster_base(tmp_path):
+    """(the cluster's directory, the host's state before it): skips where no cluster can
+    stand up."""
     why = _cluster_skip_reason()
     if why:
         pytest.skip(why)
-    base = tmp_path / "cluster"
-    before = _before()
+    return tmp_path / "cluster", _before()
+
+
+@pytest.mark.slow
+def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(cluster_base):
+    base, before = cluster_base
     vol = gv.GlusterTestVolume(base, bricks=4, clients=4, netns=True,
                                disk=gv.BrickDisk(size_gib=1, read_mbs=40, write_mbs=40,
                                                  memory_mib=128))
@@ -593,6 +600,16 @@ def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(tmp_pa
         subprocess.run(["dd", "if=/dev/zero", f"of={vol.state.brick_mounts[0]}/raw",
                         "bs=1M", "count=24", "oflag=direct", "status=none"], check=True)
         assert time.monotonic() - t0 > 0.3, f"{loop} not throttled"
+        # lifted while data is laid out, and back afterwards, even after an error
+        rule, mm = vol.state.throttle_rules[0]
+
+        def has_rule() -> bool:
+            return any(line.split()[0] == mm for line in Path(rule).read_text().splitlines())
+        assert has_rule()
+        with pytest.raises(KeyError), vol.throttle_lifted():
+            assert not has_rule()
+            raise KeyError("a failed lay-out")
+        assert has_rule()
     finally:
         problems = vol.down()
     assert problems == []
@@ -601,12 +618,8 @@ def test_cluster_of_four_throttled_bricks_and_four_clients_works_and_goes(tmp_pa
 
 
 @pytest.mark.slow
-def test_cluster_tool_run_tears_down_when_signalled(tmp_path):
-    why = _cluster_skip_reason()
-    if why:
-        pytest.skip(why)
-    base = tmp_path / "cluster"
-    before = _before()
+def test_cluster_tool_run_tears_down_when_signalled(cluster_base):
+    base, before = cluster_base
     tool = Path(__file__).resolve().parents[1] / "tools" / "gluster-test-volume"
     done = subprocess.run(
         [sys.executable, str(tool), "run", "--netns", "--dir", str(base), "--bricks", "4",

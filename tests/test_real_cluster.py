@@ -76,6 +76,20 @@ def test_static_summary_gives_the_gap_between_per_phase_best_and_best_static():
     assert s["original"]["relative"] == pytest.approx(0.9)
 
 
+def test_gap_resampled_spans_what_the_repetitions_allow():
+    sched = [rr.Phase("analysis", 60), rr.Phase("mixed", 60)]
+    grids = {"analysis": _report({16: 50.0, 128: 100.0}),
+             "mixed": _report({16: 100.0, 128: 80.0})}
+    for rep in grids.values():                 # repetitions that agree: no spread
+        for c in rep["configs"]:
+            c["samples"] = [c["mean"]] * 3
+    lo, mid, hi = rc.gap_interval(grids, 128, sched, n=200)
+    assert lo == mid == hi == pytest.approx(0.1)   # 1 - (1 + 0.8) / 2
+    grids["mixed"]["configs"][1]["samples"] = [60.0, 100.0, 140.0]   # 128 on mixed: noisy
+    lo, mid, hi = rc.gap_interval(grids, 128, sched, n=400)
+    assert lo < 0.1 < hi and 0 <= lo
+
+
 def test_stack_config_has_a_row_per_client_on_its_own_bdi(tmp_path):
     runner = SimpleNamespace(nodes=NODES[:2], ra_paths={
         "client1": "/sys/class/bdi/0:61/read_ahead_kb",

@@ -59,6 +59,7 @@ Stdlib only (the shell tool runs with any Python 3.11).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -672,18 +673,39 @@ class GlusterTestVolume:
                             _write(path, value)
             caps = disk.caps()
             if self.state.throttle == "cgroup v1 blkio":
-                for key, value in caps.items():
+                for key in caps:
                     f = os.path.join(BLKIO_V1, f"blkio.throttle.{key}_device")
                     self.state.throttle_rules.append([f, mm])
-                    self._save()
-                    _write(f, f"{mm} {value}\n")
             elif caps:
-                f = os.path.join(self.state.throttle_cgroup, "io.max")
-                self.state.throttle_rules.append([f, mm])
-                self._save()
-                _write(f, f"{mm} " + " ".join(f"{V2_KEYS[k]}={v}" for k, v in caps.items())
-                       + "\n")
+                self.state.throttle_rules.append(
+                    [os.path.join(self.state.throttle_cgroup, "io.max"), mm])
             self._save()
+            self._write_caps(mm, caps)
+
+    def _write_caps(self, mm: str, caps: dict[str, int]) -> None:
+        """Device ``mm``'s throttle rules (a 0 in ``caps``: none for that key)."""
+        if self.state.throttle == "cgroup v1 blkio":
+            for key, value in caps.items():
+                _write(os.path.join(BLKIO_V1, f"blkio.throttle.{key}_device"),
+                       f"{mm} {value}\n")
+        elif caps:
+            _write(os.path.join(self.state.throttle_cgroup, "io.max"),
+                   f"{mm} " + " ".join(f"{V2_KEYS[k]}={v or 'max'}" for k, v in caps.items())
+                   + "\n")
+
+    @contextlib.contextmanager
+    def throttle_lifted(self):
+        """The bricks' disks unthrottled for a while (laying data out at full speed), the
+        throttle back on afterwards, whatever happens."""
+        caps = self.disk.caps() if self.disk else {}
+        devices = sorted({mm for _, mm in self.state.throttle_rules})
+        for mm in devices:
+            self._write_caps(mm, dict.fromkeys(caps, 0))
+        try:
+            yield
+        finally:
+            for mm in devices:
+                self._write_caps(mm, caps)
 
     def _seekdisk(self, d: Path, i: int, image: Path) -> Path:
         """``tools/seekdisk`` serving ``image`` as DIR/seek/bK/disk (built when absent)."""
@@ -924,6 +946,42 @@ class GlusterTestVolume:
 
 # ---------------------------------------------------------------- command line
 
+# flag (aliases), the BrickDisk fields it sets, its type and help; a bench that stands a
+# cluster up takes the same flags with its own defaults
+BRICK_DISK_FLAGS = (
+    (("--brick-mbs",), ("read_mbs", "write_mbs"), float,
+     "throttle each brick's device to this many MB/s, reads and writes (cgroup v1 blkio "
+     "or v2 io.max; needs --brick-gib)"),
+    (("--brick-iops",), ("read_iops", "write_iops"), int,
+     "throttle each brick's device to this many IOPS, reads and writes"),
+    (("--brick-seek-ms", "--seek-ms"), ("seek_ms",), float,
+     "serve each brick's image through tools/seekdisk: this seek cost per non-contiguous "
+     "request, one request at a time (needs --brick-gib; 0: no seek disk)"),
+    (("--brick-seek-mbs", "--seek-mbs"), ("seek_mbs",), float,
+     "the seek disk's bandwidth (with --brick-seek-ms)"),
+    (("--brick-memory-mib",), ("memory_mib",), int,
+     "the brick processes' memory (page cache included) in a memory cgroup, so that "
+     "reads reach the throttled disks (needs --brick-gib)"),
+)
+
+
+def add_brick_disk_args(p: argparse.ArgumentParser, **defaults) -> None:
+    """The bricks' disk flags (``BRICK_DISK_FLAGS``); ``defaults`` by the flag's name
+    (``brick_mbs=80``), else BrickDisk's own."""
+    base = BrickDisk()
+    for flags, fields, kind, text in BRICK_DISK_FLAGS:
+        dest = flags[0].lstrip("-").replace("-", "_")
+        p.add_argument(*flags, dest=dest, type=kind,
+                       default=defaults.get(dest, getattr(base, fields[0])), help=text)
+
+
+def brick_disk_from_args(args, size_gib: float | None = None) -> BrickDisk:
+    """The BrickDisk the flags of :func:`add_brick_disk_args` describe."""
+    values = {f: getattr(args, flags[0].lstrip("-").replace("-", "_"))
+              for flags, fields, _, _ in BRICK_DISK_FLAGS for f in fields}
+    return BrickDisk(size_gib=args.brick_gib if size_gib is None else size_gib, **values)
+
+
 def _volume_args(p: argparse.ArgumentParser, dir_required: bool) -> None:
     p.add_argument("--dir", required=dir_required,
                    help="an absent or empty directory" + ("" if dir_required else
@@ -945,19 +1003,7 @@ def _volume_args(p: argparse.ArgumentParser, dir_required: bool) -> None:
     p.add_argument("--brick-gib", type=float, default=0.0,
                    help="put each brick on a loop device of this size (XFS, a sparse "
                    "image under DIR); 0: bricks on DIR's file system")
-    p.add_argument("--brick-mbs", type=float, default=0.0,
-                   help="throttle each brick's device to this many MB/s, reads and writes "
-                   "(cgroup v1 blkio or v2 io.max; needs --brick-gib)")
-    p.add_argument("--brick-iops", type=int, default=0,
-                   help="throttle each brick's device to this many IOPS, reads and writes")
-    p.add_argument("--brick-seek-ms", type=float, default=0.0,
-                   help="serve each brick's image through tools/seekdisk: this seek cost "
-                   "per non-contiguous request, one request at a time (needs --brick-gib)")
-    p.add_argument("--brick-seek-mbs", type=float, default=100.0,
-                   help="the seek disk's bandwidth (with --brick-seek-ms)")
-    p.add_argument("--brick-memory-mib", type=int, default=0,
-                   help="the brick processes' memory (page cache included) in a memory "
-                   "cgroup, so that reads reach the throttled disks (needs --brick-gib)")
+    add_brick_disk_args(p)
     p.add_argument("--netns", action="store_true",
                    help="run glusterd, bricks and clients in a network namespace of our own "
                    "(beside another glusterd on this host)")
@@ -970,11 +1016,7 @@ def _from_args(args) -> GlusterTestVolume:
     opts = dict(kv.split("=", 1) for kv in args.set if "=" in kv)
     if (args.brick_mbs or args.brick_iops) and not args.brick_gib:
         raise GlusterError("--brick-mbs/--brick-iops throttle loop devices: give --brick-gib")
-    disk = (BrickDisk(size_gib=args.brick_gib, read_mbs=args.brick_mbs,
-                      write_mbs=args.brick_mbs, read_iops=args.brick_iops,
-                      write_iops=args.brick_iops, memory_mib=args.brick_memory_mib,
-                      seek_ms=args.brick_seek_ms, seek_mbs=args.brick_seek_mbs)
-            if args.brick_gib else None)
+    disk = brick_disk_from_args(args) if args.brick_gib else None
     return GlusterTestVolume(args.dir, volume=args.volume, bricks=args.bricks,
                              replica=args.replica, host=args.host,
                              stats_dump=args.stats_dump, profile=args.profile,

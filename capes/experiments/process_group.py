@@ -51,6 +51,17 @@ def die_with_parent(sig: int = signal.SIGTERM):
     return preexec
 
 
+def kill_session(proc: subprocess.Popen) -> int:
+    """SIGKILL ``proc``'s process group (a child started with ``start_new_session``) if
+    it still runs, and reap it; its exit code."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.wait()
+
+
 class ProcessGroup:
     def __init__(self, workdir: Path):
         self.workdir = Path(workdir)

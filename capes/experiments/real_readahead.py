@@ -54,7 +54,7 @@ import numpy as np
 from capes.common.stats import mean_ci
 from capes.experiments import evaluate as ev
 from capes.experiments import workload_driver as wd
-from capes.experiments.process_group import ProcessGroup
+from capes.experiments.process_group import ProcessGroup, kill_session
 
 REPO = Path(__file__).resolve().parents[2]
 APP_CONFIG = REPO / "configs" / "linux-readahead-app.toml"
@@ -392,12 +392,7 @@ class SessionRunner:
                     break
                 time.sleep(0.2)
         finally:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, 9)
-                except ProcessLookupError:
-                    pass
-            proc.wait()
+            kill_session(proc)
             shutil.rmtree(seg, ignore_errors=True)
         if proc.returncode not in (0, -9) and not values and not (stop and stop.is_set()):
             raise wd.WorkloadError(f"fio {workload} failed (exit {proc.returncode})")
@@ -460,20 +455,30 @@ def static_grid(runner: SessionRunner, workloads: list[str], values: list[int],
     randomised interleaved repetitions of ``duration`` s each, played in the runner's
     segments (the same reopening as a live session). Returns
     {workload: report}; each report's configs carry mean and CI (bytes/s)."""
+    configs = [ev.ConfigSet.parse("original")] + [
+        ev.ConfigSet.parse(f"read_ahead_kb={v}") for v in values
+        if v != runner.device.original]
+    return grid_per_workload(runner, _knobs(runner.device, runner.workdir), configs,
+                             workloads, reps, duration, seed, stop, log,
+                             label=lambda c: f"{c.label:<22}", digits=3)
+
+
+def grid_per_workload(runner, knobs: ev.Knobs, configs: list, workloads: list[str],
+                      reps: int, duration: float, seed: int, stop=None, log=print,
+                      label=lambda c: c.label, digits: int = 3) -> dict:
+    """``capes evaluate`` of ``configs`` on ``knobs`` for each workload in turn, measured
+    in the runner's segments (:func:`in_segments`), a line logged per repetition
+    (``label(config)``, MB/s with ``digits``); ``knobs`` closed at the end (their
+    original values back). {workload: report}."""
     out = {}
-    knobs = _knobs(runner.device, runner.workdir)
     try:
         for w in workloads:
-            configs = [ev.ConfigSet.parse("original")] + [
-                ev.ConfigSet.parse(f"read_ahead_kb={v}") for v in values
-                if v != runner.device.original]
-
             measure = in_segments(runner, w, duration, f"grid:{w}")
 
-            def on_rep(r, i, total, w=w, configs=configs):
+            def on_rep(r, i, total, w=w):
                 x = r.samples
-                log(f"  grid {w} {i:>3}/{total} {configs[r.config].label:<22} "
-                    f"{(np.mean(x) / 1e6 if x else math.nan):8.3f} MB/s")
+                log(f"  grid {w} {i:>3}/{total} {label(configs[r.config])} "
+                    f"{(np.mean(x) / 1e6 if x else math.nan):8.{digits}f} MB/s")
             out[w] = ev.evaluate(knobs, configs, measure, reps, seed, stop, on_rep=on_rep)
     finally:
         knobs.close()
@@ -481,10 +486,12 @@ def static_grid(runner: SessionRunner, workloads: list[str], values: list[int],
 
 
 def grid_means(report: dict, original: int) -> dict[int, tuple[float, float]]:
-    """{read_ahead_kb: (mean bytes/s, standard error)} from one evaluate report."""
+    """{knob value: (mean bytes/s, standard error)} from one evaluate report whose
+    configurations set one value (the original's: ``original``)."""
     out = {}
     for c in report["configs"]:
-        v = original if c["name"] == "original" else int(round(c["values"]["read_ahead_kb"]))
+        v = original if c["name"] == "original" else int(round(
+            next(iter(c["values"].values()))))
         if c.get("n", 0) >= 2 and math.isfinite(c["mean"]):
             half = c["ci_high"] - c["mean"]
             se = half / _t95(c["n"] - 1)
@@ -570,6 +577,50 @@ def start_tuner(stack: ProcessGroup, name: str, cfg: list[str], seed: int, sub: 
                     "--seed", str(seed), module="capes.experiments.live_tuner")
 
 
+def progress_tick(stack, name: str, status: Path, log, recent, knob, digits: int = 3,
+                  best: bool = False, every_s: float = 30.0):
+    """A live session's tick: the stack checked alive, and every ``every_s`` a line with
+    the mean of ``recent()`` (the last 30 s, bytes/s), ``knob()`` and the tuner's ε
+    (and best setting, ``best``) from its status file."""
+    last = [time.monotonic()]
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        stack.check_alive()
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            x = np.asarray(recent(), dtype=float)
+            st = _read_json(status)
+            log(f"  [{name} {time.monotonic() - t0:5.0f} s] last 30 s "
+                f"{np.mean(x) / 1e6 if x.size else math.nan:8.{digits}f} MB/s, "
+                f"read_ahead_kb {knob()}"
+                + (f", ε {st.get('epsilon', math.nan):.2f}" if st else "")
+                + (f", best {st.get('best')}" if st and best else ""))
+    return tick
+
+
+def adopt_static(result: dict, st: dict, log=print) -> None:
+    """The static grid's summary (:func:`static_summary`) into a bench's result: the best
+    static setting, the original's, the per-phase best and the gap between the per-phase
+    best and the best static setting (``per_phase_best_gap``); logged in a line."""
+    result.update(best_static=st["best_static"], original=st["original"],
+                  per_phase_best=st["per_phase_best"], static=st,
+                  per_phase_best_gap=1.0 - st["best_static"]["relative"])
+    log(f"best static read_ahead_kb {st['best_static']['setting']}: relative "
+        f"{st['best_static']['relative']:.3f}; original {st['original']['relative']:.3f}; "
+        f"per-phase best {st['per_workload_best_setting']}; gap "
+        f"{result['per_phase_best_gap']:.3f}")
+
+
+def score_line(name: str, sc: dict, restored, rows_lost=None) -> str:
+    """One tuner's score (:func:`score`) in a line of the bench's log."""
+    return (f"{name}: relative {sc['relative']:.3f}, vs best static "
+            f"{sc['diff_vs_best_static']:+.3f} [{sc['ci95'][0]:+.3f}, "
+            f"{sc['ci95'][1]:+.3f}], worst 10 s {sc['worst_10s_vs_original']:.2f}x "
+            f"original, restored {restored}"
+            + (f", rows lost {rows_lost}" if rows_lost is not None else ""))
+
+
 def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int, extra_sets: tuple[str, ...] = (),
               tuner_spec: str | None = None, log=print) -> TunerRun:
@@ -621,20 +672,8 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
         stack.start("control-agent", "control-agent", *cfg, "--set", "keys.client=control")
         start_tuner(stack, name, cfg, seed, sub, status, tuner_spec)
         thread.start()
-        last = [time.monotonic()]
-        t0 = time.monotonic()
-
-        def tick() -> None:
-            stack.check_alive()
-            if time.monotonic() - last[0] >= 30:
-                last[0] = time.monotonic()
-                x = runner.series(name)[-30:]
-                st = _read_json(status)
-                log(f"  [{name} {time.monotonic() - t0:5.0f} s] last 30 s "
-                    f"{np.mean(x) / 1e6 if x.size else math.nan:8.3f} MB/s, "
-                    f"read_ahead_kb {runner.device.read_ahead()}"
-                    + (f", ε {st.get('epsilon', math.nan):.2f}, best {st.get('best')}"
-                       if st else ""))
+        tick = progress_tick(stack, name, status, log, lambda: runner.series(name)[-30:],
+                             runner.device.read_ahead, digits=3, best=True)
         runner.play(schedule, name, stop, tick)
         result.status = _read_json(status)
     finally:
@@ -838,12 +877,7 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
             if stop.is_set():
                 return result
             st = static_summary(grids, dev.original, opts.schedule)
-            result.update(best_static=st["best_static"], original=st["original"],
-                          per_phase_best=st["per_phase_best"], static=st)
-            log(f"best static read_ahead_kb {st['best_static']['setting']}: relative "
-                f"{st['best_static']['relative']:.3f}; original: "
-                f"{st['original']['relative']:.3f}; per-workload best "
-                f"{st['per_workload_best_setting']}")
+            adopt_static(result, st, log)
             for name in opts.tuners:
                 if stop.is_set():
                     break
@@ -867,10 +901,7 @@ def run_bench(opts: BenchOptions, stop, log=print) -> dict:
                                   for r in rows])
                 result["tuners"][name] = sc
                 if sc:
-                    log(f"{name}: relative {sc['relative']:.3f}, vs best static "
-                        f"{sc['diff_vs_best_static']:+.3f} [{sc['ci95'][0]:+.3f}, "
-                        f"{sc['ci95'][1]:+.3f}], worst 10 s {sc['worst_10s_vs_original']:.2f}x "
-                        f"original, restored {run.restored}")
+                    log(score_line(name, sc, run.restored))
     finally:
         _keep_stacks(work)
         shutil.rmtree(work, ignore_errors=True)
@@ -934,14 +965,19 @@ def report_table(result: dict) -> str:
                          f"(seconds to 90 %: {rc['seconds_to_90']})"
                          + (f"; switches noticed {nt['found']}/{nt['switches']}, "
                             f"{nt['false']} other notices" if nt and is_capes(name) else ""))
-    st = result["static"]
-    lines += ["", "Static grid (mean MB/s per workload; relative over the schedule):", "",
-              "| read_ahead_kb | " + " | ".join(st["means"]) + " | relative |",
-              "|---:|" + "---:|" * (len(st["means"]) + 1)]
+    lines += ["", "Static grid (mean MB/s per workload; relative over the schedule):", ""]
+    return "\n".join(lines + static_grid_table(result["static"], digits=3))
+
+
+def static_grid_table(st: dict, digits: int) -> list[str]:
+    """A static summary's grid as a Markdown table: per value, each workload's mean
+    MB/s (``digits``) and the value's relative over the schedule."""
+    lines = ["| read_ahead_kb | " + " | ".join(st["means"]) + " | relative |",
+             "|---:|" + "---:|" * (len(st["means"]) + 1)]
     for v, rel in st["relative_by_setting"].items():
-        lines.append(f"| {v} | " + " | ".join(f"{st['means'][w][v] / 1e6:.3f}"
+        lines.append(f"| {v} | " + " | ".join(f"{st['means'][w][v] / 1e6:.{digits}f}"
                                                 for w in st["means"]) + f" | {rel:.3f} |")
-    return "\n".join(lines)
+    return lines
 
 
 def run_and_report(opts: BenchOptions, name: str, table, json_path: str | None) -> int:
@@ -1103,7 +1139,8 @@ def replay_contexts(trace: dict, window: int = 60) -> dict | None:
 
 
 __all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
-           "SessionRunner", "static_grid", "static_summary", "run_tuner", "score",
+           "SessionRunner", "static_grid", "grid_per_workload", "grid_means",
+           "static_grid_table", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",
            "BenchOptions", "run_bench", "report_table", "run_and_report", "detector_traces",
            "replay_detector", "replay_contexts", "as_ticks", "live_alarms"]
