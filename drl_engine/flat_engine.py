@@ -194,6 +194,16 @@ class FlatEngine(Engine):
             return None
         return data.first_tick + data.length - 1, None
 
+    def _started_elsewhere(self, session: int, current, guide) -> bool:
+        """Whether the knobs are not at the defaults the replay DB assumes before the
+        session's first action (a live host found at 512 with a config default of 128):
+        its ticks before that action must not be credited to the defaults, or the guide
+        takes the default for the setting measured there and walks to it."""
+        data = self.experience.reader.sessions[session]
+        if (data.actions[:data.length] >= 0).any():
+            return False
+        return not np.array_equal(guide.grid(current), guide.grid(data.defaults))
+
     def _guided_action(self, session: int, obs, current, specs, eps: float):
         """The default preset's choice (drl_engine/guide.py): continue a probe, start one
         with probability ε (always before the first full observation, ``obs`` None: the
@@ -212,6 +222,8 @@ class FlatEngine(Engine):
             guide.new_session()
             if self.context is not None:
                 self.context.new_session()
+        elif self.guide_session is None and self._started_elsewhere(session, current, guide):
+            guide.await_action = True
         self.guide_session = session
         d = self.experience.derived[session]
         if self.context is not None:          # [context hook] switch the guide's memory

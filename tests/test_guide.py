@@ -272,6 +272,48 @@ def test_a_local_first_probe_holds_where_tuning_starts_until_its_level_is_known(
     assert max(abs(t - 5) for t in far) >= 3
 
 
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_an_engine_starting_away_from_the_default_holds_where_the_knob_is(tmp_path, seed):
+    """The shipped readahead config (default "128", ladder index 5) on a host found at
+    512 (index 7), as the engine daemon runs it: ``current`` from the daemon, the
+    replay DB assuming the default before the session's first action. The ticks before
+    that action are not the default's: the engine holds 512 while its level is measured
+    and then moves one rung at a time (it walked straight to 128, found live)."""
+    from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
+    from capes.experiments import real_readahead as rr
+    from capes.settings import load_settings
+    from drl_engine.engine import Engine
+    s = load_settings(rr.APP_CONFIG)
+    spec = s.parameters["read_ahead_kb"]
+    assert spec.default == 5 and spec.values[7] == "512"
+    w = ReplayWriter(tmp_path / "r.db")
+    w.begin_session(SessionInfo(pi_names=[rr.PI_NAME, rr.SIGNATURE_PI], node_names=["h"],
+                                params=[spec], label="s"))
+
+    def app(t: int, knob: float) -> None:   # sequential reads: 512 and up at the cap
+        w.add_pis(t, 0, np.array([min(60e6, 20e6 * 2.0 ** (knob - 5)), 4.0], np.float32))
+    for t in range(4):                      # the ticks before the engine's first action
+        app(t, 7)
+    w.commit()
+    reader = ReplayReader(tmp_path / "r.db")
+    engine = Engine(s.engine, s.reward, reader, device="cpu", seed=seed)
+    knob, held = 7.0, []
+    for t in range(4, 16):
+        engine.update()
+        d = engine.act(max(reader.sessions), current=[knob])
+        if d is not None:
+            w.add_action(d.tick, d.action, d.values)
+            knob = float(d.values[0])
+            held.append(knob)
+        app(t, knob)
+        w.commit()
+    assert len(held) >= 10 and held[:4] == [7.0] * 4, held    # the anchor, measured
+    assert all(6.0 <= v <= 8.0 for v in held), held           # then one rung around it
+    engine.close()
+    reader.close()
+
+
 def test_before_any_level_is_known_a_greedy_move_stays_near_the_local_anchor():
     down_2 = actions.encode(0, -2, 1)
     g = ladder_guide(first_probe="local", guard_steps=1, greedy_guard_steps=1,

@@ -172,6 +172,53 @@ def test_app_config_objective_is_the_application_figure_and_reaches_4_kib(tmp_pa
     load_settings(path)
 
 
+
+@pytest.mark.slow
+def test_a_session_starting_away_from_the_default_starts_where_the_knob_is(tmp_path):
+    """The whole stack as the real bench starts it (the shipped config, its keys), on a
+    file-backed read_ahead_kb found at 512 where the config's default is 128: the knob
+    never reads 128 in the first 12 s; it holds 512 while the anchor is measured and
+    then moves one rung at a time (found live: 512 -> 128 at t = 4 s, because the
+    daemon never took the control agent's hello and the guide credited the session's
+    first ticks to the default), and the original comes back at the end."""
+    import re
+    import time
+
+    from capes.experiments.process_group import ProcessGroup
+    knob, app = tmp_path / "read_ahead_kb", tmp_path / "app"
+    knob.write_text("512\n")
+    app.write_text(f"{rr.PI_NAME} 60000000\n{rr.SIGNATURE_PI} 4\n")
+    text = re.sub(r'^\s*\{ name = "blockdev".*\n', "", rr.APP_CONFIG.read_text(), flags=re.M)
+    config = tmp_path / "stack.toml"
+    config.write_text(text.replace("/sys/block/sda/queue/read_ahead_kb", str(knob))
+                      .replace("/run/capes/app-throughput", str(app)))
+    assert load_settings(config).parameters["read_ahead_kb"].default == 5   # "128"
+    sets = rr.stack_sets(tmp_path, [f'control.state_file="{tmp_path / "ctl-{node}.json"}"'])
+    rr.stack_keys(tmp_path / "keys", load_settings(config, sets))
+    cfg = ["--config", str(config)] + [a for s in sets for a in ("--set", s)]
+    stack = ProcessGroup(tmp_path)
+    seen: list[int] = []
+    try:
+        stack.start("interface-daemon", "interface-daemon", *cfg, "--ready-file", "ready")
+        stack.start("monitor-agent", "monitor-agent", *cfg, "--set", "keys.client=monitor")
+        stack.start("control-agent", "control-agent", *cfg, "--set", "keys.client=control")
+        rr.start_tuner(stack, "capes", cfg, 7, tmp_path, tmp_path / "engine.json")
+        end = time.monotonic() + 12
+        while time.monotonic() < end:
+            stack.check_alive()
+            seen.append(int(knob.read_text()))
+            time.sleep(0.25)
+        acted = json.loads((tmp_path / "engine.json").read_text())
+    finally:
+        codes = stack.stop(first=("tuner",))
+    assert 128 not in seen, seen
+    assert set(seen) <= {256, 512, 1024}, seen          # one rung from where it started
+    assert seen[:20] == [512] * 20, seen                  # the anchor is measured first
+    assert acted["action_ticks"] >= 4, acted              # the engine did act meanwhile
+    assert codes == dict.fromkeys(codes, 0), codes
+    assert knob.read_text().strip() == "512"              # the original, restored
+
+
 def test_worst_window():
     x = [10] * 20 + [1] * 10 + [10] * 20
     assert rr.worst_window(x) == pytest.approx(1)

@@ -563,6 +563,19 @@ def stack_sets(sub: Path, extra: list[str]) -> list[str]:
             f'keys.dir="{sub / "keys"}"', f'daemon.db="{sub / "replay.db"}"', *extra]
 
 
+def stack_keys(keys: Path, deploy) -> None:
+    """The stack's keys, each agent's bound to its node as ``capes keys generate`` makes
+    them (and demo.py, real_cluster.py): the daemon takes a control agent's hello (the
+    knob's value on the host) as its current value only from a node it vouches for, so
+    with unbound keys it kept the config's ``default`` as current and the engine's first
+    action wrote it to the device (read_ahead_kb 512 -> 128 at t = 4 s, --original 512)."""
+    from capes.common.curve import bind, generate
+    generate(keys, ["monitor", "control", "engine"])
+    bind(keys, "monitor", [deploy.monitor.node])
+    bind(keys, "control", [deploy.control.node])
+    bind(keys, "engine", ["engine"])             # as `capes keys generate --client`
+
+
 def start_tuner(stack: ProcessGroup, name: str, cfg: list[str], seed: int, sub: Path,
                 status: Path, tuner_spec: str | None = None) -> None:
     """The DRL engine (``capes`` or a variant) or a baseline tuner, as the stack's
@@ -629,7 +642,6 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
     checked."""
     import threading
 
-    from capes.common.curve import generate
     from capes.settings import load_settings
     sub = workdir / f"stack-{name}"
     sub.mkdir(parents=True, exist_ok=True)
@@ -639,7 +651,7 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
                             f"engine.exploration_ticks={exploration_ticks}", *extra_sets])
     deploy = load_settings(config, sets)
     if deploy.keys.enabled:
-        generate(keys, ["monitor", "control", "engine"])
+        stack_keys(keys, deploy)
     cfg = ["--config", str(config)]
     for s in sets:
         cfg += ["--set", s]
