@@ -53,6 +53,7 @@ from pathlib import Path
 from capes.common.one_core import use_one_core
 from capes.common.stats import paired_mean_ci
 from capes.experiments.converge_test import load_config, run_one
+from capes.common.config import as_overrides
 from drl_engine.config import PER_NODE_KEEPS
 from capes.experiments.recall_scoring import new_first_share, recall_summary
 
@@ -94,8 +95,7 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "pooled": ["engine.lcb_pooled_noise=true"],
         # issue 39: the default preset before the real devices' safe exploration joined
         # it (the values the per-node engine keeps: global probes, q_scope new_contexts)
-        "before-39": [f"engine.{k}=" + (f'"{v}"' if isinstance(v, str) else str(v).lower())
-                      for k, v in PER_NODE_KEEPS.items()]}
+        "before-39": as_overrides("engine", PER_NODE_KEEPS)}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

@@ -153,9 +153,9 @@ def _trace(game: str, limit: int, extra: list[str], seed: int = 3) -> dict:
 def _before_39() -> list[str]:
     """The default preset before issue 39 (the values the per-node engine keeps):
     q_scope = new_contexts with the taught walk, global probes, the re-aimed first one."""
+    from capes.common.config import as_overrides
     from drl_engine.config import PER_NODE_KEEPS
-    return [f"engine.{k}=" + (f'"{v}"' if isinstance(v, str) else str(v).lower())
-            for k, v in PER_NODE_KEEPS.items()]
+    return as_overrides("engine", PER_NODE_KEEPS)
 
 
 def test_with_q_scope_new_contexts_and_no_walk_the_engine_plays_as_without_the_network():

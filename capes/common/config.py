@@ -479,6 +479,12 @@ def toml_value(v: Any) -> str:
     raise TypeError(f"no TOML form for {type(v).__name__}")
 
 
+def as_overrides(table: str, values: dict) -> list[str]:
+    """The ``--set`` texts that put ``values`` under ``table`` (``parse_override``'s
+    inverse): a dict of settings as an experiment arm's overrides."""
+    return [f"{table}.{k}={toml_value(v)}" for k, v in values.items()]
+
+
 def dump_toml(table: dict) -> str:
     """A whole document, one top-level key a line (what a generated config needs: the
     demo's per-node deployment, the tests' fuzzed files)."""
