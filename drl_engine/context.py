@@ -88,6 +88,14 @@ class Switch:
 SETTINGS = ("window", "threshold", "floor", "confirm", "recent")   # not kept in checkpoints
 
 
+def log_offset(first: np.ndarray) -> np.ndarray:
+    """The c of a signature PI's log(x + c): 5 % of its first value, and at least 0.05 of
+    its unit, so that a PI that starts at 0 (an idle node's share of reads, its open files)
+    does not put 0 and 0.01 twenty logs apart: an exact zero beside a little noise is one
+    workload, not two."""
+    return 0.05 * np.maximum(np.abs(first), 1.0)
+
+
 def running_add(mean: np.ndarray, m2: np.ndarray, n, u: np.ndarray, most: int):
     """One sample ``u`` into a running mean and sum of squared deviations (Welford),
     which become running averages after ``most`` samples; ``n`` a count or one per row
@@ -136,7 +144,7 @@ class SignatureClusters:
         if not np.isfinite(med).all():
             return None
         if self.offset is None:
-            self.offset = 0.05 * np.abs(med) + 1e-9
+            self.offset = log_offset(med)
         return self._log(med)
 
     def _log(self, x: np.ndarray) -> np.ndarray:

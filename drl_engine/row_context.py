@@ -49,7 +49,8 @@ import logging
 import numpy as np
 
 from drl_engine import checkpoint
-from drl_engine.context import SETTINGS, SignatureClusters, context_columns, running_add
+from drl_engine.context import (SETTINGS, SignatureClusters, context_columns, log_offset,
+                                running_add)
 from drl_engine.context_search import GroupSearch, signature_groups
 
 log = logging.getLogger("capes.engine")
@@ -107,7 +108,7 @@ class RowSignatures:
         ok = np.isfinite(med).all(axis=1)
         rows, med = rows[ok], med[ok]
         first = np.isnan(self.offset[rows, 0])
-        self.offset[rows[first]] = 0.05 * np.abs(med[first]) + 1e-9
+        self.offset[rows[first]] = log_offset(med[first])
         off = self.offset[rows]
         with np.errstate(all="ignore"):
             u = np.log(np.maximum(med, 0.0) + off)

@@ -247,3 +247,18 @@ def test_a_strict_floor_keeps_a_tight_workload_whole_through_a_moderate_wobble(s
         assert 90 < changes[1][0] <= 93          # the page faults: within 3 ticks
     else:
         assert (1, True) in [c for _, c in changes] and changes[1][0] < 90
+
+
+def test_a_share_that_starts_at_zero_is_one_workload_with_its_noise_and_another_at_one():
+    """A signature PI whose first value is 0 (a writer's share of reads, an idle node's
+    open files): a little noise above 0 is the same workload, a share of 1 another."""
+    from drl_engine.context import SignatureClusters
+    rng = np.random.default_rng(3)
+    writer = np.where(rng.random(120) < 0.3, rng.uniform(0.0, 0.02, 120), 0.0)
+    reader = 1.0 - rng.uniform(0.0, 0.02, 60)
+    clusters = SignatureClusters()
+    changes = [(i, c) for i, c in ((i, clusters.update(np.array([x]))) for i, x in
+                                   enumerate(np.concatenate([writer, reader])))
+               if c is not None]
+    assert [c for _, c in changes] == [(0, True), (1, True)] and clusters.count == 2
+    assert 120 <= changes[1][0] <= 124

@@ -362,9 +362,14 @@ def stack_table(template: Path, runner: ClusterRunner, pi_dir: Path, values: lis
     return table
 
 
-def node_collectors(pi_file: Path) -> str:
+def node_collectors(pi_file: Path, cgroup: str | None = None, mount: Path | None = None) -> str:
+    """A node's collectors: the application's figure and the knob's value from its PI
+    file, and (``cgroup``) what the application's processes do (the ``processes``
+    collector: the signature PIs that tell its workloads apart)."""
+    procs = (f', {{name = "processes", options = {{cgroup = "{cgroup}", under = "{mount}"}}}}'
+             if cgroup else "")
     return (f'monitor.collectors=[{{name = "command", options = {{argv = ["cat", '
-            f'"{pi_file}"], names = ["{PI}", "{KNOB}"]}}}}]')
+            f'"{pi_file}"], names = ["{PI}", "{KNOB}"]}}}}{procs}]')
 
 
 @dataclass
@@ -434,8 +439,10 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
         stack.start("interface-daemon", "interface-daemon", *cfg, "--ready-file",
                     "daemon.ready")
         for n in runner.nodes:
+            cg = runner.cgroups.get(n)
             per = ["--set", f"monitor.node={n}", "--set", f"control.node={n}",
-                   "--set", node_collectors(pis / n)]
+                   "--set", node_collectors(pis / n, cg.path if cg else None,
+                                            runner.mounts[n])]
             stack.start(f"monitor-{n}", "monitor-agent", *cfg, *per,
                         "--set", "keys.client=monitor")
             stack.start(f"control-{n}", "control-agent", *cfg, *per,
@@ -603,6 +610,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
         t_down = time.monotonic()
         problems = vol.down()
         result["teardown"] = {"problems": problems, "seconds": time.monotonic() - t_down}
+        rr._keep_stacks(work)                  # CAPES_REAL_KEEP=DIR: DBs and logs kept
         shutil.rmtree(work, ignore_errors=True)
         result["wall_s"] = time.time() - t0
         result["load_average_end"] = os.getloadavg()[0]

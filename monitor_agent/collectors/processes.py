@@ -1,0 +1,163 @@
+"""What an application does, from ``/proc``: the processes of one cgroup (a systemd
+service, a container, a job), summed.
+
+A tuner must tell workloads apart by something its own knobs do not move: an
+application's throughput moves with a readahead window, but whether it reads or writes,
+how large its requests are, whether it reads through ``mmap`` page faults or ``read()``
+calls, and how many files it holds open do not. This collector reports both kinds for
+the processes listed in ``<cgroup>/cgroup.procs`` (cgroup v1 or v2), each tick:
+
+* rates over the tick (from ``/proc/<pid>/io`` and ``/proc/<pid>/stat``):
+  ``read_kib_s``, ``write_kib_s`` (``rchar``/``wchar``: what the processes moved through
+  read/write calls, page cache included), ``read_calls_s``, ``write_calls_s``
+  (``syscr``/``syscw``), ``major_faults_s`` (``majflt``: pages read in through
+  ``mmap``);
+* the workload's shape, independent of how fast it runs: ``read_share`` (the share of
+  the bytes moved, a major fault counted as one 4 KiB page), ``fault_share`` (the share of
+  the bytes read that came in through major faults: ~1 for an ``mmap`` reader, 0 for
+  one that calls ``read()``), ``kib_per_op`` (bytes
+  per operation, faults included), ``open_files`` (open regular files, under ``under``
+  when it is given: the files on the tuned file system);
+* ``procs``: the number of processes.
+
+A process is known by its pid and start time; one that started during the tick counts
+from zero, one that was there at the first tick from where it stood then; what a process
+did between the last tick and its exit is not seen (its counters go with it). With no
+activity in a tick the shape PIs are 0. Options: ``cgroup`` (a cgroup directory: required),
+``under`` (a path prefix for ``open_files``), ``root`` (default ``/proc``; a fixture tree
+in tests), ``page_kib`` (4). Reading another user's ``/proc/<pid>/io`` needs root (or
+the same user); an unreadable process is skipped.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable
+
+from monitor_agent.collectors.base import Collector, register
+
+NAN = float("nan")
+RATES = ("read_kib_s", "write_kib_s", "read_calls_s", "write_calls_s", "major_faults_s")
+SHAPE = ("read_share", "fault_share", "kib_per_op", "open_files", "procs")
+FIELDS = RATES + SHAPE
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(65536).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def parse_io(text: str) -> dict[str, int]:
+    """``/proc/<pid>/io``: ``rchar: 123`` lines -> {"rchar": 123}."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            try:
+                out[key.strip()] = int(value)
+            except ValueError:
+                pass
+    return out
+
+
+def parse_stat(text: str) -> tuple[int, int] | None:
+    """``/proc/<pid>/stat`` -> (major faults, start time in clock ticks): fields 12 and
+    22, counted after the command's closing parenthesis (a name may hold spaces)."""
+    rest = text.rpartition(")")[2].split()
+    try:
+        return int(rest[9]), int(rest[19])     # majflt, starttime (fields 12 and 22)
+    except (IndexError, ValueError):
+        return None
+
+
+@register("processes")
+class ProcessesCollector(Collector):
+    def __init__(self, cgroup: str = "", under: str | None = None, root: str = "/proc",
+                 page_kib: float = 4.0, clock: Callable[[], float] = time.monotonic):
+        if not isinstance(cgroup, str) or not cgroup:
+            raise ValueError("cgroup: required, a cgroup directory (its cgroup.procs "
+                             "lists the application's processes)")
+        if under is not None and (not isinstance(under, str) or not under.startswith("/")):
+            raise ValueError("under: must be an absolute path prefix")
+        if not page_kib > 0:
+            raise ValueError(f"page_kib: must be > 0 (got {page_kib})")
+        self._cgroup, self._root, self._clock = cgroup, root, clock
+        self._under = under.rstrip("/") + "/" if under else None
+        self._page_kib = float(page_kib)
+        self._prev: dict[tuple[int, int], tuple[int, ...]] | None = None   # None: first tick
+        self._prev_t = clock()
+
+    def check(self) -> list[str]:
+        if not os.path.exists(os.path.join(self._cgroup, "cgroup.procs")):
+            return [f"cgroup: no {self._cgroup}/cgroup.procs (not a cgroup directory, or "
+                    f"not mounted here)"]
+        return []
+
+    def names(self) -> list[str]:
+        return [f"procs.{f}" for f in FIELDS]
+
+    def _pids(self) -> list[int]:
+        text = _read(os.path.join(self._cgroup, "cgroup.procs")) or ""
+        return [int(t) for t in text.split() if t.isdigit()]
+
+    def _open_files(self, pid: int) -> int:
+        d = os.path.join(self._root, str(pid), "fd")
+        try:
+            fds = os.listdir(d)
+        except OSError:
+            return 0
+        n = 0
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(d, fd))
+            except OSError:
+                continue
+            if target.startswith("/") and (self._under is None or
+                                           target.startswith(self._under)):
+                n += 1
+        return n
+
+    def _sample(self) -> tuple[dict[tuple[int, int], tuple[int, ...]], int]:
+        """{(pid, start time): (rchar, wchar, syscr, syscw, majflt)}, open files."""
+        now, files = {}, 0
+        for pid in self._pids():
+            base = os.path.join(self._root, str(pid))
+            io, st = _read(os.path.join(base, "io")), _read(os.path.join(base, "stat"))
+            s = parse_stat(st) if st else None
+            if io is None or s is None:
+                continue                       # gone, or not ours to read
+            c = parse_io(io)
+            now[(pid, s[1])] = (c.get("rchar", 0), c.get("wchar", 0), c.get("syscr", 0),
+                                c.get("syscw", 0), s[0])
+            files += self._open_files(pid)
+        return now, files
+
+    def collect(self) -> dict[str, float]:
+        t = self._clock()
+        cur, files = self._sample()
+        dt, first = t - self._prev_t, self._prev is None
+        prev = self._prev or {}
+        self._prev, self._prev_t = cur, t
+        out = dict.fromkeys(self.names(), NAN)
+        out["procs.open_files"], out["procs.procs"] = float(files), float(len(cur))
+        if first or dt <= 0:
+            return out
+        d = [0, 0, 0, 0, 0]
+        for key, c in cur.items():
+            p = prev.get(key, (0, 0, 0, 0, 0))      # new since the last tick: from zero
+            for i in range(5):
+                d[i] += max(0, c[i] - p[i])
+        rchar, wchar, syscr, syscw, majflt = d
+        fault_kib = majflt * self._page_kib
+        for name, v in zip(RATES, (rchar / 1024, wchar / 1024, syscr, syscw, majflt)):
+            out[f"procs.{name}"] = v / dt
+        kib = rchar / 1024 + fault_kib + wchar / 1024
+        ops = syscr + syscw + majflt
+        out["procs.read_share"] = (rchar / 1024 + fault_kib) / kib if kib else 0.0
+        read_kib = rchar / 1024 + fault_kib
+        out["procs.fault_share"] = fault_kib / read_kib if read_kib else 0.0
+        out["procs.kib_per_op"] = kib / ops if ops else 0.0
+        return out

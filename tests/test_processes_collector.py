@@ -1,0 +1,120 @@
+"""The ``processes`` collector against a fixture /proc tree and cgroup: rates over the
+tick, the workload's shape (read share, fault share, size per op, files open under a
+path), processes that come and go, and bad options."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from monitor_agent.collectors.base import build_collector
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeProcs:
+    """``root/<pid>/{io,stat,fd/}`` and a cgroup whose cgroup.procs lists the pids."""
+
+    def __init__(self, tmp_path):
+        self.root, self.cgroup = tmp_path / "proc", tmp_path / "cg"
+        self.root.mkdir()
+        self.cgroup.mkdir()
+        self.procs: dict[int, dict] = {}
+
+    def set(self, pid, start=1000, rchar=0, wchar=0, syscr=0, syscw=0, majflt=0,
+            files=()):
+        self.procs[pid] = dict(start=start, rchar=rchar, wchar=wchar, syscr=syscr,
+                               syscw=syscw, majflt=majflt, files=files)
+        self.write()
+
+    def drop(self, pid):
+        del self.procs[pid]
+        self.write()
+
+    def write(self):
+        for d in self.root.iterdir():
+            for sub in sorted(d.rglob("*"), reverse=True):
+                sub.unlink() if not sub.is_dir() or sub.is_symlink() else sub.rmdir()
+            d.rmdir()
+        for pid, p in self.procs.items():
+            d = self.root / str(pid)
+            (d / "fd").mkdir(parents=True)
+            (d / "io").write_text(
+                f"rchar: {p['rchar']}\nwchar: {p['wchar']}\nsyscr: {p['syscr']}\n"
+                f"syscw: {p['syscw']}\nread_bytes: 0\nwrite_bytes: 0\n")
+            # a command with a space and parentheses: fields are counted after the last ')'
+            rest = ["S"] + ["0"] * 8 + [str(p["majflt"])] + ["0"] * 9 + [str(p["start"])]
+            (d / "stat").write_text(f"{pid} (fio (job) x) " + " ".join(rest) + " 0 0\n")
+            for i, target in enumerate(p["files"]):
+                os.symlink(target, d / "fd" / str(i))
+        (self.cgroup / "cgroup.procs").write_text("".join(f"{p}\n" for p in self.procs))
+
+
+def test_rates_and_shape_of_a_cgroups_processes(tmp_path):
+    fp, clock = FakeProcs(tmp_path), FakeClock()
+    fp.set(11, rchar=10 << 20, syscr=100, files=("/mnt/g/data", "/tmp/out", "pipe:[1]"))
+    col = build_collector("processes", {"cgroup": str(fp.cgroup), "under": "/mnt/g",
+                                        "root": str(fp.root), "clock": clock})
+    names = col.names()
+    assert "procs.read_share" in names and "procs.open_files" in names
+    first = col.collect()                       # no tick before: no rates, nothing counted
+    assert len(first) == len(names)
+    assert math.isnan(first["procs.read_kib_s"]) and first["procs.open_files"] == 1
+    # a reader through read(): 8 MiB in 2048 calls over 2 s, and a writer that started
+    clock.t += 2.0
+    fp.set(11, rchar=18 << 20, syscr=2148, files=("/mnt/g/data", "/tmp/out"))
+    fp.set(12, start=2000, wchar=2 << 20, syscw=2, files=("/mnt/g/ckpt",))
+    v = col.collect()
+    assert v["procs.read_kib_s"] == 4096 and v["procs.read_calls_s"] == 1024
+    assert v["procs.write_kib_s"] == 1024 and v["procs.write_calls_s"] == 1
+    assert v["procs.read_share"] == pytest.approx(0.8)
+    assert v["procs.fault_share"] == 0
+    assert v["procs.kib_per_op"] == pytest.approx(10240 / 2050)
+    assert v["procs.open_files"] == 2 and v["procs.procs"] == 2
+    # an mmap reader: page faults, no read() calls; the writer gone
+    clock.t += 1.0
+    fp.drop(12)
+    fp.set(11, rchar=18 << 20, syscr=2148, majflt=1000, files=("/mnt/g/data",))
+    v = col.collect()
+    assert v["procs.major_faults_s"] == 1000 and v["procs.read_kib_s"] == 0
+    assert v["procs.fault_share"] == 1 and v["procs.read_share"] == 1
+    assert v["procs.kib_per_op"] == 4
+    # the pid reused by a new process (another start time): counted from zero
+    clock.t += 1.0
+    fp.set(11, start=5000, rchar=1 << 20, syscr=256)
+    v = col.collect()
+    assert v["procs.read_kib_s"] == 1024 and v["procs.major_faults_s"] == 0
+    # nothing running: zero rates and a zero shape, not NaN (an idle node is a workload)
+    clock.t += 1.0
+    fp.drop(11)
+    v = col.collect()
+    assert v["procs.procs"] == 0 and v["procs.read_kib_s"] == 0
+    assert v["procs.read_share"] == 0 and v["procs.kib_per_op"] == 0
+
+
+def test_without_under_every_open_file_counts(tmp_path):
+    fp, clock = FakeProcs(tmp_path), FakeClock()
+    fp.set(7, files=("/a", "/b/c", "socket:[9]"))
+    col = build_collector("processes", {"cgroup": str(fp.cgroup), "root": str(fp.root),
+                                        "clock": clock})
+    assert col.collect()["procs.open_files"] == 2
+
+
+def test_bad_options_and_a_missing_cgroup_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="cgroup: required"):
+        build_collector("processes", {})
+    with pytest.raises(ValueError, match="under: must be an absolute"):
+        build_collector("processes", {"cgroup": "/x", "under": "rel"})
+    with pytest.raises(ValueError, match="page_kib"):
+        build_collector("processes", {"cgroup": "/x", "page_kib": 0})
+    col = build_collector("processes", {"cgroup": str(tmp_path / "nope")})
+    assert "no " in col.check()[0] and "cgroup.procs" in col.check()[0]
+    v = col.collect()                          # an unreadable cgroup: no processes
+    assert v["procs.procs"] == 0
