@@ -359,7 +359,8 @@ class WorkloadContexts:
         self._left = switch.context
         self.target, self.hold_until, self.infer, self._net = None, -1, False, None
         self._promise, self._heard = None, []
-        guide.probe, guide._best_at = None, -1
+        guide.probe = None
+        guide.known.stale()
         if switch.new:
             if not self.memory:
                 # the first workload is the one the engine has explored all along (also
