@@ -67,7 +67,7 @@ class LowerBound(BestKnown):
         """Grid indices of the best-known setting by its lower confidence bound,
         recomputed every ``best_refresh_ticks`` ticks (None before any setting was
         seen). ``stats``: the owner of the per-setting sums (the guide: ``dense``,
-        ``grid_stats`` or ``sums``, ``shape``, ``_pooled_variance``)."""
+        ``grid_stats`` or ``sums``, ``shape``, ``pooled_variance``)."""
         cfg = self.cfg
         if self.best_idx is not None and 0 <= now - self.best_tick < cfg.best_refresh_ticks:
             return self.best_idx
@@ -89,7 +89,7 @@ class LowerBound(BestKnown):
         mean = s / n
         var = np.maximum(sq / n - mean ** 2, 0.0)
         if cfg.lcb_pooled_noise:
-            var = np.maximum(var, stats._pooled_variance())
+            var = np.maximum(var, stats.pooled_variance())
         lcb = mean - cfg.lcb_kappa * np.sqrt(var / np.maximum(n, 1.0))
         lcb[n < cfg.best_min_samples] = -np.inf
         if not np.isfinite(lcb).any():

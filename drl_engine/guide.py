@@ -298,7 +298,7 @@ class Guide:
         recomputed every ``refresh`` ticks (None before any setting was seen)."""
         return self.known.setting(now, self)
 
-    def _pooled_variance(self) -> float:
+    def pooled_variance(self) -> float:
         """The objective's variance within settings, pooled over every setting credited
         more than once (0 while none is): the floor of each setting's variance in the
         best-known setting's bound (``lcb_pooled_noise``). A setting whose samples barely
