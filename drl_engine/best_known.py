@@ -1,13 +1,23 @@
-"""The best-known setting of rows of knobs, by the objective's moving-average peak.
+"""The best-known setting, both modes': one state, two estimators.
 
-Every row's knobs when the objective's ``best_window``-tick moving average was highest
-(the settings in effect ``settle_ticks`` + half a window earlier), replaced only by a
-level higher by ``best_margin``; the best level decays by ``best_decay`` a tick, so a
-best the workload no longer allows expires even without an alarm. The trust region
-(``drl_engine.trust_region``) and rollback (``drl_engine.rollback``) are around it. The
-per-node mode uses it; the one-row (flat) mode's best-known setting is the guide's
-lower confidence bound per setting (``drl_engine.guide``), a different estimator kept as
-it is (the paper game's single row has the few settings an LCB needs).
+What the trust region stays around, the rollback goes back to, a context remembers and
+a checkpoint keeps is one thing, :class:`BestKnown`: the grid indices of a setting
+(``best_idx``: (K,) for the one row of the flat mode, (N, K) for the per-node mode's
+rows) and the tick it was named at (``best_tick``); ``take`` hands one in (a cold
+start's, a recalled context's, a group search's, an alarm's anchor), ``drop`` loses it.
+Two estimators name it, each fitted to what its mode can afford:
+
+* :class:`LowerBound` (the flat mode, through the guide, ``drl_engine.guide``): per
+  setting the kernel-smoothed mean of the objective credited to it less ``lcb_kappa``
+  standard errors, recomputed every ``best_refresh_ticks``. One row has few enough
+  settings that each is sampled often enough for a bound.
+* :class:`PeakTracker` (the per-node mode): every row's knobs when the objective's
+  ``best_window``-tick moving average was highest (the settings in effect
+  ``settle_ticks`` + half a window earlier), replaced only by a level higher by
+  ``best_margin``; the best level decays by ``best_decay`` a tick, so a best the
+  workload no longer allows expires even without an alarm. N rows make too many joint
+  settings for per-setting statistics. The trust region (``drl_engine.trust_region``)
+  and rollback (``drl_engine.rollback``) are around it.
 """
 from __future__ import annotations
 
@@ -18,32 +28,117 @@ import numpy as np
 log = logging.getLogger("capes.engine")
 
 
-class PeakTracker:
+class BestKnown:
+    """A best-known setting (grid indices) and the tick it was named at."""
+
+    def __init__(self, tick: int | None = None):
+        self.best_idx: np.ndarray | None = None     # grid indices: (K,) or (N, K)
+        self.best_tick: int | None = tick           # when it was named
+
+    def take(self, best_idx: np.ndarray | None, tick: int | None) -> None:
+        """A best handed in from elsewhere (or None: none known)."""
+        self.best_idx, self.best_tick = best_idx, tick
+
+    def drop(self) -> None:
+        """The best is no longer reachable or no longer the workload's."""
+        self.best_idx = self.best_tick = None
+
+
+class LowerBound(BestKnown):
+    """The flat mode's estimator over the guide's per-setting statistics (see the module
+    docstring); ``best_tick`` −1: to be recomputed at the next :meth:`setting`."""
+
+    def __init__(self, cfg):
+        super().__init__(tick=-1)
+        self.cfg = cfg
+        self.had_best = False          # a best was known once: best None is a new workload
+        self._kernels: list[np.ndarray] | None = None   # per axis, fixed by the grid
+
+    def take(self, best_idx: np.ndarray | None, tick: int | None = -1) -> None:
+        """A best handed in (an alarm's anchor, a recalled context's): it stands until
+        the statistics name one at the next refresh."""
+        super().take(best_idx, tick)
+
+    def stale(self) -> None:
+        """Other statistics (a context's, swapped in): recomputed at the next call."""
+        self.best_tick = -1
+
+    def setting(self, now: int, stats) -> np.ndarray | None:
+        """Grid indices of the best-known setting by its lower confidence bound,
+        recomputed every ``best_refresh_ticks`` ticks (None before any setting was
+        seen). ``stats``: the owner of the per-setting sums (the guide: ``dense``,
+        ``grid_stats`` or ``sums``, ``shape``, ``pooled_variance``)."""
+        cfg = self.cfg
+        if self.best_idx is not None and 0 <= now - self.best_tick < cfg.best_refresh_ticks:
+            return self.best_idx
+        if stats.dense:
+            if not stats.grid_stats[2].any():
+                return self.best_idx
+            s, sq, n = self._smooth_dense(stats.grid_stats, stats.shape)
+            visited = stats.grid_stats[2] > 0
+            keys = np.argwhere(visited)
+            s, sq, n = s[visited], sq[visited], n[visited]
+        else:
+            if not stats.sums:
+                return self.best_idx
+            keys = np.array(list(stats.sums), np.float64)                  # (V, P)
+            cells = np.array(list(stats.sums.values()), np.float64)        # (V, 3)
+            d2 = (((keys[:, None, :] - keys[None, :, :]) / cfg.kernel_steps) ** 2).sum(-1)
+            w = np.exp(-0.5 * d2)                                         # (V, V)
+            s, sq, n = w @ cells[:, 0], w @ cells[:, 1], w @ cells[:, 2]
+        mean = s / n
+        var = np.maximum(sq / n - mean ** 2, 0.0)
+        if cfg.lcb_pooled_noise:
+            var = np.maximum(var, stats.pooled_variance())
+        lcb = mean - cfg.lcb_kappa * np.sqrt(var / np.maximum(n, 1.0))
+        lcb[n < cfg.best_min_samples] = -np.inf
+        if not np.isfinite(lcb).any():
+            lcb = mean
+        self.best_idx = np.asarray(keys[int(np.argmax(lcb))]).astype(np.int64)
+        self.best_tick = now
+        self.had_best = True
+        return self.best_idx
+
+    def _smooth_dense(self, grid_stats: np.ndarray, shape: tuple):
+        """The Gaussian-kernel sums of every cell, one axis at a time."""
+        if self._kernels is None:                  # fixed by the grid: built once
+            self._kernels = []
+            for size in shape:
+                i = np.arange(size)
+                self._kernels.append(
+                    np.exp(-0.5 * ((i[:, None] - i[None, :]) / self.cfg.kernel_steps) ** 2))
+        out = grid_stats
+        for axis, k in enumerate(self._kernels):
+            out = np.moveaxis(np.tensordot(out, k, axes=([axis + 1], [0])), -1, axis + 1)
+        return out[0], out[1], out[2]
+
+
+class PeakTracker(BestKnown):
     """The moving-average peak over a :class:`~drl_engine.node_replay.NodeReplay`."""
 
     def __init__(self, model, settle_ticks: int, grid):
+        super().__init__()
         self.mcfg, self.settle_ticks, self.grid = model, settle_ticks, grid
         self.level: float | None = None             # the objective's best_window average
         self.best_level: float | None = None
-        self.best_idx: np.ndarray | None = None     # (N, K) grid indices
-        self.best_tick: int | None = None           # when it was set
         self.best_nodes: np.ndarray | None = None   # (N,) the nodes present then
         self.best_from: int | None = None           # best windows start here or later
 
     def forget(self, tick: int | None) -> None:
         """Forget the best-known setting; track it afresh only over windows that start
         after a change at ``tick`` has settled."""
-        self.best_level = self.best_idx = self.best_tick = None
+        self.drop()
         self.best_from = None if tick is None else int(tick) + self.settle_ticks
 
     def drop(self) -> None:
         """The best is no longer reachable (a rollback to it did not help)."""
-        self.best_level = self.best_idx = self.best_tick = None
+        super().drop()
+        self.best_level = None
 
     def take(self, best_idx: np.ndarray, tick: int, present: np.ndarray) -> None:
         """A best handed over (the cold start's shared one), at the level measured now."""
-        self.best_idx = best_idx
-        self.best_level, self.best_tick = self.level, tick
+        super().take(best_idx, tick)
+        self.best_level = self.level
         self.best_nodes = present.copy()
         self.best_from = None
 
@@ -83,4 +178,4 @@ class PeakTracker:
         return False
 
 
-__all__ = ["PeakTracker"]
+__all__ = ["BestKnown", "LowerBound", "PeakTracker"]

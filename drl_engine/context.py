@@ -74,6 +74,7 @@ from capes.common import actions
 from capes.common.step_grid import walk_action
 from drl_engine import checkpoint
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
+from drl_engine.context_memory import ContextMemory
 from drl_engine.guide import Guide
 
 
@@ -229,8 +230,7 @@ class _Memory:
     detector: object = None              # the guide's change detector
     bumped_at: int | None = None         # the engine's exploration bump, this context's
     local_bump: bool = False
-    best: np.ndarray | None = None       # grid indices of its best-known setting
-    visits: int = 1
+    visits: int = 1                      # (its best-known setting: ContextMemory's)
 
 
 def context_columns(cfg, pi_names, reward_pis, param_names) -> list[int]:
@@ -247,8 +247,10 @@ def context_columns(cfg, pi_names, reward_pis, param_names) -> list[int]:
     return [i for i, p in enumerate(names) if p not in skip]
 
 
-class WorkloadContexts:
-    """The engine's contexts and their memory; one per engine (one session's guide)."""
+class WorkloadContexts(ContextMemory):
+    """The engine's contexts and their memory; one per engine (one session's guide):
+    the context memory of one row (``drl_engine.context_memory``), each context's guide
+    statistics, change detector and ε clock beside it."""
 
     INFER_MOVES = 8       # moves of the network's walk at a new context, at most
                           # (``context_infer_known``: the other contexts it needs to have
@@ -256,15 +258,14 @@ class WorkloadContexts:
                           # signature-to-setting mapping to learn)
 
     def __init__(self, cfg, columns: list[int]):
-        self.cfg = cfg
-        self.columns = columns
+        super().__init__(cfg, columns, rows=1)
+        self.hold_until[:] = -1       # no probes before this action tick (after a walk)
         self.clusters = SignatureClusters(cfg.context_window, cfg.context_threshold,
                                           cfg.context_floor, cfg.context_confirm,
                                           cfg.context_floor_strict)
         self.memory: list[_Memory] = []
         self.switches: list[Switch] = []
         self.target: np.ndarray | None = None       # the recalled setting being walked to
-        self.hold_until = -1          # no probes before this action tick (after a walk)
         self.infer = False            # a new context waits for its first setting
         self._net: dict | None = None  # the network's walk at a new context (see infer_action)
         self._left: int | None = None               # the context whose memory the guide holds
@@ -296,7 +297,7 @@ class WorkloadContexts:
         setting is used before it is questioned again). With experience of earlier
         sessions (``prior``), a start that does not deliver what it promised ends the
         hold (:meth:`_promise_broken`)."""
-        if now >= self.hold_until:
+        if not self.held(now)[0]:
             return False
         if guide is not None and self._promise_broken(engine, guide, now):
             return False
@@ -309,13 +310,13 @@ class WorkloadContexts:
         statistics were another system's)."""
         if self._promise is None or guide.last_p is None:
             return False
-        if now <= self.hold_until - self.cfg.context_hold_ticks + self.cfg.settle_ticks + 1:
+        if now <= self.hold_until[0] - self.cfg.context_hold_ticks + self.cfg.settle_ticks + 1:
             return False
         self._heard.append(guide.last_p)
         if len(self._heard) < 3 or np.median(self._heard) >= \
                 (1.0 - self.prior.margin) * self._promise:
             return False
-        self._promise, self._heard, self.hold_until = None, [], now
+        self._promise, self._heard, self.hold_until[0] = None, [], now
         c = self.current
         if self.memory[c].created_at < 0:         # a recorded workload: search afresh
             self.memory[c].created_at = now
@@ -341,7 +342,7 @@ class WorkloadContexts:
     def best_of(self, k: int, guide: Guide) -> np.ndarray | None:
         """Context ``k``'s best-known setting (grid indices): the guide's for the
         current one, the stored one for the others."""
-        return guide.best if k == self.current else self.memory[k].best
+        return guide.best if k == self.current else self.recalled(0, k)
 
     # -- per tick -----------------------------------------------------------------------
     def follow(self, engine, pis: np.ndarray, n: int, guide: Guide) -> None:
@@ -363,11 +364,13 @@ class WorkloadContexts:
             left.stats = copy.deepcopy(guide.grid_stats if guide.dense else guide.sums)
             left.detector = guide.detector
             left.bumped_at, left.local_bump = engine.exploration.bumped_at, engine.exploration.local
-            left.best = guide.best_setting(now)
+            self.remember(0, self._left, guide.best_setting(now))
         self._left = switch.context
-        self.target, self.hold_until, self.infer, self._net = None, -1, False, None
+        self.target, self.infer, self._net = None, False, None
+        self.hold_until[:] = -1
         self._promise, self._heard = None, []
-        guide.probe, guide._best_at = None, -1
+        guide.probe = None
+        guide.known.stale()
         if switch.new:
             if not self.memory:
                 # the first workload is the one the engine has explored all along (also
@@ -391,9 +394,9 @@ class WorkloadContexts:
             guide.sums = copy.deepcopy(mem.stats)
         guide.detector = mem.detector
         engine.exploration.bump(mem.bumped_at, mem.local_bump)
-        guide.best = mem.best
+        guide.best = self.recalled(0, switch.context)
         best = guide.best_setting(now)
-        self.target = best if best is not None else mem.best
+        self.target = best if best is not None else self.recalled(0, switch.context)
 
     def recall_action(self, current: np.ndarray, guide: Guide, now: int) -> int | None:
         """While a return walks to its context's best-known setting: the next move (None
@@ -405,7 +408,7 @@ class WorkloadContexts:
         action = walk_action(current, target, guide.n_steps, self.cfg.context_recall_steps)
         if action == 0:
             self.target = None
-            self.hold_until = now + self.cfg.context_hold_ticks
+            self.hold(0, now)
             return None
         return action
 
@@ -443,7 +446,7 @@ class WorkloadContexts:
                     return None
                 if self.prior.start != "qnet":
                     return None
-            known = sum(m.best is not None for m in self.memory[:-1])
+            known = sum(self.recalled(0, k) is not None for k in range(len(self.memory) - 1))
             if known < self.cfg.context_infer_known:
                 return None
             if not self.cfg.use_q_network:
@@ -485,9 +488,9 @@ class WorkloadContexts:
         """The best-known setting of the context whose signature is nearest the current
         one's (None before any other context has one)."""
         c, cl = self.current, self.clusters
-        known = [(cl.distance(cl.mean[c], k), k) for k, m in enumerate(self.memory)
-                 if k != c and m.best is not None]
-        return self.memory[min(known)[1]].best if known else None
+        known = [(cl.distance(cl.mean[c], k), k) for k in range(len(self.memory))
+                 if k != c and self.recalled(0, k) is not None]
+        return self.recalled(0, min(known)[1]) if known else None
 
     def lead(self, q_action: int, n_params: int) -> int:
         """The Q-network's one-step greedy action as a move of ``context_recall_steps``
@@ -515,8 +518,9 @@ class WorkloadContexts:
         """The contexts and what each keeps (``drl_engine.checkpoint``: loadable with
         ``weights_only``): a restarted engine recognises the workloads it has seen."""
         memory = [{**checkpoint.state_of(m, skip=("detector",)),
+                   "best": checkpoint.encode(self.recalled(0, k)),
                    "detector": None if m.detector is None else checkpoint.state_of(m.detector)}
-                  for m in self.memory]
+                  for k, m in enumerate(self.memory)]
         return {"clusters": checkpoint.state_of(self.clusters, skip=SETTINGS),
                 "memory": memory, "left": self._left,
                 "switches": [[s.index, s.context, s.new] for s in self.switches]}
@@ -530,10 +534,13 @@ class WorkloadContexts:
                              f"this replay DB {len(self.columns)}")
         checkpoint.restore_into(self.clusters, state["clusters"])
         self.memory = []
-        for m in state["memory"]:
+        self.settings[0].clear()
+        for c, m in enumerate(state["memory"]):
             detector = m.get("detector")
             mem = _Memory(created_at=0)
-            checkpoint.restore_into(mem, {k: v for k, v in m.items() if k != "detector"})
+            checkpoint.restore_into(mem, {k: v for k, v in m.items()
+                                          if k not in ("detector", "best")})
+            self.remember(0, c, checkpoint.decode(m.get("best")))
             if detector is not None:
                 mem.detector = SettingResidualDetector(ChangeDetectorConfig())
                 checkpoint.restore_into(mem.detector, detector)

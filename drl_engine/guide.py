@@ -17,7 +17,8 @@ replay DB) and changes *which* actions are taken:
   ``lcb_kappa`` standard errors — a lower confidence bound, so one lucky noisy sample
   does not become "the best"; with ``lcb_pooled_noise`` each setting's variance is at
   least the one pooled within settings, so a setting whose few samples agree is not
-  thereby certain.
+  thereby certain (the estimator, :class:`~drl_engine.best_known.LowerBound`, and the
+  state both modes share live in ``drl_engine.best_known``).
 * **Probes.** An exploration decision starts a probe: a target setting, walked to by
   moves of up to ``action_steps`` steps per tick (temporally extended exploration, after
   Dabney et al.'s εz-greedy; two steps halve the walk, which was most of the early
@@ -58,6 +59,7 @@ import numpy as np
 from capes.common import actions
 from capes.common.step_grid import StepGrid, walk_action
 from drl_engine import checkpoint, trust_region
+from drl_engine.best_known import LowerBound
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
 
 
@@ -95,8 +97,8 @@ class Guide:
         self.grid_stats = np.zeros((3,) + self.shape) if self.dense else None
         self.seen_until = 0                          # ticks of the session credited so far
         self.probe: Probe | None = None
-        self.best: np.ndarray | None = None
-        self._best_at = -1
+        # the best-known setting, by its lower confidence bound (drl_engine.best_known)
+        self.known = LowerBound(cfg)
         self.resets = 0
         self.detector = (SettingResidualDetector(ChangeDetectorConfig())
                          if cfg.detect_changes else None)
@@ -112,7 +114,6 @@ class Guide:
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
         self.sweep: list[list[int]] = []   # the coarse sweep's targets left (sweep_points)
         self.sweep_due = False         # a new workload: sweep once its anchor is measured
-        self.had_best = False          # a best was known once: best None is a new workload
         self.replan_uniform = False    # a new context's uniform first probes are re-aimed
                                        # by the model along their walk (context_replan)
         self.level_before: float | None = None   # the anchor's level before an alarm
@@ -123,14 +124,17 @@ class Guide:
 
     # -- checkpoints --------------------------------------------------------------------
     # built from the parameter specs and the config, never kept in a checkpoint
-    STRUCTURE = ("step_grid", "n_steps", "frozen", "shape", "dense", "probe", "_kernels",
+    STRUCTURE = ("step_grid", "n_steps", "frozen", "shape", "dense", "probe", "known",
                  "_grid_keys")
+    KNOWN = {"best": "best_idx", "_best_at": "best_tick", "had_best": "had_best"}
 
     def state(self) -> dict:
         """What a restart must not forget: the per-setting statistics and the best-known
         setting, the learned lags, the change detector, the running probe
         (``drl_engine.checkpoint`` makes it loadable with ``weights_only``)."""
         out = checkpoint.state_of(self, skip=self.STRUCTURE)
+        out.update({k: checkpoint.encode(getattr(self.known, a))
+                    for k, a in self.KNOWN.items()})     # (the names kept before 39)
         out["shape"] = list(self.shape)
         out["probe"] = None if self.probe is None else checkpoint.encode(asdict(self.probe))
         return out
@@ -142,7 +146,10 @@ class Guide:
             raise ValueError(f"the guide's state is for a grid of {state.get('shape')} "
                              f"settings, these parameters make {list(self.shape)}")
         checkpoint.restore_into(self, {k: v for k, v in state.items()
-                                       if k not in ("shape", "probe")})
+                                       if k not in ("shape", "probe", *self.KNOWN)})
+        for k, a in self.KNOWN.items():
+            if k in state:
+                setattr(self.known, a, checkpoint.decode(state[k]))
         probe = state.get("probe")
         self.probe = None if probe is None else Probe(**checkpoint.decode(probe))
 
@@ -277,40 +284,21 @@ class Guide:
         # not changed its delay
         self.lags[found] = best[found]
 
+    @property
+    def best(self) -> np.ndarray | None:
+        """Grid indices of the best-known setting (``drl_engine.best_known``)."""
+        return self.known.best_idx
+
+    @best.setter
+    def best(self, idx: np.ndarray | None) -> None:
+        self.known.best_idx = idx            # (when it was named: unchanged)
+
     def best_setting(self, now: int) -> np.ndarray | None:
         """Grid indices of the best-known setting by its lower confidence bound,
         recomputed every ``refresh`` ticks (None before any setting was seen)."""
-        if self.best is not None and 0 <= now - self._best_at < self.cfg.best_refresh_ticks:
-            return self.best
-        if self.dense:
-            if not self.grid_stats[2].any():
-                return self.best
-            s, sq, n = self._smooth_dense()
-            visited = self.grid_stats[2] > 0
-            keys = np.argwhere(visited)
-            s, sq, n = s[visited], sq[visited], n[visited]
-        else:
-            if not self.sums:
-                return self.best
-            keys = np.array(list(self.sums), np.float64)                  # (V, P)
-            stats = np.array(list(self.sums.values()), np.float64)        # (V, 3)
-            d2 = (((keys[:, None, :] - keys[None, :, :]) / self.cfg.kernel_steps) ** 2).sum(-1)
-            w = np.exp(-0.5 * d2)                                        # (V, V)
-            s, sq, n = w @ stats[:, 0], w @ stats[:, 1], w @ stats[:, 2]
-        mean = s / n
-        var = np.maximum(sq / n - mean ** 2, 0.0)
-        if self.cfg.lcb_pooled_noise:
-            var = np.maximum(var, self._pooled_variance())
-        lcb = mean - self.cfg.lcb_kappa * np.sqrt(var / np.maximum(n, 1.0))
-        lcb[n < self.cfg.best_min_samples] = -np.inf
-        if not np.isfinite(lcb).any():
-            lcb = mean
-        self.best = np.asarray(keys[int(np.argmax(lcb))]).astype(np.int64)
-        self._best_at = now
-        self.had_best = True
-        return self.best
+        return self.known.setting(now, self)
 
-    def _pooled_variance(self) -> float:
+    def pooled_variance(self) -> float:
         """The objective's variance within settings, pooled over every setting credited
         more than once (0 while none is): the floor of each setting's variance in the
         best-known setting's bound (``lcb_pooled_noise``). A setting whose samples barely
@@ -320,19 +308,6 @@ class Guide:
         within = _within_variance(*self._cells()[1:])
         return 0.0 if within is None else within
 
-    def _smooth_dense(self):
-        """The Gaussian-kernel sums of every cell, one axis at a time."""
-        if getattr(self, "_kernels", None) is None:        # fixed by the grid: built once
-            self._kernels = []
-            for size in self.shape:
-                i = np.arange(size)
-                self._kernels.append(
-                    np.exp(-0.5 * ((i[:, None] - i[None, :]) / self.cfg.kernel_steps) ** 2))
-        out = self.grid_stats
-        for axis, k in enumerate(self._kernels):
-            out = np.moveaxis(np.tensordot(out, k, axes=([axis + 1], [0])), -1, axis + 1)
-        return out[0], out[1], out[2]
-
     def forget(self, anchor: np.ndarray | None = None) -> None:
         """A new workload: the optimum may have moved. ``anchor``: the setting the
         trust region stays around until new statistics name a best (None: none, so
@@ -340,7 +315,8 @@ class Guide:
         self.sums.clear()
         if self.dense:
             self.grid_stats[:] = 0.0
-        self.best, self.probe, self._best_at = anchor, None, -1
+        self.known.take(anchor)
+        self.probe = None
         self.drop_sweep()
         self.replan_uniform = False
         self.resets += 1
@@ -354,7 +330,7 @@ class Guide:
         uniformly while the model has fewer than 3 settings, are then re-aimed by the
         model along their walk (``context_replan``, issue 25 round 8: a first probe drawn
         across the range walked on while the throughput fell to 0)."""
-        if self.had_best:
+        if self.known.had_best:
             self.wide_left = self.cfg.alarm_probes
             self.sweep_due = self.cfg.sweep_points > 0
         self.replan_uniform = context and self.cfg.context_replan

@@ -248,47 +248,46 @@ class NodeDQN(TargetNetworkLearner):
         # where it covers the step; ``q.by_hand`` False: autograd (the tests compare)
         if not (self.q.by_hand and node_backward.supported(self.q, b)):
             def step():
-                return self.descend(self.loss(b.obs, b.mask, b.actions, b.returns,
-                                              b.discounts, b.next_obs, b.next_mask, b.valid,
-                                              b.abar, b.next_abar))
+                return self.descend(self.loss(b))
             # compiled: a backward that fails to compile (at its first call) runs eagerly
             return self.loss.guarded(step) if isinstance(self.loss, CompiledOrEager) \
                 else step()
-        y = self._td_target(b.returns, b.discounts, b.next_obs, b.next_mask, b.next_abar)
+        y = self._td_target(b)
         loss, grads = node_backward.loss_and_grads(self.q, b, y, self.huber)
         with torch.no_grad():                   # descend's update, after its backward
             self._update_with(grads)
         return loss
 
-    def loss(self, obs, mask, actions, returns, discounts, next_obs, next_mask, valid,
-             abar=None, next_abar=None) -> torch.Tensor:
-        """:meth:`train_step`'s loss: the TD errors of the valid transitions, Huber or
-        squared, their mean."""
-        y = self._td_target(returns, discounts, next_obs, next_mask, next_abar)
-        q = self.q.forward(obs, mask, abar).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    def loss(self, b: NodeBatch) -> torch.Tensor:
+        """:meth:`train_step`'s loss on the batch ``b`` (tensors): the TD errors of the
+        valid transitions, Huber or squared, their mean."""
+        y = self._td_target(b)
+        q = self.q.forward(b.obs, b.mask, b.abar).gather(
+            -1, b.actions.unsqueeze(-1)).squeeze(-1)
         err = q - y
         if self.huber:
             a = err.abs()
             per = torch.where(a < 1.0, 0.5 * err * err, a - 0.5)
         else:
             per = err * err
-        w = valid.to(per.dtype)
+        w = b.valid.to(per.dtype)
         return (per * w).sum() / w.sum().clamp_min(1.0)
 
     @torch.no_grad()
-    def _td_target(self, returns, discounts, next_obs, next_mask, next_abar) -> torch.Tensor:
+    def _td_target(self, b: NodeBatch) -> torch.Tensor:
         """y = R + γⁿ · Q⁻(s', a*) per node (B, M), a* by the online network (Double DQN)
         or the target's."""
-        next_q_t = self.target.forward(next_obs, next_mask, next_abar)
+        next_q_t = self.target.forward(b.next_obs, b.next_mask, b.next_abar)
         if self.cfg.double_dqn:
-            best = self.q.forward(next_obs, next_mask, next_abar).argmax(dim=-1,
-                                                                         keepdim=True)
+            best = self.q.forward(b.next_obs, b.next_mask, b.next_abar).argmax(
+                dim=-1, keepdim=True)
         else:
             best = next_q_t.argmax(dim=-1, keepdim=True)
         next_v = next_q_t.gather(-1, best).squeeze(-1)              # (B, M)
+        returns = b.returns
         if returns.dim() == 1:
             returns = returns.unsqueeze(1)
-        return returns + discounts.unsqueeze(1) * next_v
+        return returns + b.discounts.unsqueeze(1) * next_v
 
     def state_dict(self) -> dict:
         return {**self._networks_state(), "model": dataclasses.asdict(self.mcfg),

@@ -192,10 +192,12 @@ class PriorExperience:
         cl.m2 = [w.log_m2.copy() for w in self.workloads]
         cl.n = [w.n for w in self.workloads]
         contexts.memory = []
-        for w in self.workloads:
+        contexts.settings[0].clear()
+        for k, w in enumerate(self.workloads):
             contexts.memory.append(_Memory(
-                created_at=-w.ticks, stats=_guide_stats(guide, w), best=w.best,
+                created_at=-w.ticks, stats=_guide_stats(guide, w),
                 detector=_fresh_detector(guide)))
+            contexts.remember(0, k, w.best)
         contexts.prior = self
         return True
 

@@ -35,6 +35,12 @@ class NoOptions:
     pass
 
 
+def check_range(name: str, value, lo, hi) -> None:
+    """ValueError unless ``lo <= value <= hi`` (an option's bounds, checked on load)."""
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: must lie in [{lo}, {hi}] (got {value})")
+
+
 # -- objectives ---------------------------------------------------------------------------
 
 @objective("throughput")
@@ -108,8 +114,7 @@ class MovingAverageOptions:
     window: int = 5                      # m
 
     def validate(self) -> None:
-        if not 1 <= self.window <= 100_000:
-            raise ValueError(f"window: must lie in [1, 100000] (got {self.window})")
+        check_range("window", self.window, 1, 100_000)
 
 
 @reward_type("diff_avg")
@@ -138,8 +143,7 @@ class EWMAOptions:
     def validate(self) -> None:
         # below 0.001 the EWMA's exact lookback passes 20,000 ticks (and at 1e-17,
         # 1 − weight == 1 and the lookback is infinite)
-        if not 0.001 <= self.weight <= 1:
-            raise ValueError(f"weight: must lie in [0.001, 1] (got {self.weight})")
+        check_range("weight", self.weight, 0.001, 1)
 
 
 @reward_type("diff_ewma")

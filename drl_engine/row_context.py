@@ -6,7 +6,9 @@ the work (a checkpoint writer, an analysis reader, idle), so here every row has 
 context, derived from that node's own signature PIs by the same online clustering
 (:class:`~drl_engine.context.SignatureClusters`, one per row), and every row keeps, per
 context, the setting it had in the best-known setting (``drl_engine.best_known``) of
-the last visit: the grid indices of its knobs at the objective's moving-average peak.
+the last visit: the grid indices of its knobs at the objective's moving-average peak
+(the context memory both modes share, ``drl_engine.context_memory``; the one-row mode's
+is its case of one row).
 
 On a tick where rows change context (the per-row running median confirms a new
 signature):
@@ -51,6 +53,7 @@ import numpy as np
 from drl_engine import checkpoint
 from drl_engine.context import (SETTINGS, SignatureClusters, context_columns, log_offset,
                                 running_add)
+from drl_engine.context_memory import ContextMemory
 from drl_engine.context_search import GroupSearch, signature_groups
 
 log = logging.getLogger("capes.engine")
@@ -166,8 +169,10 @@ class RowSignatures:
         return np.array([c.count for c in self.rows])
 
 
-class RowContexts:
-    """Every row's contexts and what each keeps (see the module docstring)."""
+class RowContexts(ContextMemory):
+    """Every row's contexts and what each keeps (see the module docstring): the context
+    memory over the rows (``drl_engine.context_memory``), with the snapshot of the
+    best-known setting, the cluster's changes, the group search and the walks beside it."""
 
     SNAPSHOT_TICKS = 6     # rows confirming a change this many ticks after the first one
                            # store the same best-known setting (median of 3 + NEW_CONFIRM)
@@ -175,10 +180,7 @@ class RowContexts:
                            # hold, ε): one row's context split by noise does not
 
     def __init__(self, cfg, columns: list[int], rows: int):
-        self.cfg, self.columns = cfg, columns
         self.signatures = RowSignatures(cfg, len(columns))
-        self.memory: list[dict[int, np.ndarray]] = []   # per row: context → grid indices
-        self.hold_until = np.zeros(0, np.int64)         # per row: no probe/greedy before
         self.target: dict[int, np.ndarray] = {}         # rows to set at the next action
         self._snapshot: np.ndarray | None = None
         self._snapshot_until = -1
@@ -197,7 +199,7 @@ class RowContexts:
         # started, tick it is given up, "recall" or "search")
         self.walking: dict[int, tuple[np.ndarray, int, int, str]] = {}
         self.unreached = 0                              # walks given up
-        self.grow(rows)
+        super().__init__(cfg, columns, rows)            # (grows the signatures too)
 
     @classmethod
     def build(cls, cfg, pi_names, reward_pis, params, rows: int) -> "RowContexts | None":
@@ -209,14 +211,8 @@ class RowContexts:
 
     def grow(self, rows: int) -> None:
         """Rows appended (nodes joined): contexts of their own, from scratch."""
-        self.memory += [{} for _ in range(rows - len(self.memory))]
+        super().grow(rows)
         self.signatures.grow(rows)
-        self.hold_until = np.concatenate(
-            [self.hold_until, np.zeros(rows - len(self.hold_until), np.int64)])
-
-    @property
-    def rows(self) -> int:
-        return len(self.memory)
 
     # -- per tick ------------------------------------------------------------------------
     def follow(self, engine, tick: int, pis: np.ndarray) -> None:
@@ -243,10 +239,10 @@ class RowContexts:
         new_rows = []
         for r, left, ctx, new in changed:
             if self._snapshot is not None and r < len(self._snapshot):
-                self.memory[r][left] = self._snapshot[r].copy()
+                self.remember(r, left, self._snapshot[r].copy())
             self.target.pop(r, None)
             self.walking.pop(r, None)
-            known = self.memory[r].get(ctx)
+            known = self.recalled(r, ctx)
             if known is None:
                 new_rows.append(r)
                 self._event_new.add(r)
@@ -410,7 +406,7 @@ class RowContexts:
             if r in here and on[r].all():
                 del self.walking[r]
                 if kind == "recall" and self.hold_until[r] > since:
-                    self.hold_until[r] = tick + self.cfg.context_hold_ticks
+                    self.hold(r, tick)
                 elif kind == "search" and self.search is not None:
                     self._measure_from(tick)
             elif tick >= until:
@@ -433,13 +429,14 @@ class RowContexts:
         walking ones too (:meth:`walk` moves them)."""
         if self.search is not None:
             return np.ones(len(self.hold_until), bool)
-        held = self.hold_until > tick
+        held = self.held(tick)
         held[[r for r in self.walking if r < len(held)]] = True
         return held
 
     # -- checkpoints ----------------------------------------------------------------------
-    KEPT = ("memory", "hold_until", "switch_ticks", "returns", "news", "searches",
+    KEPT = ("settings", "hold_until", "switch_ticks", "returns", "news", "searches",
             "_last_best")                 # a search under way is not kept: it starts over
+    NAMES = {"settings": "memory"}        # a checkpoint's name, where it is another
     SINCE = ("walking", "unreached")      # kept since the walk (older checkpoints lack them)
 
     def state(self) -> dict:
@@ -447,7 +444,8 @@ class RowContexts:
         with ``weights_only``): a restarted engine recalls the workloads its nodes have
         seen."""
         return {"columns": list(self.columns), "signatures": self.signatures.state(),
-                **{k: checkpoint.encode(getattr(self, k)) for k in self.KEPT + self.SINCE}}
+                **{self.NAMES.get(k, k): checkpoint.encode(getattr(self, k))
+                   for k in self.KEPT + self.SINCE}}
 
     def load_state(self, state: dict) -> None:
         """Resume from :meth:`state` (the same rows); ValueError for other signature PIs."""
@@ -456,7 +454,7 @@ class RowContexts:
                              f"{list(state['columns'])}, this engine has {self.columns}")
         self.signatures.load_state(state["signatures"])
         for k in self.KEPT + tuple(k for k in self.SINCE if k in state):
-            setattr(self, k, checkpoint.decode(state[k]))
+            setattr(self, k, checkpoint.decode(state[self.NAMES.get(k, k)]))
         self.walking = {r: w for r, w in self.walking.items() if w[3] == "recall"}
 
     def counters(self) -> dict:

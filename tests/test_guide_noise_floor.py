@@ -51,7 +51,7 @@ def test_the_noise_floor_lets_a_higher_noisy_setting_beat_an_exact_capped_one(po
 def test_the_floor_is_the_variance_pooled_within_settings():
     g = guide(True)
     n = len(NOISY_SAMPLES)
-    assert g._pooled_variance() == pytest.approx(np.var(NOISY_SAMPLES) * n / (2 * n - 2))
+    assert g.pooled_variance() == pytest.approx(np.var(NOISY_SAMPLES) * n / (2 * n - 2))
     empty = Guide(GAME_GRID, DQNConfig(guided=True, lcb_pooled_noise=True),
                   np.random.default_rng(0))
-    assert empty._pooled_variance() == 0.0      # no repeats yet: no floor
+    assert empty.pooled_variance() == 0.0      # no repeats yet: no floor

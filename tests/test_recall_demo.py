@@ -30,8 +30,9 @@ def test_the_demonstration_moves_the_farthest_knob_one_step_towards_the_best():
 def contexts_with(switches, current_best):
     ctx = WorkloadContexts(DQNConfig(use_context=True), [0])
     ctx.switches = [Switch(i, k, True) for i, k in switches]
-    ctx.memory = [SimpleNamespace(best=np.array([4, 50])), SimpleNamespace(best=None),
-                  SimpleNamespace(best=np.array([4, 20]))]
+    ctx.memory = [SimpleNamespace()] * 3
+    ctx.remember(0, 0, np.array([4, 50]))
+    ctx.remember(0, 2, np.array([4, 20]))
     ctx.clusters.current = 2
     grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
                         SimpleNamespace(min=1, max=100, step=1)])

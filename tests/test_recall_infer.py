@@ -65,7 +65,9 @@ def network_walk(request_kb: float, start: int, frozen=(False, False), known: in
                              exploration=Exploration(DQNConfig()))
     network_walk.engine = engine
     ctx = WorkloadContexts(DQNConfig(use_context=True, context_infer=True, **cfg), [3])
-    ctx.memory = [SimpleNamespace(best=np.array([0, 0]))] * known + [SimpleNamespace(best=None)]
+    ctx.memory = [SimpleNamespace()] * (known + 1)
+    for k in range(known):
+        ctx.remember(0, k, np.array([0, 0]))
     ctx.infer, current, moves = True, np.array([4, start]), 0
     while ctx.inferring:
         action = ctx.infer_action(engine, 7, current, guide)
@@ -111,10 +113,11 @@ def test_without_the_network_a_new_context_starts_at_the_nearest_contexts_best()
         for _ in range(10):
             ctx.clusters.update(np.array(sig))
     assert ctx.clusters.count == 4 and ctx.current == 3      # the last is new ...
-    ctx.memory = [SimpleNamespace(best=np.array([9, b])) for b in (49, 24, 74)]
-    ctx.memory.append(SimpleNamespace(best=None))
+    ctx.memory = [SimpleNamespace() for _ in range(4)]
+    for k, b in enumerate((49, 24, 74)):
+        ctx.remember(0, k, np.array([9, b]))
     assert list(ctx.nearest_best()) == [9, 74]                 # ... nearest the third
-    ctx.memory[2].best = None
+    ctx.remember(0, 2, None)
     assert list(ctx.nearest_best()) == [9, 24]                 # then the second
 
 
