@@ -73,6 +73,9 @@ def parse_args(argv=None):
                     help="default: the config's (configs/glusterfs-cluster.toml)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--set", dest="sets", action="append", default=[])
+    ap.add_argument("--one-row", action="store_true",
+                    help="every client's knob in the engine's one row (the thesis' layout: "
+                    "one network over every client's PIs), not a per-node row each")
     ap.add_argument("--facts", action="store_true",
                     help="instead of the tuners: what each volume option does per phase "
                     "(capes evaluate's machinery) and what a `volume set` costs")
@@ -137,7 +140,7 @@ def main(argv=None) -> int:
         grid=[int(v) for v in args.grid.split(",")], original=args.original,
         grid_reps=args.grid_reps, grid_duration=args.grid_duration,
         segment_s=args.segment, exploration_ticks=args.exploration_ticks, seed=args.seed,
-        extra_sets=tuple(args.sets), facts=args.facts)
+        extra_sets=tuple(args.sets), facts=args.facts, one_row=args.one_row)
 
     class Stop(StopSignal):
         SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -77,6 +77,31 @@ class ThroughputMinusStdev:
         return per_node.sum(axis=1) - self.alpha * per_node.std(axis=1)
 
 
+@dataclass
+class LogOptions:
+    floor: float = 1.0                   # a node's figure below this counts as this
+
+    def validate(self) -> None:
+        if not (math.isfinite(self.floor) and self.floor > 0):
+            raise ValueError(f"floor: must be a finite number > 0 (got {self.floor})")
+
+
+@objective("log_throughput")
+class SumOfLogs:
+    """Σ over the nodes of log(each node's figure): the proportional-fair objective
+    (Kelly). Each node's own change counts by its ratio, so a client whose window cuts it
+    from 14 MB/s to 0.05 is seen through another's ±5 MB/s of noise, which the sum
+    hides (measured on the GlusterFS cluster: docs/targets.md). An idle node counts as
+    ``floor`` whatever its knobs."""
+    Options = LogOptions
+
+    def __init__(self, options: LogOptions):
+        self.floor = options.floor
+
+    def __call__(self, pis: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(pis.sum(axis=2), self.floor)).sum(axis=1)
+
+
 # -- reward types -------------------------------------------------------------------------
 
 def ewma(p: np.ndarray, weight: float, start: float = np.nan) -> np.ndarray:

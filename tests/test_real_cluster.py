@@ -106,6 +106,26 @@ def test_stack_config_has_a_row_per_client_on_its_own_bdi(tmp_path):
     assert s.reward.pis == ["app_bytes_s"]
 
 
+def test_one_row_layout_gives_each_client_a_global_knob_applied_on_its_node(tmp_path):
+    """``--one-row``: the engine's one-row mode over every client's knob (names without
+    ``/``), each still applied by its own node's control agent only; with the processes
+    collector the node's signature PIs load."""
+    runner = SimpleNamespace(nodes=NODES[:2], ra_paths={
+        "client1": "/sys/class/bdi/0:61/read_ahead_kb",
+        "client2": "/sys/class/bdi/0:62/read_ahead_kb"})
+    table = rc.stack_table(rc.CLUSTER_CONFIG, runner, tmp_path, [4, 128], 128, one_row=True)
+    assert set(table["parameters"]) == {"client1_read_ahead_kb", "client2_read_ahead_kb"}
+    assert table["parameters"]["client2_read_ahead_kb"]["nodes"] == ["client2"]
+    (tmp_path / "s.toml").write_text(dump_toml(table))
+    from capes.settings import load_settings
+    from drl_engine.per_node import rows_of
+    s = load_settings(tmp_path / "s.toml", [rc.node_collectors(
+        tmp_path / "pi", "/sys/fs/cgroup/memory/x", tmp_path / "mnt1")])
+    assert rows_of(s.param_specs()) is None                  # the one-row mode
+    names = [c.name for c in s.monitor.collectors]
+    assert names == ["command", "processes"]
+
+
 def test_the_shipped_cluster_config_says_only_what_the_target_is():
     """Issue 40: [engine] holds at most the preset, the exploration horizon and what is
     the target's own (<= 4 keys); a row per client node."""

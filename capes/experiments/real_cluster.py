@@ -347,16 +347,17 @@ def gap_interval(grids: dict, original: int, schedule: list[rr.Phase], n: int = 
 # -- tuners through the stack --------------------------------------------------------------
 
 def stack_table(template: Path, runner: ClusterRunner, pi_dir: Path, values: list[int],
-                original: int) -> dict:
+                original: int, one_row: bool = False) -> dict:
     """The shipped cluster config made concrete: one ``clientK/read_ahead_kb`` row per
     node with its own bdi path, the ladder ``values``, the original as the default."""
     from capes.common.config import read_toml
     table = read_toml(template)
-    params = {f"{n}/{KNOB}": {"values": [str(v) for v in values], "default": str(original),
-                              "nodes": [n]} for n in runner.nodes}
+    name = (lambda n: f"{n}_{KNOB}") if one_row else (lambda n: f"{n}/{KNOB}")
+    params = {name(n): {"values": [str(v) for v in values], "default": str(original),
+                        "nodes": [n]} for n in runner.nodes}
     table["parameters"] = params
     table.setdefault("control", {})["appliers"] = {
-        f"{n}/{KNOB}": {"name": "file", "options": {"path": runner.ra_paths[n]}}
+        name(n): {"name": "file", "options": {"path": runner.ra_paths[n]}}
         for n in runner.nodes}
     table["control"]["state_file"] = str(pi_dir / "control-{node}.json")
     return table
@@ -383,7 +384,8 @@ class ClusterTunerRun(rr.TunerRun):
 def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int | None, values: list[int],
               template: Path = CLUSTER_CONFIG, extra_sets: tuple[str, ...] = (),
-              log=print, static_value: int | None = None) -> ClusterTunerRun:
+              log=print, static_value: int | None = None,
+              one_row: bool = False) -> ClusterTunerRun:
     """Play ``schedule`` while ``name`` (capes, hill, bo) tunes every client's
     ``read_ahead_kb`` through the stack: one interface daemon, a monitoring and a control
     agent per client node, the engine (per-node mode) or the baseline tuner. ``static``:
@@ -396,7 +398,8 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
     pis = sub / "pi"
     pis.mkdir(parents=True, exist_ok=True)
     original = {n: runner.read_ahead(n) for n in runner.nodes}
-    table = stack_table(template, runner, sub, values, original[runner.nodes[0]])
+    table = stack_table(template, runner, sub, values, original[runner.nodes[0]],
+                        one_row=one_row)
     config = sub / "stack.toml"
     config.write_text(dump_toml(table))
     keys = sub / "keys"
@@ -517,6 +520,9 @@ class ClusterBenchOptions:
     seed: int = 1
     extra_sets: tuple[str, ...] = ()
     facts: bool = False               # volume options and `volume set` costs, no tuners
+    # every client's knob one knob of the engine's one row (the thesis' layout: one
+    # network over every client's PIs) instead of a per-node row each
+    one_row: bool = False
     volume_settings: list[str] = field(default_factory=lambda: list(VOLUME_SETTINGS))
 
 
@@ -534,6 +540,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                     "segment_s": opts.segment_s, "grid": opts.grid, "ladder": opts.ladder,
                     "grid_reps": opts.grid_reps, "grid_duration_s": opts.grid_duration,
                     "exploration_ticks": opts.exploration_ticks, "tuners": {},
+                    "layout": "one-row" if opts.one_row else "per-node",
                     "load_average_start": os.getloadavg()[0]}
     vol = GlusterTestVolume(work / "vol", bricks=opts.bricks, clients=opts.clients,
                             netns=True, disk=opts.disk)
@@ -583,7 +590,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
             try:
                 run = run_tuner(name, runner, opts.schedule, work, opts.seed, stop,
                                 opts.exploration_ticks, opts.ladder,
-                                extra_sets=opts.extra_sets, log=log,
+                                extra_sets=opts.extra_sets, log=log, one_row=opts.one_row,
                                 static_value=sm["best_static"]["setting"])
             except (RuntimeError, OSError) as exc:      # one tuner's failure is its result
                 log(f"{name}: failed: {exc}")
