@@ -67,34 +67,54 @@ def test_rates_and_shape_of_a_cgroups_processes(tmp_path):
     first = col.collect()                       # no tick before: no rates, nothing counted
     assert len(first) == len(names)
     assert math.isnan(first["procs.read_kib_s"]) and first["procs.open_files"] == 1
-    # a reader through read(): 8 MiB in 2048 calls over 2 s, and a writer that started
+    # a reader through read(): 8 MiB in 2048 calls over 2 s, and a writer that started:
+    # the rates count both, the shape the reader only (a process's first tick is its
+    # start-up)
     clock.t += 2.0
     fp.set(11, rchar=18 << 20, syscr=2148, files=("/mnt/g/data", "/tmp/out"))
     fp.set(12, start=2000, wchar=2 << 20, syscw=2, files=("/mnt/g/ckpt",))
     v = col.collect()
     assert v["procs.read_kib_s"] == 4096 and v["procs.read_calls_s"] == 1024
     assert v["procs.write_kib_s"] == 1024 and v["procs.write_calls_s"] == 1
-    assert v["procs.read_share"] == pytest.approx(0.8)
-    assert v["procs.fault_share"] == 0
-    assert v["procs.kib_per_op"] == pytest.approx(10240 / 2050)
+    assert v["procs.read_share"] == 1 and v["procs.kib_per_op"] == 4
     assert v["procs.open_files"] == 2 and v["procs.procs"] == 2
+    # both settled: 8 MiB read, 2 MiB written
+    clock.t += 1.0
+    fp.set(11, rchar=26 << 20, syscr=4196)
+    fp.set(12, start=2000, wchar=4 << 20, syscw=4)
+    v = col.collect()
+    assert v["procs.read_share"] == pytest.approx(0.8) and v["procs.fault_share"] == 0
+    assert v["procs.kib_per_op"] == pytest.approx(10240 / 2050)
     # an mmap reader: page faults, no read() calls; the writer gone
     clock.t += 1.0
     fp.drop(12)
-    fp.set(11, rchar=18 << 20, syscr=2148, majflt=1000, files=("/mnt/g/data",))
+    fp.set(11, rchar=26 << 20, syscr=4196, majflt=1000, files=("/mnt/g/data",))
     v = col.collect()
     assert v["procs.major_faults_s"] == 1000 and v["procs.read_kib_s"] == 0
     assert v["procs.fault_share"] == 1 and v["procs.read_share"] == 1
     assert v["procs.kib_per_op"] == 4
-    # the pid reused by a new process (another start time): counted from zero
+    # the job restarts: a tick with no process, then one with a new process (the pid
+    # reused, another start time) reading its start-up files: the mmap shape is held
+    # and the rates are true
+    clock.t += 1.0
+    fp.drop(11)
+    v = col.collect()
+    assert v["procs.procs"] == 0 and v["procs.read_kib_s"] == 0
+    assert v["procs.fault_share"] == 1
     clock.t += 1.0
     fp.set(11, start=5000, rchar=1 << 20, syscr=256)
     v = col.collect()
     assert v["procs.read_kib_s"] == 1024 and v["procs.major_faults_s"] == 0
-    # nothing running: zero rates and a zero shape, not NaN (an idle node is a workload)
+    assert v["procs.fault_share"] == 1
     clock.t += 1.0
+    fp.set(11, start=5000, rchar=1 << 20, syscr=256, majflt=500)
+    assert col.collect()["procs.fault_share"] == 1          # settled, mmap again
+    # nothing running past the hold: zero rates and a zero shape, not NaN (an idle
+    # node is a workload)
     fp.drop(11)
-    v = col.collect()
+    for _ in range(4):
+        clock.t += 1.0
+        v = col.collect()
     assert v["procs.procs"] == 0 and v["procs.read_kib_s"] == 0
     assert v["procs.read_share"] == 0 and v["procs.kib_per_op"] == 0
 
@@ -112,6 +132,8 @@ def test_bad_options_and_a_missing_cgroup_are_clear(tmp_path):
         build_collector("processes", {})
     with pytest.raises(ValueError, match="under: must be an absolute"):
         build_collector("processes", {"cgroup": "/x", "under": "rel"})
+    with pytest.raises(ValueError, match="hold_ticks"):
+        build_collector("processes", {"cgroup": "/x", "hold_ticks": -1})
     with pytest.raises(ValueError, match="page_kib"):
         build_collector("processes", {"cgroup": "/x", "page_kib": 0})
     col = build_collector("processes", {"cgroup": str(tmp_path / "nope")})

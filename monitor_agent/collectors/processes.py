@@ -22,10 +22,15 @@ the processes listed in ``<cgroup>/cgroup.procs`` (cgroup v1 or v2), each tick:
 
 A process is known by its pid and start time; one that started during the tick counts
 from zero, one that was there at the first tick from where it stood then; what a process
-did between the last tick and its exit is not seen (its counters go with it). With no
-activity in a tick the shape PIs are 0. Options: ``cgroup`` (a cgroup directory: required),
-``under`` (a path prefix for ``open_files``), ``root`` (default ``/proc``; a fixture tree
-in tests), ``page_kib`` (4). Reading another user's ``/proc/<pid>/io`` needs root (or
+did between the last tick and its exit is not seen (its counters go with it). The rates
+count every process. The shape is taken from the processes that were already there at
+the tick before (a process's first tick is its start-up: loading, reading its
+configuration); in a tick with none (a job between two runs, one just started) the
+shape of the last tick that had one is held for ``hold_ticks`` ticks, then it is 0 (an
+idle node): a job that restarts every few seconds stays one workload. Options:
+``cgroup`` (a cgroup directory: required), ``under`` (a path prefix for
+``open_files``), ``hold_ticks`` (3), ``root`` (default ``/proc``; a fixture tree in
+tests), ``page_kib`` (4). Reading another user's ``/proc/<pid>/io`` needs root (or
 the same user); an unreadable process is skipped.
 """
 from __future__ import annotations
@@ -75,13 +80,18 @@ def parse_stat(text: str) -> tuple[int, int] | None:
 
 @register("processes")
 class ProcessesCollector(Collector):
-    def __init__(self, cgroup: str = "", under: str | None = None, root: str = "/proc",
-                 page_kib: float = 4.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, cgroup: str = "", under: str | None = None, hold_ticks: int = 3,
+                 root: str = "/proc", page_kib: float = 4.0,
+                 clock: Callable[[], float] = time.monotonic):
         if not isinstance(cgroup, str) or not cgroup:
             raise ValueError("cgroup: required, a cgroup directory (its cgroup.procs "
                              "lists the application's processes)")
         if under is not None and (not isinstance(under, str) or not under.startswith("/")):
             raise ValueError("under: must be an absolute path prefix")
+        if not isinstance(hold_ticks, int) or isinstance(hold_ticks, bool) or hold_ticks < 0:
+            raise ValueError(f"hold_ticks: must be an integer >= 0 (got {hold_ticks!r})")
+        self._hold, self._held = hold_ticks, 0
+        self._shape: dict[str, float] | None = None      # the last established shape
         if not page_kib > 0:
             raise ValueError(f"page_kib: must be > 0 (got {page_kib})")
         self._cgroup, self._root, self._clock = cgroup, root, clock
@@ -145,19 +155,31 @@ class ProcessesCollector(Collector):
         out["procs.open_files"], out["procs.procs"] = float(files), float(len(cur))
         if first or dt <= 0:
             return out
-        d = [0, 0, 0, 0, 0]
+        every, settled = [0] * 5, [0] * 5            # all processes; those seen before
         for key, c in cur.items():
-            p = prev.get(key, (0, 0, 0, 0, 0))      # new since the last tick: from zero
+            p = prev.get(key)
             for i in range(5):
-                d[i] += max(0, c[i] - p[i])
-        rchar, wchar, syscr, syscw, majflt = d
-        fault_kib = majflt * self._page_kib
-        for name, v in zip(RATES, (rchar / 1024, wchar / 1024, syscr, syscw, majflt)):
-            out[f"procs.{name}"] = v / dt
-        kib = rchar / 1024 + fault_kib + wchar / 1024
-        ops = syscr + syscw + majflt
-        out["procs.read_share"] = (rchar / 1024 + fault_kib) / kib if kib else 0.0
-        read_kib = rchar / 1024 + fault_kib
-        out["procs.fault_share"] = fault_kib / read_kib if read_kib else 0.0
-        out["procs.kib_per_op"] = kib / ops if ops else 0.0
+                moved = max(0, c[i] - (p[i] if p else 0))   # new since the last tick: from 0
+                every[i] += moved
+                if p is not None:
+                    settled[i] += moved
+        for name, v, k in zip(RATES, every, (1024, 1024, 1, 1, 1)):
+            out[f"procs.{name}"] = v / k / dt
+        if any(key in prev for key in cur):
+            self._shape, self._held = self._shape_of(*settled), 0
+        elif self._shape is not None and self._held < self._hold:
+            self._held += 1                          # between two runs of a job: held
+        else:
+            self._shape = {k: 0.0 for k in ("procs.read_share", "procs.fault_share",
+                                             "procs.kib_per_op")}
+        out.update(self._shape)
         return out
+
+    def _shape_of(self, rchar, wchar, syscr, syscw, majflt) -> dict[str, float]:
+        """The read share, fault share and KiB per operation of one tick's counts."""
+        fault_kib = majflt * self._page_kib
+        read_kib = rchar / 1024 + fault_kib
+        kib, ops = read_kib + wchar / 1024, syscr + syscw + majflt
+        return {"procs.read_share": read_kib / kib if kib else 0.0,
+                "procs.fault_share": fault_kib / read_kib if read_kib else 0.0,
+                "procs.kib_per_op": kib / ops if ops else 0.0}
