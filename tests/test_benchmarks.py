@@ -43,6 +43,7 @@ FIGURES = {
     "bench_replay_storage.py": r"disk\s+[\d.]+ GB",
     "bench_sim_hour.py": r"default / paper, wall time, paired by seed: [\d.]+ / [\d.]+",
     "bench_soak.py": r"daemon drops",
+    "bench_train_offline.py": r"device / host: [\d.]+",
     "bench_train_step.py": r"DQN.train_step \(ready tensors\)\s+median\s+[\d.]+ ms",
     "bench_tuners.py": r"wall \d+ s for 1 games",
 }
