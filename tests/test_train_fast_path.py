@@ -129,3 +129,21 @@ def test_train_cli_reports_progress_path_and_steps_per_s(merged, tmp_path, capsy
                               "--sampling", "device"]) == 0
     out = capsys.readouterr()
     assert "step " not in out.err and "minibatches drawn on the device" in out.out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_auto_takes_the_graphed_device_drawn_path_and_learns(merged, tmp_path):
+    """The fast path itself (tools/gpu/check.sh runs this on a lent GPU): chosen by
+    ``auto``, replayed as a CUDA graph, every chunk's loss read (the live engine's a
+    tick late), and the loss falls as the host path's does there."""
+    cfg = load_training_config(DEFAULT_CONFIG, ["engine.n_step=1"])
+    final = {}
+    for sampling in ("auto", "host"):
+        report = train_offline(merged, tmp_path / "m.pt", steps=600, cfg=cfg, chunk=50,
+                               device="cuda", sampling=sampling, seed=1)
+        losses = [p["loss"] for p in report.curve]
+        assert report.cuda_graph and report.steps == 600 and len(losses) == 12
+        assert report.sampling == ("device" if sampling == "auto" else "host")
+        assert np.isfinite(losses).all() and np.mean(losses[-4:]) < 0.5 * losses[0]
+        final[sampling] = np.mean(losses[-4:])
+    assert final["auto"] < 1.5 * final["host"]

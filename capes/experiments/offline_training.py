@@ -120,6 +120,7 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         if init_model:
             engine.load(init_model, weights_only=True)
         learner = engine.dqn.learner
+        learner.loss_late = False        # each chunk's own loss (a live tick's comes late)
         on_device = use_device_sampling(sampling, learner.device)
         if on_device:
             engine.transitions = DeviceTransitions(engine.experience, learner.device, seed)
