@@ -36,6 +36,7 @@ FIGURES = {
     "bench_pretrained_merge.py": r"pretrained\s+[\d.]+\s+\d+/\d+",
     "bench_real_alternating.py": r"\| capes \| [\d.]+ \(",
     "bench_real_blockdev.py": r"MB/s",
+    "bench_real_experience.py": r"\| median \| [\d.]+ \| [\d.]+ \|",
     "bench_real_cluster.py": r"\| capes \(live\) \| [\d.]+\.\.[\d.]+ \| [\d.]+ \|",
     "bench_real_gluster.py": r"MB/s",
     "bench_real_online.py": r"MB/s",
