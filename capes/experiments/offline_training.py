@@ -165,7 +165,8 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         steps_per_s=done / max(wall, 1e-9), sessions=len(sids), ticks=ticks,
         candidate_transitions=int(counts.sum()), device=str(engine.device),
         sampling="device" if on_device else "host",
-        cuda_graph=learner._graphs is not None, preset=cfg.engine.preset, chunk=chunk, curve=curve, config=cfgmod.to_table(cfg))
+        cuda_graph=learner._graphs is not None, preset=cfg.engine.preset, chunk=chunk,
+        curve=curve, config=cfgmod.to_table(cfg))
 
 
 def plot_loss(report: TrainingReport, path: str | Path) -> None:
