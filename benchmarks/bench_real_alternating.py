@@ -51,10 +51,7 @@ def parse_args(argv=None):
                     help="CAPES's ε anneals 1 → 0.05 over this many ticks (default: "
                     "half of the first phase)")
     ap.add_argument("--original", type=int, default=128)
-    ap.add_argument("--size-gib", type=float, default=4)
-    ap.add_argument("--bandwidth-mbs", type=float, default=100)
-    ap.add_argument("--seek-ms", type=float, default=4)
-    ap.add_argument("--memory-mib", type=int, default=512)
+    rr.add_seekdisk_args(ap)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="a --set for every process of the stack (e.g. engine.probe_dwell=5)")
@@ -76,9 +73,7 @@ def main(argv=None) -> int:
     if why:
         print(f"skip: {why}")
         return SKIP
-    spec = rr.DeviceSpec(backing="seekdisk", size_gib=args.size_gib,
-                         memory_mib=args.memory_mib, seek_ms=args.seek_ms,
-                         bandwidth_mbs=args.bandwidth_mbs, original=args.original)
+    spec = rr.seekdisk_spec(args, args.original)
     opts = rr.BenchOptions(
         device=spec, schedule=rr.alternating_schedule(args.phases, args.phase_s),
         tuners=[t for t in args.tuners.split(",") if t],

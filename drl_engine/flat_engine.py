@@ -84,6 +84,8 @@ class FlatEngine(Engine):
         self.guide_session: int | None = None  # the session the guide credits
         self._pending_state: dict | None = None
         self.prior = None        # experience of earlier sessions (prior_experience.py)
+        # offline training's minibatches drawn on the device (device_transitions.py)
+        self.transitions = None
         self.update()
 
     # -- data ---------------------------------------------------------------------------
@@ -291,6 +293,15 @@ class FlatEngine(Engine):
             # [context hook] DQfD's demonstrations (a restored engine: after its first act)
             batch.demo = self._demo_labels(batch)
         return batch
+
+    def learn_once(self, times: int = 1):
+        """One update; its minibatch drawn on the device where offline training set
+        :attr:`transitions` (``capes train``'s fast path), else :meth:`batch`'s."""
+        if self.transitions is None:
+            return super().learn_once(times)
+        n = self.cfg.batch_size * times
+        return self.dqn.learner.learn_sampled(lambda: self.transitions.batch(n),
+                                              ("offline", n, 0))
 
     def _demo_labels(self, batch) -> np.ndarray:
         """Each transition's demonstrated action (drl_engine/demonstrations.py)."""

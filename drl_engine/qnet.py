@@ -83,6 +83,7 @@ class TargetNetworkLearner:
         self._graphs = CUDAGraphStep(self) if self.device.type == "cuda" and \
             self.cfg.cuda_graph else None
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
+        self.loss_late = True              # ... read a call late (offline: False)
 
     def learn(self, batch) -> torch.Tensor:
         """One minibatch, the replay's typed batch (numpy; :attr:`fields` are what the
@@ -175,9 +176,11 @@ class TargetNetworkLearner:
         loss (a step a tick) is its own mean, exactly, without a stack and a mean. On a
         CUDA device, the previous call's mean (None at the first): reading this call's
         would wait for the GPU to finish the step; read a call late, the step runs while
-        the CPU goes on with the tick."""
+        the CPU goes on with the tick. ``loss_late`` False (offline training, whose every
+        chunk's loss is a point of its curve and whose first must not read as none):
+        this call's, waited for."""
         loss = losses[0] if len(losses) == 1 else torch.stack(losses).mean()
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or not self.loss_late:
             return float(loss)
         # copied out now, in stream order before the next step; read at the next call
         # (``float`` of a device tensor would queue behind that step and wait for it)

@@ -36,6 +36,7 @@ FIGURES = {
     "bench_pretrained_merge.py": r"pretrained\s+[\d.]+\s+\d+/\d+",
     "bench_real_alternating.py": r"\| capes \| [\d.]+ \(",
     "bench_real_blockdev.py": r"MB/s",
+    "bench_real_experience.py": r"\| median \| [\d.]+ \| [\d.]+ \|",
     "bench_real_cluster.py": r"\| capes \(live\) \| [\d.]+\.\.[\d.]+ \| [\d.]+ \|",
     "bench_real_gluster.py": r"MB/s",
     "bench_real_online.py": r"MB/s",
@@ -43,6 +44,7 @@ FIGURES = {
     "bench_replay_storage.py": r"disk\s+[\d.]+ GB",
     "bench_sim_hour.py": r"default / paper, wall time, paired by seed: [\d.]+ / [\d.]+",
     "bench_soak.py": r"daemon drops",
+    "bench_train_offline.py": r"device / host: [\d.]+",
     "bench_train_step.py": r"DQN.train_step \(ready tensors\)\s+median\s+[\d.]+ ms",
     "bench_tuners.py": r"wall \d+ s for 1 games",
 }

@@ -71,6 +71,24 @@ def test_a_capes_variant_gets_its_own_settings_and_runs_the_engine():
             rr.parse_variants([bad])
 
 
+def test_the_engine_gets_its_extra_arguments_and_a_baseline_does_not(tmp_path):
+    """``run_tuner(engine_args=...)``: how a real session starts from the experience of
+    earlier ones (``--experience DB``, benchmarks/bench_real_experience.py)."""
+    started = []
+
+    class Stack:
+        def start(self, name, *args, module="capes"):
+            started.append((name, args, module))
+    extra = ("--experience", str(tmp_path / "merged.db"))
+    rr.start_tuner(Stack(), "capes-experience-s1", ["--config", "x.toml"], 3, tmp_path,
+                   tmp_path / "s.json", engine_args=extra)
+    rr.start_tuner(Stack(), "hill", ["--config", "x.toml"], 3, tmp_path, tmp_path / "s.json",
+                   engine_args=extra)
+    (_, engine, _), (_, hill, module) = started
+    assert engine[0] == "drl-engine" and engine[-2:] == extra and "--seed" in engine
+    assert module == "capes.experiments.live_tuner" and "--experience" not in hill
+
+
 def _rows(label, schedule, levels, seconds):
     rows = []
     for i, ph in enumerate(schedule):

@@ -33,15 +33,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     p.add_argument("--plot", metavar="LOSS.png", help="write the loss curve as a PNG")
     p.add_argument("--json", metavar="OUT", help="write the training report as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress (a bar on a terminal, about 20 lines elsewhere)")
+    p.add_argument("--sampling", choices=["auto", "device", "host"], default="auto",
+                   help="where minibatches are drawn: auto (on the device where it is "
+                        "CUDA: the fast path; on the host elsewhere), device or host "
+                        "(default: %(default)s)")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="write the loss curve as TensorBoard scalars here (needs: pip "
                         "install 'capes[tensorboard]')")
 
 
 def run(args) -> int:
-    from capes.experiments.offline_training import (NotEnoughExperience, format_progress,
-                                        load_training_config, plot_loss, train_offline)
+    from capes.common.progress import Progress
+    from capes.experiments.offline_training import (NotEnoughExperience, describe_path,
+                                                    format_point, load_training_config,
+                                                    plot_loss, train_offline)
     import sqlite3
     from capes.common.replay_db import ReplayDBError
     if args.steps < 1 or args.chunk < 1:
@@ -60,16 +67,13 @@ def run(args) -> int:
         except RuntimeError as exc:
             print(f"capes train: {exc}", file=sys.stderr)
             return 2
-    every = max(1, args.steps // args.chunk // 20)     # about 20 progress lines
-    state = {"n": 0}
+    bar = Progress(args.steps, sys.stderr, quiet=args.quiet)
 
     def progress(point):
-        state["n"] += 1
         if writer is not None:
             writer.add_scalar("train/loss", point["loss"], point["step"])
             writer.add_scalar("train/steps_per_s", point["steps_per_s"], point["step"])
-        if not args.quiet and (state["n"] % every == 0 or point["step"] == args.steps):
-            print(format_progress(point, args.steps), file=sys.stderr, flush=True)
+        bar.update(point["step"], format_point(point))
 
     print(f"offline training on {args.replay}: {args.steps} steps, preset "
           f"{cfg.engine.preset}, reward {cfg.reward.type} of {cfg.reward.objective}",
@@ -77,7 +81,8 @@ def run(args) -> int:
     try:
         report = train_offline(args.replay, args.out, args.steps, cfg, chunk=args.chunk,
                                device=args.device, seed=args.seed,
-                               init_model=args.init_model, progress=progress)
+                               init_model=args.init_model, progress=progress,
+                               sampling=args.sampling)
     except (ReplayDBError, NotEnoughExperience, FloatingPointError, ValueError) as exc:
         print(f"capes train: {exc}", file=sys.stderr)
         return 1
@@ -85,11 +90,12 @@ def run(args) -> int:
         print(f"capes train: cannot read {args.replay} ({exc})", file=sys.stderr)
         return 1
     finally:
+        bar.close()
         if writer is not None:
             writer.close()
     print(f"wrote {report.checkpoint}: {report.steps} steps on {report.sessions} session(s) "
           f"({report.candidate_transitions:,} transitions) in {report.wall_s:.1f} s, "
-          f"{report.steps_per_s:.0f} steps/s on {report.device}; loss "
+          f"{report.steps_per_s:.0f} steps/s on {describe_path(report)}; loss "
           f"{report.first_loss:.4g} -> {report.last_loss:.4g}")
     if args.plot:
         plot_loss(report, args.plot)

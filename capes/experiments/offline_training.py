@@ -74,6 +74,8 @@ class TrainingReport:
     ticks: int                          # ticks cached from the DB
     candidate_transitions: int          # ticks with a full stack and a next tick
     device: str
+    sampling: str                       # "device" (the fast path) or "host"
+    cuda_graph: bool                    # the step replayed as a CUDA graph
     preset: str
     chunk: int                          # steps per curve point
     curve: list[dict]                   # {"step", "loss", "steps_per_s"} per chunk
@@ -94,12 +96,17 @@ class TrainingReport:
 def train_offline(replay: str | Path, out: str | Path, steps: int,
                   cfg: TrainingConfig | None = None, chunk: int = 100, device: str = "auto",
                   seed: int = 0, init_model: str | Path | None = None,
-                  progress: Callable[[dict], None] | None = None) -> TrainingReport:
+                  progress: Callable[[dict], None] | None = None,
+                  sampling: str = "auto") -> TrainingReport:
     """Train ``steps`` minibatches on ``replay`` and save the engine to ``out``.
 
     ``progress`` gets each chunk's {"step", "loss", "steps_per_s"}; ``init_model``
-    continues from a checkpoint's networks.
+    continues from a checkpoint's networks. ``sampling``: ``auto`` takes the fast path
+    on a CUDA device (every valid transition on the device, each minibatch drawn there
+    inside the step's CUDA graph: drl_engine/device_transitions.py) and the host's
+    numpy sampling elsewhere; ``device`` or ``host`` force one (the ablation).
     """
+    from drl_engine.device_transitions import DeviceTransitions, use_device_sampling
     from capes.common.replay_db import ReplayReader
     from drl_engine.engine import Engine
     if steps < 1 or chunk < 1:
@@ -112,6 +119,15 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
             raise NotEnoughExperience(f"{replay}: no session to train on")
         if init_model:
             engine.load(init_model, weights_only=True)
+        learner = engine.dqn.learner
+        learner.loss_late = False        # each chunk's own loss (a live tick's comes late)
+        on_device = use_device_sampling(sampling, learner.device)
+        if on_device:
+            engine.transitions = DeviceTransitions(engine.experience, learner.device, seed)
+            if not engine.transitions.ready:
+                raise NotEnoughExperience(f"{replay}: no usable transition (each needs "
+                                          f"{cfg.engine.stack} ticks of history, an action "
+                                          f"and a reward)")
         sids, counts = engine.experience.candidates()
         ticks = sum(d.length for d in reader.sessions.values())
         curve: list[dict] = []
@@ -148,7 +164,9 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         replay=str(replay), checkpoint=str(out), steps=done, wall_s=wall,
         steps_per_s=done / max(wall, 1e-9), sessions=len(sids), ticks=ticks,
         candidate_transitions=int(counts.sum()), device=str(engine.device),
-        preset=cfg.engine.preset, chunk=chunk, curve=curve, config=cfgmod.to_table(cfg))
+        sampling="device" if on_device else "host",
+        cuda_graph=learner._graphs is not None, preset=cfg.engine.preset, chunk=chunk,
+        curve=curve, config=cfgmod.to_table(cfg))
 
 
 def plot_loss(report: TrainingReport, path: str | Path) -> None:
@@ -174,6 +192,16 @@ def plot_loss(report: TrainingReport, path: str | Path) -> None:
     plt.close(fig)
 
 
-def format_progress(point: dict, total: int) -> str:
-    return (f"step {point['step']:>{len(str(total))}}/{total}  loss {point['loss']:.5g}  "
-            f"{point['steps_per_s']:.0f} steps/s")
+def format_point(point: dict) -> str:
+    """A chunk's loss and speed, as the progress bar and lines show them."""
+    return f"loss {point['loss']:.5g}  {point['steps_per_s']:.0f} steps/s"
+
+
+def describe_path(report: TrainingReport) -> str:
+    """Which path the steps took, for the summary line."""
+    parts = [report.device]
+    if report.cuda_graph:
+        parts.append("CUDA graph")
+    parts.append("minibatches drawn on the device" if report.sampling == "device"
+                 else "minibatches sampled on the host")
+    return ", ".join(parts)

@@ -144,6 +144,22 @@ class DeviceSpec:
                 f"{f', memory cgroup {self.memory_mib} MiB' if self.memory_mib else ''}")
 
 
+def add_seekdisk_args(ap) -> None:
+    """The emulated seek disk's options of a bench (``--size-gib``, ``--bandwidth-mbs``,
+    ``--seek-ms``, ``--memory-mib``); :func:`seekdisk_spec` reads them back."""
+    ap.add_argument("--size-gib", type=float, default=4)
+    ap.add_argument("--bandwidth-mbs", type=float, default=100)
+    ap.add_argument("--seek-ms", type=float, default=4)
+    ap.add_argument("--memory-mib", type=int, default=512)
+
+
+def seekdisk_spec(args, original: int | None) -> DeviceSpec:
+    """The :class:`DeviceSpec` of :func:`add_seekdisk_args`'s options."""
+    return DeviceSpec(backing="seekdisk", size_gib=args.size_gib,
+                      memory_mib=args.memory_mib, seek_ms=args.seek_ms,
+                      bandwidth_mbs=args.bandwidth_mbs, original=original)
+
+
 class ReadaheadDevice:
     """The loop device a session tunes; ``open()`` / ``close()`` (or ``with``)."""
 
@@ -577,13 +593,16 @@ def stack_keys(keys: Path, deploy) -> None:
 
 
 def start_tuner(stack: ProcessGroup, name: str, cfg: list[str], seed: int, sub: Path,
-                status: Path, tuner_spec: str | None = None) -> None:
-    """The DRL engine (``capes`` or a variant) or a baseline tuner, as the stack's
-    ``tuner`` process."""
+                status: Path, tuner_spec: str | None = None,
+                engine_args: tuple[str, ...] = ()) -> None:
+    """The DRL engine (``capes`` or a variant; ``engine_args`` added to its command
+    line, e.g. ``--experience DB``) or a baseline tuner, as the stack's ``tuner``
+    process."""
     if is_capes(name):
         stack.start("tuner", "drl-engine", *cfg, "--set", "keys.client=engine",
                     "--seed", str(seed), "--checkpoint-dir", str(sub / "checkpoints"),
-                    "--status-file", str(status), "--log-every", "30", "--metrics", "")
+                    "--status-file", str(status), "--log-every", "30", "--metrics", "",
+                    *engine_args)
     else:
         spec = tuner_spec or TUNER_DEFAULTS.get(name, name)
         stack.start("tuner", *cfg, "--set", "keys.client=engine", "--tuner", spec,
@@ -636,10 +655,11 @@ def score_line(name: str, sc: dict, restored, rows_lost=None) -> str:
 
 def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int, extra_sets: tuple[str, ...] = (),
-              tuner_spec: str | None = None, log=print) -> TunerRun:
+              tuner_spec: str | None = None, log=print,
+              engine_args: tuple[str, ...] = ()) -> TunerRun:
     """Play ``schedule`` while ``name`` (``capes`` or a ``capes-`` variant, ``hill``,
     ``bo``) tunes through the stack; the stack is stopped at the end and the original
-    checked."""
+    checked. Its replay DB stays at ``workdir/stack-NAME/replay.db``."""
     import threading
 
     from capes.settings import load_settings
@@ -682,7 +702,7 @@ def run_tuner(name: str, runner: SessionRunner, schedule: list[Phase], workdir: 
                     "daemon.ready")
         stack.start("monitor-agent", "monitor-agent", *cfg, "--set", "keys.client=monitor")
         stack.start("control-agent", "control-agent", *cfg, "--set", "keys.client=control")
-        start_tuner(stack, name, cfg, seed, sub, status, tuner_spec)
+        start_tuner(stack, name, cfg, seed, sub, status, tuner_spec, engine_args)
         thread.start()
         tick = progress_tick(stack, name, status, log, lambda: runner.series(name)[-30:],
                              runner.device.read_ahead, digits=3, best=True)
@@ -1150,7 +1170,8 @@ def replay_contexts(trace: dict, window: int = 60) -> dict | None:
             "contexts": clusters.count}
 
 
-__all__ = ["DeviceSpec", "ReadaheadDevice", "Phase", "alternating_schedule",
+__all__ = ["DeviceSpec", "ReadaheadDevice", "add_seekdisk_args", "seekdisk_spec", "Phase",
+           "alternating_schedule",
            "SessionRunner", "static_grid", "grid_per_workload", "grid_means",
            "static_grid_table", "static_summary", "run_tuner", "score",
            "missing_requirements", "RealTargetError", "LADDER", "TUNER_DEFAULTS",

@@ -9,6 +9,8 @@
 #   tests  the CUDA-only tests (graphed steps equal eager ones, compiled too; each replay
 #          draws anew) and the CPU ones beside them
 #   small  the floor's measurement at 64 nodes
+#   train  capes train's speed on a merged DB (8 sessions), host sampling against the
+#          fast path (device-drawn minibatches in the step's CUDA graph), and its tests
 #   seeds  the 64-node cluster hour on cuda, seeds 0-7 at once, cluster_engine.device_sampling
 #          true against false, paired by seed
 #   hours  one simulated hour, seed 0, on cuda: the 64-node cluster with device sampling
@@ -19,7 +21,7 @@
 #          weight difference, how far the weights moved, every part compiled
 set -u
 out=${1:-/tmp/gpu-out}; mkdir -p "$out"; shift
-steps=${*:-floor base tests small}
+steps=${*:-floor base tests small train}
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
@@ -41,6 +43,8 @@ floor) timeout 180 $bench --device-sampling --compile 2>&1 | quiet | tee "$out/s
 base)  timeout 100 $bench --device-sampling 2>&1 | quiet | tee "$out/step-1000.txt" ;;
 tests) timeout 180 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short tests/test_cuda_graph.py \
            tests/test_device_replay.py tests/test_qnet_step.py 2>&1 | quiet > "$out/tests.txt"; tail -25 "$out/tests.txt" ;;
+train) timeout 240 python3 benchmarks/bench_train_offline.py --device cuda --json "$out/train-offline.json" 2>&1 | quiet | tee "$out/train-offline.txt"
+       timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:logging --tb=short tests/test_train_fast_path.py 2>&1 | quiet | tail -5 | tee -a "$out/train-offline.txt" ;;
 small) timeout 110 $bench --step-nodes 64 --device-sampling --compile 2>&1 | quiet | tee "$out/step-64-compile.txt" ;;
 hours)
     compiled_hour
