@@ -65,8 +65,10 @@ def experience_args(parser: argparse.ArgumentParser) -> None:
                              "--experience-start proposes (docs/engine.md)")
     parser.add_argument("--experience-start", default=None, metavar="HOW",
                         help="where a workload never seen starts: memory (the nearest "
-                             "recorded workload's best setting; the default), gp, qnet or "
-                             "qnet_probes (the last two need --init-model, a network "
+                             "recorded workload's best setting; the default), "
+                             "interpolate (between the best settings of the two known "
+                             "workloads whose signatures enclose the new one), gp, qnet "
+                             "or qnet_probes (the last two need --init-model, a network "
                              "trained on the merged DB)")
 
 
