@@ -247,8 +247,9 @@ class PriorExperience:
                                         guide.n_steps, known)
         self.last_start = how
         log.info("experience start for a new workload: %s: %s", how,
-                 ", ".join(f"{n}={v:g}" for n, v in
-                           zip(self.param_names, guide.step_grid.values(target))))
+                 ", ".join(f"{n}={spec.describe(float(v))}" for n, spec, v in
+                           zip(self.param_names, self.specs,
+                               guide.step_grid.values(target))))
         return target
 
     def _gp_start(self, signature: np.ndarray, guide: Guide) -> np.ndarray | None:

@@ -130,10 +130,13 @@ def test_the_interpolated_start_lies_between_enclosing_workloads_and_only_there(
     assert idx.tolist() == [0, 10] and "only known workload" in how
 
 
-def test_a_new_member_between_two_recorded_starts_near_its_own_optimum(recorded, tmp_path):
+def test_a_new_member_between_two_recorded_starts_near_its_own_optimum(recorded, tmp_path,
+                                                                       caplog):
     """Members 0.3 (recorded above) and 0.8 recorded: member 0.55, never seen, walks with
     ``interpolate`` to a window between theirs, near its own optimum (with ``memory``: to
-    the nearest's); member 1.0, beyond them, plays exactly as with ``memory``."""
+    the nearest's); member 1.0, beyond them, plays exactly as with ``memory``. The log
+    says which start it took."""
+    caplog.set_level("INFO", logger="capes.engine")
     db8 = tmp_path / "x08.db"
     run_one(member(0.8, 600), seed=102, db_path=db8)
     fam = WorkloadFamily()
@@ -147,6 +150,9 @@ def test_a_new_member_between_two_recorded_starts_near_its_own_optimum(recorded,
             if start == "interpolate":
                 assert prior.last_start is not None and said in prior.last_start, \
                     prior.last_start
+                logged = [r.getMessage() for r in caplog.records
+                          if "experience start for a new workload" in r.getMessage()]
+                assert logged and said in logged[-1] and "window=" in logged[-1], logged
                 spec = prior.specs[1]
                 windows = sorted(spec.min + w.best[1] * spec.step for w in prior.workloads
                                  if w.best is not None)
