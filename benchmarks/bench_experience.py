@@ -12,7 +12,9 @@ fraction x moves the best window and rate limit, and the signature PIs):
    game noise in every arm): ``inside`` (x between recorded ones), ``outside`` (x beyond
    them), ``misleading`` (inside values, the misleading DB).
 3. Arms: ``fresh`` (no experience); ``memory`` (the nearest recorded workload's best
-   setting as the start, then the normal search); ``gp`` (a GP over (signature, knobs)
+   setting as the start, then the normal search); ``interpolate`` (between the best
+   settings of the two recorded workloads whose signatures enclose the new one, else as
+   ``memory``; the default start); ``gp`` (a GP over (signature, knobs)
    fitted on the merged data proposes the start); ``qnet`` (the network trained on the
    merged DB walks from the start: ``engine.context_infer``); ``qnet_probes`` (the
    setting the network values most is the start). Every experience arm also seeds the

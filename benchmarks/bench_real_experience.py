@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capes.experiments import real_readahead as rr  # noqa: E402
 
 SKIP = 77
-ARM_NAMES = ("fresh", "experience", "memory", "interpolate", "gp")   # --experience-start
+ARM_NAMES = ("fresh", "experience", "memory", "interpolate", "gp")  # --experience-start
 
 
 def parse_args(argv=None):
@@ -60,8 +60,8 @@ def parse_args(argv=None):
     ap.add_argument("--new", default="mmaprand64k", help="the workload never seen")
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("--arms", default="fresh,experience",
-                    help="fresh first, then of experience (the default start), memory, interpolate, gp "
-                    "(--experience-start)")
+                    help="fresh first, then of experience (the default start), memory, "
+                    "interpolate, gp (--experience-start)")
     ap.add_argument("--record-s", type=float, default=120)
     ap.add_argument("--session-s", type=float, default=75)
     ap.add_argument("--original", type=int, default=4096)

@@ -15,14 +15,15 @@ seed each part of the engine with what they hold:
 * **The search's start** for a workload never seen (``start``, one of :data:`STARTS`):
   the new context first walks to a proposed setting, then searches as a new workload
   does. ``memory``: the best-known setting of the nearest recorded workload (by
-  signature); ``interpolate``: between the best-known settings of the two known workloads
-  whose signatures enclose the new one, on the line joining them (per knob on its grid:
-  a ladder's indices are its log scale), the nearest's when none enclose it on every
-  signature PI or only one is known (:func:`interpolated_best`); ``gp``: the best mean of a Gaussian process over (signature, knobs) fitted
-  on the recorded per-setting means (RGPE/OnlineTune-like); ``qnet``: the Q-network's
-  own walk (``engine.context_infer``), its weights from ``--init-model`` trained on the
-  merged DB (``capes train``); ``qnet_probes``: the setting whose observation the
-  Q-network values most. Measured against a fresh engine in
+  signature); ``interpolate`` (the default): between the best-known settings of the two
+  known workloads whose signatures enclose the new one, on the line joining them (per
+  knob on its grid: a ladder's indices are its log scale), the nearest's (as ``memory``)
+  when none enclose it on every signature PI or only one is known
+  (:func:`interpolated_best`); ``gp``: the best mean of a Gaussian process over
+  (signature, knobs) fitted on the recorded per-setting means (RGPE/OnlineTune-like);
+  ``qnet``: the Q-network's own walk (``engine.context_infer``), its weights from
+  ``--init-model`` trained on the merged DB (``capes train``); ``qnet_probes``: the
+  setting whose observation the Q-network values most. Measured against a fresh engine in
   ``benchmarks/bench_experience.py`` (docs/engine.md, "Experience from earlier sessions").
 * **A promise check.** A recorded workload's best setting comes with the level it
   reached. Held at a proposed start, a level below ``1 − PROMISE_MARGIN`` of what the
@@ -53,7 +54,7 @@ from drl_engine.guide import Guide
 
 STARTS = ("memory", "interpolate", "gp", "qnet", "qnet_probes")
 NETWORK_STARTS = ("qnet", "qnet_probes")    # need the network's weights (--init-model)
-DEFAULT_START = "memory"
+DEFAULT_START = "interpolate"   # memory where no two known workloads enclose the new
 PROMISE_MARGIN = 0.25      # a start below 75 % of the promised level is not trusted
 GP_MAX_POINTS = 400        # recorded (workload, setting) means the GP is fitted on
 

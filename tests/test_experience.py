@@ -121,7 +121,8 @@ def test_the_interpolated_start_lies_between_enclosing_workloads_and_only_there(
     n_steps = np.array([12, 12])
     # 2/3 of the way from the workload at 3 to the one at 6: per knob 2/3 of the way
     idx, how = interpolated_best(np.array([5.0, 1.0]), sigs, sd, bests, n_steps)
-    assert idx.tolist() == [8, 6] and "interpolated between known workloads 2 (nearest) and 1" in how
+    assert idx.tolist() == [8, 6]
+    assert "interpolated between known workloads 2 (nearest) and 1" in how
     # beyond the known ones, or off their line on another signature PI: the nearest's
     for u in (np.array([7.0, 1.0]), np.array([5.0, 2.0])):
         idx, how = interpolated_best(u, sigs, sd, bests, n_steps)
