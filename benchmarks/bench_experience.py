@@ -12,7 +12,9 @@ fraction x moves the best window and rate limit, and the signature PIs):
    game noise in every arm): ``inside`` (x between recorded ones), ``outside`` (x beyond
    them), ``misleading`` (inside values, the misleading DB).
 3. Arms: ``fresh`` (no experience); ``memory`` (the nearest recorded workload's best
-   setting as the start, then the normal search); ``gp`` (a GP over (signature, knobs)
+   setting as the start, then the normal search); ``interpolate`` (between the best
+   settings of the two recorded workloads whose signatures enclose the new one, else as
+   ``memory``; the default start); ``gp`` (a GP over (signature, knobs)
    fitted on the merged data proposes the start); ``qnet`` (the network trained on the
    merged DB walks from the start: ``engine.context_infer``); ``qnet_probes`` (the
    setting the network values most is the start). Every experience arm also seeds the
@@ -59,7 +61,7 @@ CONFIG = ROOT / "configs" / "workload-family.toml"
 RECORDED = (0.2, 0.35, 0.5, 0.65, 0.8)
 INSIDE = (0.275, 0.425, 0.575, 0.725)
 OUTSIDE = (0.0, 0.05, 0.95, 1.0)
-ARMS = ("fresh", "memory", "gp", "qnet", "qnet_probes")
+ARMS = ("fresh", "memory", "interpolate", "gp", "qnet", "qnet_probes")
 CASES = ("inside", "outside", "misleading")
 NETWORK_ARMS = ("qnet", "qnet_probes")
 RECORD_SEED = 10_000         # recorded sessions' seeds: none of them is played again
@@ -118,8 +120,9 @@ def member_ideal(cfg) -> float:
     return cfg.game.phase_configs()[0].ideal_throughput
 
 
-def jobs_for(cfg, case: str, arm: str, seeds: range, ticks: int, sources: dict):
-    values = OUTSIDE if case == "outside" else INSIDE
+def jobs_for(cfg, case: str, arm: str, seeds: range, ticks: int, sources: dict,
+             inside=INSIDE):
+    values = OUTSIDE if case == "outside" else inside
     db, model = sources["misleading" if case == "misleading" else "experience"]
     prior = None
     if arm != "fresh":
@@ -198,6 +201,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3000,
                     help="offline minibatch steps of the network arms' training")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated (fresh always)")
+    ap.add_argument("--recorded", help="write fractions recorded, comma-separated (default "
+                    + ",".join(map(str, RECORDED)) + "): sparser ones leave the inside "
+                    "members new workloads rather than returns of the nearest")
+    ap.add_argument("--inside", help="held-out inside write fractions (default "
+                    + ",".join(map(str, INSIDE)) + ")")
     ap.add_argument("--jobs", type=int, default=2, help="sessions in parallel")
     ap.add_argument("--workdir", help="keep the DBs and models here")
     ap.add_argument("--json", metavar="OUT", help="write the report as JSON")
@@ -212,6 +220,9 @@ def main(argv=None) -> int:
         ap.error(f"--arms: unknown {', '.join(bad)} (known: {', '.join(ARMS)})")
     cfg = load_config(CONFIG)
     recorded = (0.2, 0.5, 0.8) if args.quick else RECORDED
+    if args.recorded:
+        recorded = tuple(float(v) for v in args.recorded.split(","))
+    inside = tuple(float(v) for v in args.inside.split(",")) if args.inside else INSIDE
     use_one_core()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="capes-bench-exp-") as tmp:
@@ -227,7 +238,8 @@ def main(argv=None) -> int:
                 if not (arm == "fresh" and case == "misleading")]
         jobs, keys = [], []
         for arm, case in plan:
-            for job in jobs_for(cfg, case, arm, range(args.seeds), args.ticks, sources):
+            for job in jobs_for(cfg, case, arm, range(args.seeds), args.ticks, sources,
+                                inside):
                 jobs.append(job)
                 keys.append((arm, case))
         runs: dict = {k: [] for k in plan}
@@ -240,7 +252,7 @@ def main(argv=None) -> int:
     out = summarise(runs)
     report = {"default_arm": winner(out), "shipped_start": DEFAULT_START, "arms": out,
               "seeds": args.seeds, "ticks": args.ticks, "record_ticks": args.record_ticks,
-              "steps": args.steps, "recorded": list(recorded), "inside": list(INSIDE),
+              "steps": args.steps, "recorded": list(recorded), "inside": list(inside),
               "outside": list(OUTSIDE), "wall_s": time.perf_counter() - t0,
               "loadavg": os.getloadavg()[0],
               "command": "python benchmarks/bench_experience.py " + " ".join(argv or sys.argv[1:])}

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from capes.experiments import real_readahead as rr  # noqa: E402
 
 SKIP = 77
-ARM_NAMES = ("fresh", "experience", "memory", "gp")   # gp: --experience-start gp
+ARM_NAMES = ("fresh", "experience", "memory", "interpolate", "gp")  # --experience-start
 
 
 def parse_args(argv=None):
@@ -60,8 +60,8 @@ def parse_args(argv=None):
     ap.add_argument("--new", default="mmaprand64k", help="the workload never seen")
     ap.add_argument("--seeds", default="1,2")
     ap.add_argument("--arms", default="fresh,experience",
-                    help="fresh first, then of experience (the default start), memory, gp "
-                    "(--experience-start)")
+                    help="fresh first, then of experience (the default start), memory, "
+                    "interpolate, gp (--experience-start)")
     ap.add_argument("--record-s", type=float, default=120)
     ap.add_argument("--session-s", type=float, default=75)
     ap.add_argument("--original", type=int, default=4096)
@@ -135,12 +135,15 @@ def arm_args(arm: str, merged: Path) -> tuple[str, ...]:
 
 
 def engine_experience_line(sub: Path) -> str | None:
-    """The engine's log line saying what the experience brought along."""
+    """The engine's log lines saying what the experience brought along and how the new
+    workload's start was proposed."""
     try:
         text = (sub / "logs" / "tuner.log").read_text(errors="replace")
     except OSError:
         return None
-    return next((ln.strip() for ln in text.splitlines() if "experience:" in ln), None)
+    lines = [ln.strip() for ln in text.splitlines()
+             if "experience:" in ln or "experience start" in ln]
+    return " | ".join(lines) or None
 
 
 def merge(dbs: list[Path], out: Path) -> None:

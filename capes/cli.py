@@ -64,10 +64,12 @@ def experience_args(parser: argparse.ArgumentParser) -> None:
                              "recorded workload is known at once, a new one starts where "
                              "--experience-start proposes (docs/engine.md)")
     parser.add_argument("--experience-start", default=None, metavar="HOW",
-                        help="where a workload never seen starts: memory (the nearest "
-                             "recorded workload's best setting; the default), gp, qnet or "
-                             "qnet_probes (the last two need --init-model, a network "
-                             "trained on the merged DB)")
+                        help="where a workload never seen starts: interpolate (the "
+                             "default: between the best settings of the two known "
+                             "workloads whose signatures enclose the new one, else as "
+                             "memory), memory (the nearest recorded workload's best "
+                             "setting), gp, qnet or qnet_probes (the last two need "
+                             "--init-model, a network trained on the merged DB)")
 
 
 def load_experience(args, engine_cfg, reward_cfg):

@@ -15,11 +15,15 @@ seed each part of the engine with what they hold:
 * **The search's start** for a workload never seen (``start``, one of :data:`STARTS`):
   the new context first walks to a proposed setting, then searches as a new workload
   does. ``memory``: the best-known setting of the nearest recorded workload (by
-  signature); ``gp``: the best mean of a Gaussian process over (signature, knobs) fitted
-  on the recorded per-setting means (RGPE/OnlineTune-like); ``qnet``: the Q-network's
-  own walk (``engine.context_infer``), its weights from ``--init-model`` trained on the
-  merged DB (``capes train``); ``qnet_probes``: the setting whose observation the
-  Q-network values most. Measured against a fresh engine in
+  signature); ``interpolate`` (the default): between the best-known settings of the two
+  known workloads whose signatures enclose the new one, on the line joining them (per
+  knob on its grid: a ladder's indices are its log scale), the nearest's (as ``memory``)
+  when none enclose it on every signature PI or only one is known
+  (:func:`interpolated_best`); ``gp``: the best mean of a Gaussian process over
+  (signature, knobs) fitted on the recorded per-setting means (RGPE/OnlineTune-like);
+  ``qnet``: the Q-network's own walk (``engine.context_infer``), its weights from
+  ``--init-model`` trained on the merged DB (``capes train``); ``qnet_probes``: the
+  setting whose observation the Q-network values most. Measured against a fresh engine in
   ``benchmarks/bench_experience.py`` (docs/engine.md, "Experience from earlier sessions").
 * **A promise check.** A recorded workload's best setting comes with the level it
   reached. Held at a proposed start, a level below ``1 − PROMISE_MARGIN`` of what the
@@ -32,6 +36,7 @@ at load (:meth:`PriorExperience.check_layout`).
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -47,11 +52,13 @@ from drl_engine.context import (SignatureClusters, WorkloadContexts, _fresh_dete
 from drl_engine.experience import Experience
 from drl_engine.guide import Guide
 
-STARTS = ("memory", "gp", "qnet", "qnet_probes")
+STARTS = ("memory", "interpolate", "gp", "qnet", "qnet_probes")
 NETWORK_STARTS = ("qnet", "qnet_probes")    # need the network's weights (--init-model)
-DEFAULT_START = "memory"
+DEFAULT_START = "interpolate"   # memory where no two known workloads enclose the new
 PROMISE_MARGIN = 0.25      # a start below 75 % of the promised level is not trusted
 GP_MAX_POINTS = 400        # recorded (workload, setting) means the GP is fitted on
+
+log = logging.getLogger("capes.engine")
 
 
 class ExperienceError(ValueError):
@@ -86,6 +93,7 @@ class PriorExperience:
     start: str = DEFAULT_START
     margin: float = PROMISE_MARGIN
     refused: str | None = None      # why a session did not take it (seed)
+    last_start: str | None = None   # how the latest start was proposed (the log's words)
 
     # -- load -----------------------------------------------------------------------------
     @classmethod
@@ -207,6 +215,8 @@ class PriorExperience:
         proposal (``qnet``: the network's own walk takes it)."""
         if self.start == "memory":
             return contexts.nearest_best()
+        if self.start == "interpolate":
+            return self._interpolated_start(contexts, guide)
         if self.start == "gp":
             return self._gp_start(contexts.clusters.mean[contexts.current], guide)
         if self.start == "qnet_probes" and engine.dqn is not None:
@@ -224,6 +234,24 @@ class PriorExperience:
         """The level recorded workload ``k`` reached at its best-known setting."""
         level = self.workloads[k].level if k < len(self.workloads) else math.nan
         return level if math.isfinite(level) else None
+
+    def _interpolated_start(self, contexts: WorkloadContexts,
+                            guide: Guide) -> np.ndarray | None:
+        c, cl = contexts.current, contexts.clusters
+        known = [k for k in range(len(contexts.memory))
+                 if k != c and contexts.recalled(0, k) is not None]
+        if not known:
+            return None
+        sd = [np.sqrt(cl.variance(cl.m2[k], cl.n[k])) for k in known]
+        target, how = interpolated_best(cl.mean[c], [cl.mean[k] for k in known], sd,
+                                        [contexts.recalled(0, k) for k in known],
+                                        guide.n_steps, known)
+        self.last_start = how
+        log.info("experience start for a new workload: %s: %s", how,
+                 ", ".join(f"{n}={spec.describe(float(v))}" for n, spec, v in
+                           zip(self.param_names, self.specs,
+                               guide.step_grid.values(target))))
+        return target
 
     def _gp_start(self, signature: np.ndarray, guide: Guide) -> np.ndarray | None:
         x, y = self._gp_data(guide)
@@ -280,6 +308,45 @@ def gp_mean(x: np.ndarray, y: np.ndarray, q: np.ndarray, noise: float = 0.05) ->
         kq = np.exp(-0.5 * ((qs[i:i + 512, None] - xs[None]) ** 2).sum(-1) / ls ** 2)
         out[i:i + 512] = kq @ alpha
     return out * ys + ym
+
+
+def interpolated_best(signature: np.ndarray, means: list, spreads: list, bests: list,
+                      n_steps: np.ndarray, names=None) -> tuple[np.ndarray, str]:
+    """A new workload's start from known ones' best settings (grid indices): on the line
+    from the nearest known signature ``a`` to another ``b``, at the new signature's
+    projection ``t`` (spread-scaled), ``best_a + t·(best_b − best_a)`` per knob, rounded
+    to the grid. Only where ``b`` encloses it with ``a``: 0 ≤ t ≤ 1 and, on every
+    signature PI, the new value between theirs (± their spread); of such ``b`` the
+    nearest. Else (one known workload, or a signature outside the known ones, where a
+    fit would extrapolate, or across a dissimilar workload) the nearest's best setting.
+    Returns (indices, how it was chosen, in words)."""
+    names = list(range(len(means))) if names is None else list(names)
+    u = np.asarray(signature, np.float64)
+    dist = [float(np.max(np.abs(u - m) / s)) for m, s in zip(means, spreads)]
+    order = np.argsort(dist, kind="stable")
+    a = int(order[0])
+    best_a = np.asarray(bests[a], np.float64)
+    if len(means) < 2:
+        return best_a.astype(np.int64), f"the only known workload {names[a]}'s best"
+    for b in order[1:]:
+        b = int(b)
+        scale = np.sqrt((spreads[a] ** 2 + spreads[b] ** 2) / 2)
+        ma, mb = means[a] / scale, means[b] / scale
+        d = mb - ma
+        dd = float(d @ d)
+        if dd <= 0:
+            continue
+        t = float((u / scale - ma) @ d / dd)
+        tol = np.maximum(spreads[a], spreads[b])
+        inside = np.all((u >= np.minimum(means[a], means[b]) - tol)
+                        & (u <= np.maximum(means[a], means[b]) + tol))
+        if 0.0 <= t <= 1.0 and inside:
+            est = best_a + t * (np.asarray(bests[b], np.float64) - best_a)
+            idx = np.clip(np.rint(est), 0, n_steps).astype(np.int64)
+            return idx, (f"interpolated between known workloads {names[a]} (nearest) and "
+                         f"{names[b]} (t = {t:.2f})")
+    return best_a.astype(np.int64), (f"the nearest known workload {names[a]}'s best (the "
+                                     f"signature lies outside the known ones)")
 
 
 def _q_start(engine, session: int, guide: Guide) -> np.ndarray:
@@ -360,4 +427,4 @@ def _age(seconds: float) -> str:
 
 
 __all__ = ["DEFAULT_START", "ExperienceError", "KnownWorkload", "NETWORK_STARTS",
-           "PriorExperience", "STARTS", "gp_mean"]
+           "PriorExperience", "STARTS", "gp_mean", "interpolated_best"]

@@ -12,7 +12,7 @@ import pytest
 
 from capes.common.config import ConfigError
 from capes.experiments.converge_test import load_config, run_one
-from drl_engine.prior_experience import ExperienceError, PriorExperience
+from drl_engine.prior_experience import ExperienceError, PriorExperience, interpolated_best
 from storagegamesim.family import WorkloadFamily
 from storagegamesim.game import StorageGameSim
 
@@ -111,6 +111,60 @@ def test_a_network_start_needs_a_trained_network(recorded, tmp_path):
                           "--experience-start", "qnet"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--init-model" in out.stderr, out.stderr
+
+
+# ------------------------------------------------------------------ the interpolated start
+def test_the_interpolated_start_lies_between_enclosing_workloads_and_only_there():
+    sd = [np.array([0.1, 0.1])] * 3
+    sigs = [np.array([0.0, 1.0]), np.array([3.0, 1.0]), np.array([6.0, 1.0])]
+    bests = [np.array([0, 10]), np.array([6, 10]), np.array([9, 4])]
+    n_steps = np.array([12, 12])
+    # 2/3 of the way from the workload at 3 to the one at 6: per knob 2/3 of the way
+    idx, how = interpolated_best(np.array([5.0, 1.0]), sigs, sd, bests, n_steps)
+    assert idx.tolist() == [8, 6]
+    assert "interpolated between known workloads 2 (nearest) and 1" in how
+    # beyond the known ones, or off their line on another signature PI: the nearest's
+    for u in (np.array([7.0, 1.0]), np.array([5.0, 2.0])):
+        idx, how = interpolated_best(u, sigs, sd, bests, n_steps)
+        assert idx.tolist() == [9, 4] and "outside the known ones" in how, (u, how)
+    idx, how = interpolated_best(np.array([5.0, 1.0]), sigs[:1], sd[:1], bests[:1], n_steps)
+    assert idx.tolist() == [0, 10] and "only known workload" in how
+
+
+def test_a_new_member_between_two_recorded_starts_near_its_own_optimum(recorded, tmp_path,
+                                                                       caplog):
+    """Members 0.3 (recorded above) and 0.8 recorded: member 0.55, never seen, walks with
+    ``interpolate`` to a window between theirs, near its own optimum (with ``memory``: to
+    the nearest's); member 1.0, beyond them, plays exactly as with ``memory``. The log
+    says which start it took."""
+    caplog.set_level("INFO", logger="capes.engine")
+    db8 = tmp_path / "x08.db"
+    run_one(member(0.8, 600), seed=102, db_path=db8)
+    fam = WorkloadFamily()
+    for x, said in ((0.55, "interpolated"), (1.0, "outside the known ones")):
+        cfg = member(x, 40)
+        runs = {}
+        for start in ("interpolate", "memory"):
+            prior = PriorExperience.load([recorded, db8], cfg.engine, cfg.reward,
+                                         start=start)
+            runs[start] = run_one(cfg, seed=3, experience=prior, keep_trace=True)
+            if start == "interpolate":
+                assert prior.last_start is not None and said in prior.last_start, \
+                    prior.last_start
+                logged = [r.getMessage() for r in caplog.records
+                          if "experience start for a new workload" in r.getMessage()]
+                assert logged and said in logged[-1] and "window=" in logged[-1], logged
+                spec = prior.specs[1]
+                windows = sorted(spec.min + w.best[1] * spec.step for w in prior.workloads
+                                 if w.best is not None)
+        walked = {k: max(r.trace["window"][:8]) for k, r in runs.items()}  # the walk's end
+        if x == 0.55:
+            assert windows[0] < walked["interpolate"] < windows[-1], (windows, walked)
+            assert abs(walked["interpolate"] - fam.workload(x).peak_window) <= 4, walked
+            assert abs(walked["memory"] - fam.workload(x).peak_window) > 8, walked
+        else:
+            assert list(runs["interpolate"].trace["window"]) == \
+                list(runs["memory"].trace["window"])
 
 
 # ------------------------------------------------------------------ a return
