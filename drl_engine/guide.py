@@ -564,13 +564,18 @@ class Guide:
                 return None
         return action
 
+    def _own(self, key: np.ndarray) -> tuple[float, float, float]:
+        """One setting's own sum, sum of squares and count of credited values."""
+        if self.dense:
+            s, sq, n = self.grid_stats[(slice(None),) + tuple(key)]
+        else:
+            s, sq, n = self.sums.get(tuple(key), (0.0, 0.0, 0))
+        return float(s), float(sq), float(n)
+
     def _level(self, key: np.ndarray) -> float | None:
         """The mean objective credited to one setting (None: no sample yet)."""
-        if self.dense:
-            s, _, n = self.grid_stats[(slice(None),) + tuple(key)]
-        else:
-            s, _, n = self.sums.get(tuple(key), (0.0, 0.0, 0))
-        return float(s / n) if n > 0 else None
+        s, _, n = self._own(key)
+        return s / n if n > 0 else None
 
     def _below_floor(self, probe: Probe) -> bool:
         """Whether the newest objective value fell below ``probe_floor`` × the
@@ -582,7 +587,23 @@ class Guide:
         if np.array_equal(probe.target, best):
             return False
         level = self._level(best)
-        return level is not None and level > 0 and self.last_p < floor * level
+        return (level is not None and level > 0
+                and self.last_p < self._floor_line(best, level, floor * level))
+
+    def _floor_line(self, best: np.ndarray, level: float, line: float) -> float:
+        """``line`` (the probe floor under the best's ``level``), lowered to ``level`` − z
+        standard deviations of the best's own values when that is lower
+        (``probe_floor_noise`` = z): a value the best itself often measures is no evidence
+        that a probe is below the floor. Where the best's values spread less than
+        (1 − probe_floor) / z of its level the floor stands as it is."""
+        z = self.cfg.probe_floor_noise
+        if z <= 0:
+            return line
+        s, sq, m = self._own(best)
+        if m < 2:
+            return line
+        sd = math.sqrt(max(sq / m - level * level, 0.0) * m / (m - 1))
+        return min(line, level - z * sd)
 
     def _known_bad(self, key: np.ndarray) -> bool:
         """Whether ``key``'s own mean is below ``probe_floor`` × the best-known setting's
