@@ -245,6 +245,10 @@ PRESETS: dict[str, dict] = {
                 "alarm_guard_steps": 10, "alarm_probes": 3, "sweep_points": 4,
                 "global_fraction": 0.0, "first_probe": "local", "probe_floor": 0.75,
                 "probe_avoid_bad": True,
+                # ... but where the floor fires on the best's own noise (the game at 50 %:
+                # half the probes walked back, better settings among them; never on the
+                # recorded real traces) only a value 2 of its sd below it ends a probe
+                "probe_floor_noise": 2.0,
                 # live: act on a committed tick within 0.1 s; hear each objective
                 # figure once; a signature's spread never below its floor
                 "tick_poll_s": 0.1, "detect_fresh_only": True, "context_floor_strict": True},
@@ -258,6 +262,7 @@ PRESETS: dict[str, dict] = {
 PER_NODE_KEEPS = {"probe_unit": 0, "guard_steps": 3, "probe_local_steps": 3.0,
                   "alarm_guard_steps": 0, "alarm_probes": 0, "sweep_points": 0,
                   "global_fraction": 0.5, "first_probe": "global", "probe_floor": 0.0,
+                  "probe_floor_noise": 0.0,
                   "probe_avoid_bad": False, "detect_fresh_only": False,
                   "context_floor_strict": False, "context_infer": True,
                   "context_infer_known": 3, "demo_margin": 0.5, "q_scope": "new_contexts",
