@@ -94,6 +94,9 @@ class DQNConfig:
                                        # anywhere at once
     probe_floor: float = 0.0           # a probe whose newest objective falls below this share
                                        # of the best-known level walks back at once (0: off)
+    probe_floor_noise: float = 0.0     # ... a value below the floor counts only when also
+                                       # this many of the best's own standard deviations
+                                       # below its level (0: any value below the floor)
     probe_avoid_bad: bool = False      # local probes and greedy moves skip a setting whose
                                        # level is known below probe_floor x the best's
     probe_move: bool = False           # a local probe never targets the best-known setting
@@ -188,7 +191,7 @@ class DQNConfig:
         for name in ("kernel_steps", "best_refresh_ticks", "probe_local_steps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        for name in ("lcb_kappa", "model_beta", "model_travel"):
+        for name in ("lcb_kappa", "model_beta", "model_travel", "probe_floor_noise"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if not 0 < self.model_length <= 10:
@@ -221,6 +224,7 @@ class DQNConfig:
             "alarm_probes": 10**6, "context_hold_ticks": 10**6, "probe_unit": 10**6,
             "best_min_samples": 10**9, "best_refresh_ticks": 10**9, "kernel_steps": 1e6,
             "probe_local_steps": 1e6, "lcb_kappa": 1e6, "model_beta": 1e6, "model_travel": 1e6,
+            "probe_floor_noise": 1e6,
             "grad_clip": 1e12, "demo_margin": 1e6, "tick_poll_s": 3600.0}
 
 
@@ -241,6 +245,10 @@ PRESETS: dict[str, dict] = {
                 "alarm_guard_steps": 10, "alarm_probes": 3, "sweep_points": 4,
                 "global_fraction": 0.0, "first_probe": "local", "probe_floor": 0.75,
                 "probe_avoid_bad": True,
+                # ... but where the floor fires on the best's own noise (the game at 50 %:
+                # half the probes walked back, better settings among them; never on the
+                # recorded real traces) only a value 2 of its sd below it ends a probe
+                "probe_floor_noise": 2.0,
                 # live: act on a committed tick within 0.1 s; hear each objective
                 # figure once; a signature's spread never below its floor
                 "tick_poll_s": 0.1, "detect_fresh_only": True, "context_floor_strict": True},
@@ -254,6 +262,7 @@ PRESETS: dict[str, dict] = {
 PER_NODE_KEEPS = {"probe_unit": 0, "guard_steps": 3, "probe_local_steps": 3.0,
                   "alarm_guard_steps": 0, "alarm_probes": 0, "sweep_points": 0,
                   "global_fraction": 0.5, "first_probe": "global", "probe_floor": 0.0,
+                  "probe_floor_noise": 0.0,
                   "probe_avoid_bad": False, "detect_fresh_only": False,
                   "context_floor_strict": False, "context_infer": True,
                   "context_infer_known": 3, "demo_margin": 0.5, "q_scope": "new_contexts",

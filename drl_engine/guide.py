@@ -79,6 +79,8 @@ class Guide:
     LAG_T = 5.0                   # t statistic a knob's own lag needs before it is used
     LOCAL_CANDIDATES = 16         # local probe targets drawn around the best (model picks)
     KEY_MEMO = 100_000            # settings whose grid index credit keeps
+    NOISY_FLOOR = 0.2             # probe_floor_noise: the best's own values fall below the
+    NOISY_TESTS = 100             # floor this often (of at least this many held ticks)
     WIDE_RATIO = 2.0              # an alarm whose anchor's level moved this factor re-explores
                                   # wide (alarm_guard_steps); a smaller move was noise
 
@@ -111,6 +113,8 @@ class Guide:
         self.lags = np.full(len(n_steps), cfg.settle_ticks)       # per knob, in ticks
         self.await_action = False      # credit nothing before the session's first action
         self.last_p: float | None = None   # the newest objective value (probe_floor)
+        self.floor_held = 0            # ticks the best-known setting held (probe_floor_noise)
+        self.floor_under = 0           # ... whose value fell below the floor
         self.wide_left = 0             # local probes left with the wide band (alarm_*)
         self.sweep: list[list[int]] = []   # the coarse sweep's targets left (sweep_points)
         self.sweep_due = False         # a new workload: sweep once its anchor is measured
@@ -223,7 +227,23 @@ class Guide:
         self.seen_until = max(self.seen_until, n)
         if n > 0 and np.isfinite(p[n - 1]):
             self.last_p = float(p[n - 1])
+            if self.cfg.probe_floor_noise > 0 and n > lag:
+                self._count_floor(values[n - 1 - lag:n])
         return alarm
+
+    def _count_floor(self, recent: np.ndarray) -> None:
+        """Count whether the newest value, measured at the best-known setting, set
+        there the settle ticks before too (``recent``: the settings since), fell below
+        the probe floor: how often the floor would end a probe on the best's own noise."""
+        best = self.best
+        if best is None or not (recent[0] == recent[-1]).all():
+            return
+        if not np.array_equal(self.grid(recent[-1]), best):
+            return
+        level = self._level(best)
+        if level is not None and level > 0:
+            self.floor_held += 1
+            self.floor_under += self.last_p < self.cfg.probe_floor * level
 
     def _learn_lags(self, p: np.ndarray, values: np.ndarray, n: int) -> None:
         """Each knob's reaction delay, learned: a least-squares fit of the objective's
@@ -540,13 +560,18 @@ class Guide:
                 return None
         return action
 
+    def _own(self, key: np.ndarray) -> tuple[float, float, float]:
+        """One setting's own sum, sum of squares and count of credited values."""
+        if self.dense:
+            s, sq, n = self.grid_stats[(slice(None),) + tuple(key)]
+        else:
+            s, sq, n = self.sums.get(tuple(key), (0.0, 0.0, 0))
+        return float(s), float(sq), float(n)
+
     def _level(self, key: np.ndarray) -> float | None:
         """The mean objective credited to one setting (None: no sample yet)."""
-        if self.dense:
-            s, _, n = self.grid_stats[(slice(None),) + tuple(key)]
-        else:
-            s, _, n = self.sums.get(tuple(key), (0.0, 0.0, 0))
-        return float(s / n) if n > 0 else None
+        s, _, n = self._own(key)
+        return s / n if n > 0 else None
 
     def _below_floor(self, probe: Probe) -> bool:
         """Whether the newest objective value fell below ``probe_floor`` × the
@@ -558,7 +583,26 @@ class Guide:
         if np.array_equal(probe.target, best):
             return False
         level = self._level(best)
-        return level is not None and level > 0 and self.last_p < floor * level
+        return (level is not None and level > 0
+                and self.last_p < self._floor_line(best, level, floor * level))
+
+    def _floor_line(self, best: np.ndarray, level: float, line: float) -> float:
+        """``line`` (the probe floor under the best's ``level``), lowered to ``level`` − z
+        of the best's own standard deviations (``probe_floor_noise`` = z) once the
+        best's own values fall below the floor on more than ``NOISY_FLOOR`` of the ticks
+        it held: one value is then no evidence that a probe is worse. Elsewhere the
+        floor is as it was (the recorded real readahead traces replayed: at most 16 % on
+        any trace once 100 ticks are counted, workload switches included; the game at
+        50 % noise: ~31 %)."""
+        z = self.cfg.probe_floor_noise
+        if (z <= 0 or self.floor_held < self.NOISY_TESTS
+                or self.floor_under <= self.NOISY_FLOOR * self.floor_held):
+            return line
+        s, sq, m = self._own(best)
+        if m < 2:
+            return line
+        sd = math.sqrt(max(sq / m - level * level, 0.0) * m / (m - 1))
+        return min(line, level - z * sd)
 
     def _known_bad(self, key: np.ndarray) -> bool:
         """Whether ``key``'s own mean is below ``probe_floor`` × the best-known setting's

@@ -92,3 +92,30 @@ def test_the_workload_signature_finds_every_switch_and_holds_while_the_knob_move
     assert sum(r["false"] for r in runs) == 0
     assert max(len(set(t["key"])) for t in signed) >= 5      # the knob did move
     assert all(r["contexts"] == len(set(t["workloads"])) for t, r in zip(signed, runs))
+
+
+def test_the_probe_floor_stays_as_measured_on_real_signals(traces):
+    """``engine.probe_floor_noise`` lowers the probe floor only where it fires on the
+    best-known setting's own noise (more than 20 % of its held seconds below 3/4 of its
+    level, as at 50 % noise in the game). Replayed through the guide on every recorded
+    trace (its best-known setting from the trace's own seconds), that never happens: the
+    real engine's floor is the one its benches measured."""
+    import numpy as np
+    from capes.common.step_grid import StepGrid
+    from drl_engine.config import DQNConfig
+    from drl_engine.guide import Guide
+    cfg = DQNConfig(guided=True, probe_floor=0.75, probe_floor_noise=2.0)
+    held = under = 0
+    for t in traces:
+        g = Guide(StepGrid(np.array([0.0]), np.array([1.0]), np.array([10]),
+                           ladder=np.array([True])), cfg, np.random.default_rng(0))
+        p = np.asarray(t["p"], float)
+        rungs = np.log2(np.asarray(t["key"], float) / 4.0)[:, None]   # 4 KiB … 4096
+        for n in range(1, len(p) + 1):
+            g.best_setting(n)
+            g.credit(p, rungs, n)
+        assert g.floor_held < Guide.NOISY_TESTS or \
+            g.floor_under <= Guide.NOISY_FLOOR * g.floor_held, (t["name"], g.floor_under,
+                                                                 g.floor_held)
+        held, under = held + g.floor_held, under + g.floor_under
+    assert held > 1000 and under / held < 0.1          # counted, and far from the gate

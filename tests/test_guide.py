@@ -347,6 +347,44 @@ def test_a_probe_below_the_floor_walks_back_at_once():
     assert moves == [0, 0, 0, 0, None]
 
 
+def test_under_noise_a_value_the_best_itself_often_measures_does_not_end_a_probe():
+    """probe_floor_noise: at 50 % noise the best's own values fall below 3/4 of its level
+    a third of the time; judged on one value each, half the probes walked back from
+    settings better than the best (Table 5.1, seed 22, diff_avg: stuck at 0.78)."""
+    def guide(z, spread, under=40, held=120):
+        g = ladder_guide(first_probe="local", guard_steps=1, probe_floor=0.75, probe_dwell=4,
+                         probe_floor_noise=z)
+        for level in (100.0 - spread, 100.0 + spread):   # the best: mean 100, sd ~spread
+            credit_level(g, 5, level, ticks=2)
+        g.best_setting(0)
+        g.floor_held, g.floor_under = held, under        # its values below the floor
+        g.probe = Probe(np.array([6]), 4)
+        return g
+    def walks_back(g, value):
+        g.last_p = value
+        return g.probe_action(np.array([6])) != 0 and g.probe.back
+    assert walks_back(guide(0.0, 50.0), 60.0)        # off: any value below 75 ends it
+    assert not walks_back(guide(2.0, 50.0), 60.0)    # a value the best often measures
+    assert walks_back(guide(1.0, 50.0), 30.0)        # far below even the noisy best
+    assert walks_back(guide(2.0, 50.0, under=20), 60.0)   # the best rarely below the
+    assert walks_back(guide(2.0, 50.0, under=30, held=90), 60.0)   # floor, or not yet
+    #                                                        counted enough: as it was
+    assert walks_back(guide(2.0, 5.0), 70.0)         # quiet best: the floor as it was
+    assert not walks_back(guide(2.0, 5.0), 80.0)
+
+
+def test_the_floor_counts_how_often_the_best_itself_falls_below_it():
+    g = ladder_guide(first_probe="local", guard_steps=1, probe_floor=0.75,
+                     probe_floor_noise=2.0, settle_ticks=0)
+    credit_level(g, 5, 100.0)
+    g.best_setting(0)
+    values = np.full((40, 1), g.values(np.array([5]))[0])
+    p = np.where(np.arange(40) % 3 == 0, 50.0, 120.0)    # a third of them below 75
+    for n in range(1, 41):
+        g.credit(p, values, n)
+    assert g.floor_held == 40 and 12 <= g.floor_under <= 14
+
+
 def test_a_setting_known_below_the_floor_is_not_probed_or_stepped_onto_again():
     def guide(avoid):
         g = ladder_guide(first_probe="local", guard_steps=1, probe_local_steps=1.0,
@@ -515,7 +553,8 @@ def test_after_an_alarm_the_anchor_is_measured_and_only_a_moved_level_goes_wide(
 
 
 @pytest.mark.parametrize("key, value", [("first_probe", "near"), ("probe_floor", 1.0),
-                                        ("probe_floor", -0.1), ("alarm_guard_steps", -1)])
+                                        ("probe_floor", -0.1), ("alarm_guard_steps", -1),
+                                        ("probe_floor_noise", -1.0)])
 def test_probe_safety_settings_are_validated(key, value):
     with pytest.raises(ValueError, match=key):
         DQNConfig(**{key: value}).validate()
