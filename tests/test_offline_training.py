@@ -13,19 +13,15 @@ from capes.experiments.converge_test import load_config, run_one
 from capes.experiments.offline_training import (DEFAULT_CONFIG, NotEnoughExperience, load_training_config,
                                     train_offline)
 from capes.common.replay_db import ReplayReader, ReplayWriter, SessionInfo
-from capes.experiments.replay_merge import merge
 from drl_engine.engine import Engine
+from recorded_game import record_and_merge
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """Two seeded converge runs of the default game (at most 400 ticks each), merged."""
-    torch.set_num_threads(1)
     d = tmp_path_factory.mktemp("recorded")
-    cfg = load_config(DEFAULT_CONFIG, ["game.time_limit_ticks=400"])
-    for seed in (0, 1):
-        run_one(cfg, seed, db_path=d / f"run{seed}.db")
-    merge([d / "run0.db", d / "run1.db"], d / "merged.db")
+    record_and_merge(d, 400)
     return d
 
 

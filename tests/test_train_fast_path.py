@@ -12,24 +12,17 @@ import torch
 from capes.cli import main as capes_main
 from capes.common.progress import Progress
 from capes.common.replay_db import ReplayReader
-from capes.experiments.converge_test import load_config, run_one
 from capes.experiments.offline_training import (DEFAULT_CONFIG, load_training_config,
                                                 train_offline)
-from capes.experiments.replay_merge import merge
 from drl_engine.device_transitions import DeviceTransitions, use_device_sampling
 from drl_engine.engine import Engine
+from recorded_game import record_and_merge
 
 
 @pytest.fixture(scope="module")
 def merged(tmp_path_factory):
     """Two seeded converge runs of the default game (300 ticks each), merged."""
-    torch.set_num_threads(1)
-    d = tmp_path_factory.mktemp("fastpath")
-    cfg = load_config(DEFAULT_CONFIG, ["game.time_limit_ticks=300"])
-    for seed in (0, 1):
-        run_one(cfg, seed, db_path=d / f"run{seed}.db")
-    merge([d / "run0.db", d / "run1.db"], d / "merged.db")
-    return d / "merged.db"
+    return record_and_merge(tmp_path_factory.mktemp("fastpath"), 300)
 
 
 def test_device_batches_are_the_host_paths_transitions(merged):

@@ -59,5 +59,15 @@ class Collector:
 register = COLLECTORS.register
 
 
+def read_text(path: str, limit: int = 65536) -> str | None:
+    """At most ``limit`` bytes of a small kernel file (``/proc``, ``/sys``) as text; None
+    when it cannot be read (gone, not ours): a collector's value is then NaN."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(limit).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
 def build_collector(name: str, options: dict[str, Any] | None = None) -> Collector:
     return COLLECTORS.build(name, options)

@@ -33,7 +33,7 @@ import time
 from fnmatch import fnmatchcase
 from typing import Callable
 
-from monitor_agent.collectors.base import Collector, register
+from monitor_agent.collectors.base import Collector, read_text, register
 
 NAN = float("nan")
 DEFAULT_ROOT = "/sys/block"
@@ -114,12 +114,7 @@ def stat_rates(cur: list[float] | None, prev: list[float] | None, dt: float) -> 
     return out
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
+LIMIT = 4096                      # a block device's sysfs files are short
 
 
 def _number(text: str | None) -> float:
@@ -179,7 +174,7 @@ class BlockDevCollector(Collector):
         return chosen
 
     def _stat(self, dev: str) -> list[float] | None:
-        text = _read(os.path.join(self._root, dev, "stat"))
+        text = read_text(os.path.join(self._root, dev, "stat"), LIMIT)
         return None if text is None else parse_stat(text)
 
     def names(self) -> list[str]:
@@ -190,12 +185,12 @@ class BlockDevCollector(Collector):
         out: dict[str, float] = {}
         for f, rel in QUEUE_FILES.items():
             if f in self.fields:
-                out[f] = _number(_read(os.path.join(base, rel)))
+                out[f] = _number(read_text(os.path.join(base, rel), LIMIT))
         if "scheduler" in self.fields:
-            text = _read(os.path.join(base, "queue/scheduler"))
+            text = read_text(os.path.join(base, "queue/scheduler"), LIMIT)
             out["scheduler"] = NAN if text is None else parse_scheduler(text, self.schedulers)
         if self._want_inflight:
-            parts = (_read(os.path.join(base, "inflight")) or "").split()
+            parts = (read_text(os.path.join(base, "inflight"), LIMIT) or "").split()
             try:
                 out["inflight_reads"], out["inflight_writes"] = (float(parts[0]),
                                                                  float(parts[1]))

@@ -39,20 +39,12 @@ import os
 import time
 from typing import Callable
 
-from monitor_agent.collectors.base import Collector, register
+from monitor_agent.collectors.base import Collector, read_text, register
 
 NAN = float("nan")
 RATES = ("read_kib_s", "write_kib_s", "read_calls_s", "write_calls_s", "major_faults_s")
 SHAPE = ("read_share", "fault_share", "kib_per_op", "open_files", "procs")
 FIELDS = RATES + SHAPE
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(65536).decode("ascii", "replace")
-    except OSError:
-        return None
 
 
 def parse_io(text: str) -> dict[str, int]:
@@ -110,7 +102,7 @@ class ProcessesCollector(Collector):
         return [f"procs.{f}" for f in FIELDS]
 
     def _pids(self) -> list[int]:
-        text = _read(os.path.join(self._cgroup, "cgroup.procs")) or ""
+        text = read_text(os.path.join(self._cgroup, "cgroup.procs")) or ""
         return [int(t) for t in text.split() if t.isdigit()]
 
     def _open_files(self, pid: int) -> int:
@@ -135,7 +127,7 @@ class ProcessesCollector(Collector):
         now, files = {}, 0
         for pid in self._pids():
             base = os.path.join(self._root, str(pid))
-            io, st = _read(os.path.join(base, "io")), _read(os.path.join(base, "stat"))
+            io, st = read_text(os.path.join(base, "io")), read_text(os.path.join(base, "stat"))
             s = parse_stat(st) if st else None
             if io is None or s is None:
                 continue                       # gone, or not ours to read

@@ -26,7 +26,7 @@ import os
 import time
 from typing import Callable
 
-from monitor_agent.collectors.base import Collector, register
+from monitor_agent.collectors.base import Collector, read_text, register
 
 NAN = float("nan")
 DEFAULT_ROOT = "/proc"
@@ -75,14 +75,6 @@ def parse_meminfo(text: str) -> dict[str, float]:
     return out
 
 
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(65536).decode("ascii", "replace")
-    except OSError:
-        return None
-
-
 @register("vmstat")
 class VMStatCollector(Collector):
     def __init__(self, root: str = DEFAULT_ROOT, fields: list[str] | None = None,
@@ -116,15 +108,15 @@ class VMStatCollector(Collector):
         self._prev_t = clock()
 
     def _vmstat(self) -> dict[str, float] | None:
-        text = _read(os.path.join(self._root, "vmstat"))
+        text = read_text(os.path.join(self._root, "vmstat"))
         return None if text is None else parse_vmstat(text)
 
     def _meminfo(self) -> dict[str, float] | None:
-        text = _read(os.path.join(self._root, "meminfo"))
+        text = read_text(os.path.join(self._root, "meminfo"))
         return None if text is None else parse_meminfo(text)
 
     def _sysctl(self, name: str) -> float:
-        text = _read(os.path.join(self._root, "sys/vm", name))
+        text = read_text(os.path.join(self._root, "sys/vm", name))
         try:
             return float(text.split()[0]) if text and text.split() else NAN
         except ValueError:
