@@ -52,8 +52,9 @@ At the end every process is stopped cleanly and the table is printed:
   restarted daemon resynchronises; the agents resend their last ``--resend`` seconds
   after a reconnect, so goal 0 here too) and all others (goal 0);
 - actions applied but not recorded: knob changes seen in the simulator's files with no
-  recorded action making that change within a few seconds (goal 0); restores to the
-  original values are counted apart;
+  recorded action making that change within a few seconds (5 s before, or up to the
+  skewed node's lead after: an action's tick is the one the engine decided on) (goal
+  0); restores to the original values are counted apart;
 - out-of-range values applied (goal 0), the daemon's RSS min/max, the recovery time after
   each kill, process crashes (exits nobody asked for), stale checkpoint temp files.
 
@@ -1081,6 +1082,10 @@ def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fi
                 recorded[p].append((tick, v))
             prev[p] = v
     used = set()
+    # an action is recorded at the tick the engine decided on; a node whose clock runs
+    # ahead (the skew fault) can put that tick up to its skew ahead of the moment the
+    # change lands (after a daemon restart the engine may read the skewed node first)
+    ahead_s = 1.0 + max(0.0, args.skew_s)
     not_recorded, restored, out_of_range = [], 0, []
     for t, p, v in knobs.changes:
         spec = PARAMS[p]
@@ -1091,7 +1096,7 @@ def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fi
             out_of_range.append((t, p, v, why))
         match = None
         for i, (tick, rv) in enumerate(recorded[p]):
-            if (p, i) not in used and rv == v and t - 5.0 <= tick * tick_s <= t + 1.0:
+            if (p, i) not in used and rv == v and t - 5.0 <= tick * tick_s <= t + ahead_s:
                 match = i
                 break
         if match is not None:
@@ -1124,6 +1129,13 @@ def analyse(args, work, db, tick_s, fleet, rogue, dbw, knobs, sampler, kills, fi
         "knob_changes_applied": len(knobs.changes),
         "applied_not_recorded": len(not_recorded),
         "applied_not_recorded_examples": not_recorded[:5],
+        # what surrounds each: the file's changes and the DB's recorded changes of that
+        # knob from 8 s before to 3 s after (epoch s; recorded: tick × tick_s)
+        "applied_not_recorded_context": [
+            {"applied": [c for c in knobs.changes if c[1] == p and t - 8 <= c[0] <= t + 3],
+             "recorded": [(round(tick * tick_s, 2), v) for tick, v in recorded[p]
+                          if t - 8 <= tick * tick_s <= t + 3]}
+            for t, p, _ in not_recorded[:3]],
         "restored_to_original": restored,
         "out_of_range_applied": len(out_of_range),
         "out_of_range_examples": out_of_range[:5],
@@ -1275,18 +1287,36 @@ def main(argv=None) -> int:
     print_table(r)
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1, default=str))
+    failed = failed_goals(r)
+    if failed:       # last, so that a log's tail names what failed and how
+        print("soak: goals missed: " + "; ".join(failed))
+    return 1 if failed else 0
+
+
+def failed_goals(r: dict) -> list[str]:
+    """The goals the run missed, each with its figure (and examples where kept)."""
     checks = r["sampler_checks"]
     serving_unwritten = sum(f["health_while_full"].get("SERVING, NO rows written", 0)
                             for f in r["disk_full"])
-    bad = (serving_unwritten or r["committed_rows_lost"] or r["rows_lost_unexplained"] or r["applied_not_recorded"]
-           or r["out_of_range_applied"] or r["rogue_bad_actions_accepted"]
-           or checks.get("node held by the intruder") or checks.get("ghost values in effect")
-           or checks.get("status failed (daemon up)")
-           or checks.get("scrape failed (daemon up)")
-           or (r.get("seen_run_worst_share") or 1.0) < 0.95
-           or (r.get("seen_skew_worst_share") or 1.0) < 0.95
-           or (r.get("hand_change") or {}).get("undone"))
-    return 1 if bad else 0
+    goals = [
+        ("SERVING while no rows were written (disk full)", serving_unwritten, None),
+        ("committed rows lost", r["committed_rows_lost"], None),
+        ("sent, never stored (not around a kill)", r["rows_lost_unexplained"], None),
+        ("actions applied but not recorded", r["applied_not_recorded"],
+         r.get("applied_not_recorded_examples")),
+        ("out-of-range values applied", r["out_of_range_applied"],
+         r.get("out_of_range_examples")),
+        ("rogue's bad actions accepted", r["rogue_bad_actions_accepted"], None),
+        ("nodes held by the intruder", checks.get("node held by the intruder"), None),
+        ("made-up nodes' values in effect", checks.get("ghost values in effect"), None),
+        ("capes status failed (daemon up)", checks.get("status failed (daemon up)"), None),
+        ("/metrics scrapes failed (daemon up)", checks.get("scrape failed (daemon up)"), None),
+        ("peers seen < 0.95 (run)", (r.get("seen_run_worst_share") or 1.0) < 0.95, None),
+        ("peers seen < 0.95 (skew)", (r.get("seen_skew_worst_share") or 1.0) < 0.95, None),
+        ("hand change undone", (r.get("hand_change") or {}).get("undone"), None),
+    ]
+    return [f"{name}: {value}" + (f" e.g. {examples}" if examples else "")
+            for name, value, examples in goals if value]
 
 
 if __name__ == "__main__":
