@@ -74,7 +74,10 @@ class NodeModelConfig:
     explore: Literal["probe", "random"] = "probe"
     probe_steps: float = 4.0          # spread of a probe's target, in steps of the knob
     probe_dwell: int = 4              # ticks a probe holds its target
-    probe_return: bool = True         # then walks back to where it started
+    # then walks back to where it started (True), or to the row's knob in the best-known
+    # setting ("best": a probe that named a new best stays; the origin when none is
+    # known), or stays where it is (False)
+    probe_return: bool | Literal["best"] = True
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
@@ -164,6 +167,9 @@ class NodeModelConfig:
                              f"(got {self.rollback_fraction})")
         if self.pool not in ("mean_std", "mean_max"):
             raise ValueError(f"pool: must be 'mean_std' or 'mean_max' (got {self.pool!r})")
+        if not (isinstance(self.probe_return, bool) or self.probe_return == "best"):
+            raise ValueError(f"probe_return: must be true, false or 'best' "
+                             f"(got {self.probe_return!r})")
         if not (isinstance(self.device_sampling, bool) or self.device_sampling == "auto"):
             raise ValueError(f"device_sampling: must be true, false or 'auto' "
                              f"(got {self.device_sampling!r})")

@@ -260,7 +260,7 @@ PRESETS: dict[str, dict] = {
 # it keeps the values its figures were measured with (docs/results.md, "cluster") until a
 # cluster bench measures the others. A value the config's [engine] sets is taken as given.
 PER_NODE_KEEPS = {"probe_unit": 0, "guard_steps": 3, "probe_local_steps": 3.0,
-                  "alarm_guard_steps": 0, "alarm_probes": 0, "sweep_points": 0,
+                  "alarm_guard_steps": 0, "alarm_probes": 0,
                   "global_fraction": 0.5, "first_probe": "global", "probe_floor": 0.0,
                   "probe_floor_noise": 0.0,
                   "probe_avoid_bad": False, "detect_fresh_only": False,

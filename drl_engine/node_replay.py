@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +20,8 @@ from drl_engine import reward_scale
 from drl_engine.config import RewardConfig
 from drl_engine.experience import n_step_returns
 from drl_engine.rewards import OBJECTIVES, REWARD_TYPES, pi_columns
+
+log = logging.getLogger("capes.engine")
 
 
 def finite_or_nan(x: np.ndarray) -> np.ndarray:
@@ -95,6 +98,10 @@ class NodeReplay:
             raise ValueError(f"the cluster engine reads each node's knob values from its "
                              f"PIs; {missing} are not among the PIs {pi_names}")
         self.knob_cols = np.array([pi_names.index(s.name) for s in params])
+        # a knob of named values (a ladder: "4", "8", ... KiB) is its value's index
+        self._named = np.array([bool(s.values) for s in params], bool)
+        self._sizes = np.array([len(s.values) for s in params])[self._named]
+        self._misread: set[str] = set()
         self.steps = np.array([s.step for s in params], np.float64)
         self.obj_cols = pi_columns(reward.pis, pi_names)
         self.objective = OBJECTIVES.build(reward.objective, reward.objective_options)
@@ -114,6 +121,23 @@ class NodeReplay:
         self.first: int | None = None      # oldest tick ever ingested
         self.ingested = 0
         self.seen = np.zeros(nodes, np.int64)    # per node: ingested ticks it had a row in
+
+    def _check_indices(self, v: np.ndarray) -> None:
+        """Say once per knob when a knob of named values reads off its indices (its PI
+        reports the value, 128 KiB, not its index, 5): every value the engine derives
+        from it (best-known setting, walks, actions learnt) would be wrong."""
+        with np.errstate(invalid="ignore"):
+            bad = (np.isfinite(v) & ((v != np.rint(v)) | (v < 0) | (v >= self._sizes))).any(0)
+        for j in np.flatnonzero(bad):
+            spec = [s for s, named in zip(self.params, self._named) if named][j]
+            if spec.name not in self._misread:
+                self._misread.add(spec.name)
+                log.error("knob %s's PI reads %s, not an index of its %d values %s: a "
+                          "knob of named values must be reported as its value's index "
+                          "(%r: 0, %r: 1, ...); this engine's view of it is wrong",
+                          spec.name, v[np.isfinite(v[:, j]), j][:3].tolist(),
+                          len(spec.values), spec.values[:4], spec.values[0],
+                          spec.values[1] if len(spec.values) > 1 else "")
 
     @classmethod
     def capacity_for(cls, megabytes: int, nodes: int, pis: int, knobs: int) -> int:
@@ -152,6 +176,8 @@ class NodeReplay:
         self.seen += present
         self.tick_of[s] = tick
         self.knobs[s] = x[:, self.knob_cols]
+        if self._named.any():
+            self._check_indices(x[:, self.knob_cols[self._named]])
         self.actions[s] = -1
         self.ahist[s] = 0.0
         self.r[s] = np.nan

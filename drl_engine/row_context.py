@@ -222,8 +222,18 @@ class RowContexts(ContextMemory):
         self._advance_search(engine, tick)
         if control.best.best_idx is not None:   # kept through an alarm that forgot it a
             self._last_best = control.best.best_idx   # tick or two before the rows confirm
-        changed = [c for c in self.signatures.update(np.asarray(pis)[:, self.columns])
-                   if c[1] is not None]                # a row's first context: no change
+        updates = self.signatures.update(np.asarray(pis)[:, self.columns])
+        changed = [c for c in updates if c[1] is not None]   # a row's first context: no
+        sweep = control.sweep                                # change, but a sweep
+        if sweep is not None and (control.cold is None or not control.cold.active):
+            sweep.drop([c[0] for c in changed])
+            fresh = [c[0] for c in updates if c[1] is None or self.recalled(c[0], c[2])
+                     is None]
+            if fresh:
+                rep = engine.data.replay
+                knobs = rep.knobs[rep.slot(tick)].astype(np.float64)
+                sweep.start(fresh, control.grid.index(
+                    np.where(np.isfinite(knobs), knobs, control.lo)), tick)
         if not changed:
             return
         if self.search is not None and len(changed) >= min(self.MIN_ROWS, self.rows):

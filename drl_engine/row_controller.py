@@ -2,6 +2,7 @@
 
 What the engine does around its Q-network when every node has its own row of knobs:
 the cold start (``drl_engine.cold_start``: one shared setting for every row first), the
+per-row sweep of a new context's ladder knobs (``drl_engine.row_sweep``), the
 per-row probes (``drl_engine.row_probes``), the best-known setting by the objective's
 moving-average peak (``drl_engine.best_known``), the trust region around it
 (``drl_engine.trust_region``), rollback to it (``drl_engine.rollback``), change
@@ -25,6 +26,7 @@ from drl_engine.costs import knob_cost
 from drl_engine.rollback import Rollback
 from drl_engine.row_detector import RowChangeDetector
 from drl_engine.row_probes import RowProbes
+from drl_engine.row_sweep import RowSweep
 
 log = logging.getLogger("capes.engine")
 
@@ -50,10 +52,14 @@ class RowController:
         self.dynamic = np.array([c == "dynamic" for c in self.costs], bool)
         self.allowed = np.concatenate([[True], np.repeat(self.dynamic, 2)])   # (A,)
         self.probes = RowProbes(nodes, model, self.n_steps, self.dynamic, self.allowed)
-        # cold start: one shared setting for every row first
+        # each row's sweep of its ladder knobs in a new context (None: none swept)
+        self.sweep = RowSweep.build(dqn, model, g, self.dynamic)
+        # cold start: one shared setting for every row first (not where every dynamic
+        # knob is swept per row: each row's sweep is its own cold start)
         self.cold: SharedColdStart | None = None
         self.handed_over_at: int | None = None      # the tick the cold start ended
-        if model.cold_start == "shared" and model.cold_start_ticks > 0:
+        swept = self.sweep is not None and self.sweep.covers(self.dynamic)
+        if model.cold_start == "shared" and model.cold_start_ticks > 0 and not swept:
             self.cold = SharedColdStart(self.grid, self.dynamic, dqn, model.cold_start_ticks,
                                         dqn.settle_ticks + model.best_window, seed)
         self.best = PeakTracker(model, dqn.settle_ticks, self.grid)

@@ -180,6 +180,13 @@ class RowEngine(Engine):
         if control.best.track(rep, tick):
             self._forget_best(tick)
         s = rep.slot(tick)
+        if control.sweep is not None:     # each new context's sweep measures, and what
+            knobs = rep.knobs[s].astype(np.float64)       # it found stays the row's best
+            own = np.where(np.isfinite(pis[:, self._node_obj]).any(axis=1),
+                           np.nansum(pis[:, self._node_obj], axis=1), np.nan)
+            control.sweep.observe(int(tick), control.grid.index(
+                np.where(np.isfinite(knobs), knobs, control.lo)), own)
+            control.sweep.pin(control.best)
         control.rollback.watch(int(tick), control.best, rep.knobs[s], rep.present[s],
                                control.grid)
 
@@ -296,11 +303,25 @@ class RowEngine(Engine):
             acts = np.where(held, 0, acts)
             explore = explore & ~held
             control.probes.knob[held] = -1
+        sweeping = control.sweep.active if control.sweep is not None else []
+        if len(sweeping):                    # sweeping rows: held, then moved below
+            acts[sweeping] = 0
+            explore[sweeping] = False
+            control.probes.knob[sweeping] = -1
         acts = np.where(present, acts, 0).astype(np.int64)
         acts = control.guard(idx, acts, explore)
         values = control.apply(cur, acts)
         if self.row_context is not None:     # [row context hook] walking rows' step
             values = self.row_context.walk(values, cur, present, control, int(tick))
+        if len(sweeping):                    # one tick of each sweeping row's walk
+            targets = control.sweep.targets()
+            to, cells = idx.copy(), np.zeros(idx.shape, bool)
+            for r, t in targets.items():
+                if r < len(to) and present[r]:
+                    to[r], cells[r] = t, control.dynamic
+            stepped = control.walk_to(cur, to, cells)
+            rows = cells.any(axis=1)
+            values = np.where(rows[:, None], stepped, values)
         self.action_ticks += 1
         return self._decision(tick, acts.astype(np.int16), values, eps, explore & present,
                               q_max)

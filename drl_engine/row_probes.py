@@ -4,7 +4,9 @@
 (``explore="probe"``) with the probability that keeps that share: a target for one knob
 drawn around its current value (``probe_steps`` steps, inside the trust region around
 the row's best-known setting), walked to one step per tick, held ``probe_dwell`` ticks
-(the delayed effect is measured) and walked back to where it started (``probe_return``)
+(the delayed effect is measured) and walked back to where it started (``probe_return``;
+``"best"``: to the row's knob in the best-known setting, so a probe during which the
+objective peaked stays where it went, the others go back)
 — an excursion, so exploration never displaces a row for good and knobs the objective
 does not depend on do not random-walk away. ``explore="random"``: one uniform random
 action. The one-row (flat) mode's probes are the guide's GP-proposed ones
@@ -94,6 +96,8 @@ class RowProbes:
             t = who[turn]
             self.back[t] = True
             self.target[t] = self.origin[t]
+            if self.mcfg.probe_return == "best" and best_idx is not None:
+                self.target[t] = best_idx[t, k[turn]]
         else:
             self.back[who[turn]] = True          # no return leg: done now
             self.target[who[turn]] = at[turn]

@@ -276,6 +276,29 @@ def test_probes_are_excursions_that_come_back():
     assert seen == [3, 3, 0, 0, 4, 4, 0] and idx[0, 1] == 10
 
 
+def test_a_probe_that_named_the_best_stays_where_it_went_with_return_best():
+    # two rows probe window 10 -> 12; the best-known setting has row 0 at 12 (its probe
+    # raised the objective's peak) and row 1 at 10: row 0 stays, row 1 comes back
+    eng = engine(2, NodeModelConfig(probe_steps=3.0, probe_dwell=2, detect=False,
+                                    probe_return="best"), guard_steps=0)
+    eng.control.best.best_idx = np.array([[30, 12], [30, 10]])
+    idx = np.array([[30, 10], [30, 10]])
+    p = eng.control.probes
+    p.knob[:], p.origin[:], p.target[:], p.dwell[:], p.back[:] = 1, 10, 12, 2, False
+    for _ in range(12):
+        explore, a = eng.control.explore(idx, 0.0, eng.rng)
+        idx = idx + np.stack([np.zeros(2, np.int64),
+                              np.vectorize({3: 1, 4: -1}.get)(a, 0)], axis=1)
+        if not explore.any():
+            break
+    assert idx[:, 1].tolist() == [12, 10] and (p.knob == -1).all()
+
+
+def test_probe_return_is_checked_on_load():
+    with pytest.raises(ValueError, match="probe_return"):
+        NodeModelConfig(probe_return="origin").validate()
+
+
 def test_the_trust_region_turns_a_move_away_from_the_best_back():
     eng = engine(2, guard_steps=3)
     eng.control.best.best_idx = np.array([[39, 10], [39, 10]])

@@ -381,6 +381,16 @@ class ClusterTunerRun(rr.TunerRun):
     rows_lost: int | None = None
 
 
+def rung(values: list[int], kib: int) -> int:
+    """The index of a window (KiB) on the ladder ``values``, the nearest on the log scale
+    where it is off the ladder: a categorical knob's PI is its value's index, as the
+    engine sees the knob (the blockdev collector's ``scheduler`` likewise)."""
+    if kib in values:
+        return values.index(kib)
+    logs = [abs(math.log2(max(kib, 1)) - math.log2(v)) for v in values]
+    return logs.index(min(logs))
+
+
 def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdir: Path,
               seed: int, stop, exploration_ticks: int | None, values: list[int],
               template: Path = CLUSTER_CONFIG, extra_sets: tuple[str, ...] = (),
@@ -432,11 +442,11 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
                 result.applied.append(ra)
                 f = pis / n
                 tmp = f.with_suffix(".tmp")
-                tmp.write_text(f"{PI} {v:.1f}\n{KNOB} {ra}\n")
+                tmp.write_text(f"{PI} {v:.1f}\n{KNOB} {rung(values, ra)}\n")
                 os.replace(tmp, f)
     runner.latest.clear()
     for n in runner.nodes:
-        (pis / n).write_text(f"{PI} 0\n{KNOB} {original[n]}\n")
+        (pis / n).write_text(f"{PI} 0\n{KNOB} {rung(values, original[n])}\n")
     thread = threading.Thread(target=publish, daemon=True)
     try:
         stack.start("interface-daemon", "interface-daemon", *cfg, "--ready-file",

@@ -1,0 +1,81 @@
+"""The per-node mode's sweep of a new context's ladder knobs (drl_engine/row_sweep.py), and
+the check that a knob of named values is read as its index."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from capes.common.params import ParameterSpec
+from drl_engine.cluster_config import NodeModelConfig
+from drl_engine.config import DQNConfig, RewardConfig, with_preset
+from drl_engine.engine import Engine
+
+LADDER = ["4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096", "8192"]
+PIS = ["app_bytes_s", "read_ahead_kb", "kind"]
+MODEL = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8, probe_dwell=3)
+
+
+def ladder_engine(nodes: int, **kw) -> Engine:
+    from capes.common.config import build
+    dqn = dataclasses.replace(build(DQNConfig, with_preset({"preset": "default"})),
+                              context_pis=["kind"], **kw)
+    spec = ParameterSpec(values=list(LADDER), default="128", name="read_ahead_kb")
+    spec.validate()
+    return Engine.over_rows(dqn, RewardConfig(pis=["app_bytes_s"]), PIS, [spec], nodes,
+                            model=MODEL, seed=0)
+
+
+def bytes_at(rung: np.ndarray, kind: np.ndarray) -> np.ndarray:
+    """Node kind 1 (an mmap reader): best at 8 KiB (rung 1), 100x worse from 256 KiB;
+    kind 0: indifferent."""
+    peak = np.exp(-0.5 * ((rung - 1) / 1.5) ** 2) * 10e6 + 0.1e6
+    return np.where(kind == 1, peak, 5e6)
+
+
+def play(eng, ticks: int, kind: np.ndarray, rng) -> list[np.ndarray]:
+    rung = np.full(eng.nodes, 5.0)                      # 128 KiB everywhere
+    seen = []
+    for t in range(ticks):
+        x = np.stack([bytes_at(rung, kind) * rng.uniform(0.9, 1.1, eng.nodes), rung,
+                      kind.astype(float)], axis=1)
+        eng.ingest(t, x)
+        d = eng.act()
+        if d is not None:
+            rung = np.asarray(d.values, float).reshape(eng.nodes, -1)[:, 0]
+        seen.append(rung.copy())
+    return seen
+
+
+def test_a_row_in_a_new_context_sweeps_its_ladder_and_keeps_its_best():
+    eng = ladder_engine(2)
+    assert eng.control.sweep is not None and eng.control.cold is None   # its own start
+    seen = play(eng, 140, np.array([1, 0]), np.random.default_rng(0))
+    sweep = eng.control.sweep
+    assert sweep.sweeps >= 1 and 0 in sweep.found
+    # the mmap reader's sweep went to the low end of the ladder and found it there
+    assert min(s[0] for s in seen) == 0 and int(sweep.found[0][0]) <= 2
+    last = np.array([s[0] for s in seen[-30:]])
+    assert np.mean(last <= 3) >= 0.8                     # it stays near 4-32 KiB
+    assert eng.control.best.best_idx is None or eng.control.best.best_idx[0, 0] <= 2
+
+
+def test_without_sweep_points_the_shared_cold_start_runs_as_before():
+    eng = ladder_engine(2, sweep_points=0)
+    assert eng.control.sweep is None and eng.control.cold is not None
+
+
+def test_a_ladder_knob_read_as_its_value_not_its_index_is_said_once(caplog):
+    eng = ladder_engine(2)
+    x = np.array([[1e6, 128.0, 1.0], [1e6, 5.0, 0.0]])   # node 0 reports KiB
+    with caplog.at_level(logging.ERROR, logger="capes.engine"):
+        eng.ingest(0, x)
+        eng.ingest(1, x)
+    said = [r.getMessage() for r in caplog.records if "not an index" in r.getMessage()]
+    assert len(said) == 1 and "read_ahead_kb" in said[0] and "128" in said[0]
+    caplog.clear()
+    eng2 = ladder_engine(2)
+    with caplog.at_level(logging.ERROR, logger="capes.engine"):
+        eng2.ingest(0, np.array([[1e6, 5.0, 1.0], [1e6, 11.0, 0.0]]))
+    assert not [r for r in caplog.records if "not an index" in r.getMessage()]
