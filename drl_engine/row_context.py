@@ -34,6 +34,10 @@ signature):
   return_epsilon = true`` raises it, so that the recalled setting is searched around
   after the hold: no gain measured, ``docs/journal.md``, cluster variant).
 
+A row entering a new context (its first one included) sweeps its ladder knobs first
+where the engine has a sweep (``engine.sweep_points``, ``drl_engine.row_sweep``); a
+row leaving one drops its sweep and what it found.
+
 The group search's settings (``cluster_engine.context_search``) are walked to the same
 way, the trial's measure starting once the rows are there.
 

@@ -16,7 +16,8 @@ ladder knob's grid, one knob at a time (the nearer end's side first), walking th
 the daemon's step rule allows (``RowController.walk_to``). At each it waits
 ``settle_ticks`` (a new window reaches an application only when it reopens its files)
 and takes the median of its **own** objective (its PIs among the reward's) over
-``probe_dwell`` ticks; then it goes to the best one and that setting is the row's in
+``probe_dwell`` ticks; then it goes to the best one (back where it was when it moved no
+data at any: an idle node tells nothing) and that setting is the row's in
 the best-known setting (pinned there over the peak tracker's snapshots while the row
 stays in the context: the trust region, rollback and the context memory keep it). A
 row's own objective leaves out what its window costs the others on shared servers; the
@@ -80,7 +81,7 @@ class RowSweep:
                     t[k] = v
                     plan.append(t)
             self.plans[r] = {"plan": plan, "at": 0, "since": None, "got": [],
-                             "scores": [], "tick": int(tick)}
+                             "scores": [], "tick": int(tick), "origin": idx[r].copy()}
 
     def drop(self, rows) -> None:
         """Rows left their context: their sweep and what it found belonged to it."""
@@ -112,7 +113,9 @@ class RowSweep:
                 p["got"], p["since"] = [], None
                 p["at"] += 1
                 if p["at"] == len(p["plan"]):
-                    best = p["plan"][int(np.argmax(p["scores"]))]
+                    # a row that moved no data at any point (idle) keeps its setting
+                    best = p["plan"][int(np.argmax(p["scores"]))] \
+                        if max(p["scores"]) > 0 else p["origin"]
                     self.found[r] = best.copy()
                     self.sweeps += 1
                     log.info("tick %d: row %d's sweep (since tick %d) found %s (own "

@@ -79,3 +79,20 @@ def test_a_ladder_knob_read_as_its_value_not_its_index_is_said_once(caplog):
     with caplog.at_level(logging.ERROR, logger="capes.engine"):
         eng2.ingest(0, np.array([[1e6, 5.0, 1.0], [1e6, 11.0, 0.0]]))
     assert not [r for r in caplog.records if "not an index" in r.getMessage()]
+
+
+def test_an_idle_row_sweeps_but_keeps_its_setting():
+    # node 1 moves no data (kind 2: zero bytes): its sweep measures nothing, so it ends
+    # where it started (128 KiB, rung 5), not at the first point it visited
+    eng = ladder_engine(2)
+    kind = np.array([1, 2])
+    rung = np.full(2, 5.0)
+    rng = np.random.default_rng(1)
+    for t in range(60):
+        b = np.where(kind == 2, 0.0, bytes_at(rung, np.ones(2, int)))
+        eng.ingest(t, np.stack([b * rng.uniform(0.9, 1.1, 2), rung, kind.astype(float)], 1))
+        d = eng.act()
+        if d is not None:
+            rung = np.asarray(d.values, float).reshape(2, -1)[:, 0]
+    assert 1 in eng.control.sweep.found and int(eng.control.sweep.found[1][0]) == 5
+    assert 0 in eng.control.sweep.found and int(eng.control.sweep.found[0][0]) <= 2
