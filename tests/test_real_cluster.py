@@ -175,3 +175,10 @@ def test_quick_cluster_bench_restores_every_client_and_leaves_nothing(tmp_path):
     assert not [p for p, a in gv.gluster_processes().items()
                 if "capes-cluster-" in " ".join(a)]
     assert gv.snapshot() == before_trees
+
+
+def test_a_clients_window_is_published_as_its_rung_on_the_ladder():
+    # the per-node engine reads a knob of named values as its index: 128 KiB is rung 5
+    assert rc.rung(rc.LADDER, 128) == 5 and rc.rung(rc.LADDER, 4) == 0
+    assert rc.rung(rc.LADDER, 8192) == len(rc.LADDER) - 1
+    assert rc.rung(rc.LADDER, 100) == 5 and rc.rung(rc.LADDER, 20000) == 11   # nearest
