@@ -26,7 +26,10 @@ target); round 9's: ``no-replan-noq`` (both off: the network's share as it was b
 the re-aim) and ``infer-local`` (``engine.context_infer_local=true``: probes stay local
 around where the network's walk ended); round 10's: ``pooled``
 (``engine.lcb_pooled_noise=true``: each setting's variance in the best-known setting's
-bound at least the variance pooled within settings). ``--init-model``: every arm starts from that checkpoint's network, its memory
+bound at least the variance pooled within settings); issue 39's: ``before-39`` (the
+default before the real devices' exploration joined it), ``no-safe`` (without
+``engine.probe_safe``, ``probe_walk_unit`` and ``wide_replan``) and ``no-safe-probe``
+(without ``probe_safe`` only). ``--init-model``: every arm starts from that checkpoint's network, its memory
 empty, and is named ``…+init`` (``--save-model`` keeps one session's checkpoint for
 it; ``known1`` then walks where a network trained on earlier sessions points at every
 new workload but the first). Games: ``recurring`` and ``stationary``
@@ -95,7 +98,12 @@ ARMS = {"default": [], "no-q": ["engine.use_q_network=false"],
         "pooled": ["engine.lcb_pooled_noise=true"],
         # issue 39: the default preset before the real devices' safe exploration joined
         # it (the values the per-node engine keeps: global probes, q_scope new_contexts)
-        "before-39": as_overrides("engine", PER_NODE_KEEPS)}
+        "before-39": as_overrides("engine", PER_NODE_KEEPS),
+        # issue 39: the default without its safe probes, unit walks and re-aimed wide
+        # probes (the default before they joined it)
+        "no-safe": ["engine.probe_safe=0", "engine.probe_walk_unit=false",
+                    "engine.wide_replan=false"],
+        "no-safe-probe": ["engine.probe_safe=0"]}
 MAIN_ARMS = ["default", "no-q", "no-context"]
 
 

@@ -104,6 +104,17 @@ class DQNConfig:
     alarm_guard_steps: int = 0         # after a change alarm, the first ``alarm_probes`` local
     alarm_probes: int = 0              # probes may go this far (0: guard_steps): a far optimum
                                        # on a ladder is reached in a few probes, not one rung each
+    probe_safe: float = 0.0            # this share of the local probes (not the wide ones)
+                                       # goes anywhere in the range where the GP's lower
+                                       # bound stays above probe_floor x the best-known
+                                       # level, to the best upper bound there (safe
+                                       # Bayesian optimisation; needs probe_model and a
+                                       # probe_floor; 0: local probes stay local)
+    probe_walk_unit: bool = False      # probe walks move a knob up to one probe_unit of its
+                                       # range a tick (at least action_steps, at most
+                                       # MAX_STEPS): as fast over 100 steps as over 10 rungs
+    wide_replan: bool = False          # the wide probes (alarm_probes) are re-aimed by the
+                                       # model as their walk's ticks come in
     sweep_points: int = 0              # on a new workload (a new context, or one the engine
                                        # is told of; not an alarm): probe this many settings
                                        # spread evenly over each knob's range first, the
@@ -186,6 +197,8 @@ class DQNConfig:
             raise ValueError(f"first_probe: must be local or global (got {self.first_probe!r})")
         if not 0 <= self.probe_floor < 1:
             raise ValueError(f"probe_floor: must lie in [0, 1) (got {self.probe_floor})")
+        if not 0 <= self.probe_safe <= 1:
+            raise ValueError(f"probe_safe: must lie in [0, 1] (got {self.probe_safe})")
         if not 0 <= self.global_fraction <= 1:
             raise ValueError(f"global_fraction: must lie in [0, 1] (got {self.global_fraction})")
         for name in ("kernel_steps", "best_refresh_ticks", "probe_local_steps"):
@@ -249,6 +262,12 @@ PRESETS: dict[str, dict] = {
                 # half the probes walked back, better settings among them; never on the
                 # recorded real traces) only a value 2 of its sd below it ends a probe
                 "probe_floor_noise": 2.0,
+                # ... and, where a knob's range is long and the model knows where it is
+                # safe (issue 39: the recurring game's slow first visits), half the local
+                # probes go to the model's best bound inside the safe set, probe walks
+                # cross a tenth of a knob's range a tick, and the wide probes after a
+                # change are re-aimed as they walk
+                "probe_safe": 0.5, "probe_walk_unit": True, "wide_replan": True,
                 # live: act on a committed tick within 0.1 s; hear each objective
                 # figure once; a signature's spread never below its floor
                 "tick_poll_s": 0.1, "detect_fresh_only": True, "context_floor_strict": True},
@@ -262,8 +281,8 @@ PRESETS: dict[str, dict] = {
 PER_NODE_KEEPS = {"probe_unit": 0, "guard_steps": 3, "probe_local_steps": 3.0,
                   "alarm_guard_steps": 0, "alarm_probes": 0,
                   "global_fraction": 0.5, "first_probe": "global", "probe_floor": 0.0,
-                  "probe_floor_noise": 0.0,
-                  "probe_avoid_bad": False, "detect_fresh_only": False,
+                  "probe_floor_noise": 0.0, "probe_safe": 0.0, "probe_walk_unit": False,
+                  "wide_replan": False, "probe_avoid_bad": False, "detect_fresh_only": False,
                   "context_floor_strict": False, "context_infer": True,
                   "context_infer_known": 3, "demo_margin": 0.5, "q_scope": "new_contexts",
                   "context_replan": True}

@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capes.common import actions
-from capes.common.step_grid import StepGrid, walk_action
+from capes.common.step_grid import StepGrid, walk, walk_action
 from drl_engine import checkpoint, trust_region
 from drl_engine.best_known import LowerBound
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
@@ -81,6 +81,8 @@ class Guide:
     KEY_MEMO = 100_000            # settings whose grid index credit keeps
     NOISY_FLOOR = 0.2             # probe_floor_noise: the best's own values fall below the
     NOISY_TESTS = 100             # floor this often (of at least this many held ticks)
+    SAFE_Z = 2.0                  # probe_safe: a setting is safe where its mean − 2 sd clears
+                                  # the probe floor
     WIDE_RATIO = 2.0              # an alarm whose anchor's level moved this factor re-explores
                                   # wide (alarm_guard_steps); a smaller move was noise
 
@@ -373,8 +375,8 @@ class Guide:
         stats = np.array(list(self.sums.values()), np.float64)
         return keys, stats[:, 0], stats[:, 1], stats[:, 2]
 
-    def model_target(self, current: np.ndarray,
-                     box: np.ndarray | None = None) -> np.ndarray | None:
+    def model_target(self, current: np.ndarray, box: np.ndarray | None = None,
+                     safe_floor: float | None = None) -> np.ndarray | None:
         """The setting a Gaussian process over the credited objective rates highest by
         its upper confidence bound, less a cost per tick of walking there (None with
         fewer than 3 settings seen).
@@ -385,7 +387,9 @@ class Guide:
         Candidates are ``box`` (given: the settings a local probe may go to), else every
         setting of small grids, else a random sample plus the neighbourhood of the
         current one. Beyond ``MODEL_MAX_CELLS`` settings the GP sees them merged into
-        coarser cells, so a proposal costs the same after hours of data."""
+        coarser cells, so a proposal costs the same after hours of data. ``safe_floor``:
+        only candidates whose lower bound (mean − ``SAFE_Z`` sd, in the objective's
+        units) reaches it (None when none does)."""
         keys, s, sq, n = self._cells()
         if len(keys) < 3:
             return None
@@ -408,6 +412,11 @@ class Guide:
         sd = np.sqrt(np.maximum(1.0 - (v * v).sum(0), 0.0))
         travel = np.abs(cand - current).sum(1)
         score = mu + self.cfg.model_beta * sd - self.cfg.model_travel * travel
+        if safe_floor is not None:
+            safe = y0 + ysd * (mu - self.SAFE_Z * sd) >= safe_floor
+            if not safe.any():
+                return None
+            score = np.where(safe, score, -np.inf)
         return cand[int(np.argmax(score))]
 
     def _candidates(self, current: np.ndarray) -> np.ndarray:
@@ -467,7 +476,8 @@ class Guide:
         else:
             g = self._in_steps(self.cfg.guard_steps, whole=True)
             spread = self._in_steps(self.cfg.probe_local_steps)
-            if self.wide_left > 0:            # after a change: a far optimum in few probes
+            wide = self.wide_left > 0
+            if wide:                          # after a change: a far optimum in few probes
                 self.wide_left -= 1
                 g = np.maximum(g, self._in_steps(self.cfg.alarm_guard_steps, whole=True))
                 spread = np.maximum(spread, g.astype(float))
@@ -486,13 +496,32 @@ class Guide:
                 if moved.any():
                     near = near[moved]
             target = None
-            if self.cfg.probe_model and current is not None:
+            if not wide and current is not None:
+                target = self._safe_target(best, current)
+            if target is None and self.cfg.probe_model and current is not None:
                 target = self.model_target(current, box=near)
             if target is None:
                 target = near[0]
+            replan = wide and self.cfg.wide_replan and self.cfg.probe_model
         if current is not None:
             target = np.where(self.frozen, current, target)
         self.probe = Probe(target, self.cfg.probe_dwell, replan)
+
+    def _safe_target(self, best: np.ndarray, current: np.ndarray) -> np.ndarray | None:
+        """With probability ``probe_safe``: the model's best upper bound among the
+        settings anywhere in the range whose lower bound (mean − ``SAFE_Z`` sd) stays
+        above ``probe_floor`` × the best-known level (safe Bayesian optimisation, after
+        Sui et al.'s SafeOpt); None otherwise, or where the model has no such setting
+        yet. A local probe climbs a tenth of the range at a time; where the model
+        already knows a slope is safe, this one may go up it at once (measured on the
+        recurring game: docs/engine.md, "One default for every target")."""
+        share, floor = self.cfg.probe_safe, self.cfg.probe_floor
+        if share <= 0 or floor <= 0 or not self.cfg.probe_model:
+            return None
+        level = self._level(best)
+        if level is None or not self.rng.random() < share:
+            return None
+        return self.model_target(current, safe_floor=floor * level)
 
     def _in_steps(self, size: float, whole: bool = False) -> np.ndarray:
         """A probe size (``guard_steps``, ``probe_local_steps``, ``alarm_guard_steps``) in
@@ -542,7 +571,7 @@ class Guide:
             return None
         if self._below_floor(probe):          # unsafe here: walk back to the best at once
             probe = self.probe = Probe(self.best.copy(), 0, back=True)
-        most = self.cfg.action_steps
+        most = self._walk_steps(current, probe.target)
         action = walk_action(current, probe.target, self.n_steps, most, straight=True)
         if action != 0 and probe.replan:
             # every settle+1 moves of the walk the ticks it passed are credited: re-aim
@@ -559,6 +588,17 @@ class Guide:
                 self.probe = None
                 return None
         return action
+
+    def _walk_steps(self, current: np.ndarray, target: np.ndarray) -> int:
+        """The most steps a probe walk moves its knob this tick: ``action_steps``, or with
+        ``probe_walk_unit`` one ``probe_unit`` of the knob it moves (at most
+        ``MAX_STEPS``): two steps a tick cross an 11-rung ladder in 5 ticks but a
+        100-step range in 50, and a probe that walks that long measures the walk."""
+        most, unit = self.cfg.action_steps, self.cfg.probe_unit
+        if not (self.cfg.probe_walk_unit and unit):
+            return most
+        k = int(walk(current, target, self.n_steps, 1, straight=True)[0])
+        return max(most, min(actions.MAX_STEPS, int(round(self.n_steps[k] / unit))))
 
     def _own(self, key: np.ndarray) -> tuple[float, float, float]:
         """One setting's own sum, sum of squares and count of credited values."""

@@ -178,8 +178,14 @@ def test_a_recorded_workload_comes_back_to_its_best_setting_without_a_search(rec
     with_exp = run_one(cfg, seed=7, experience=prior, keep_trace=True)
     fresh = run_one(cfg, seed=7, keep_trace=True)
     assert with_exp.first_win_s is not None and with_exp.first_win_s <= 60, with_exp
-    # it went straight there: by tick 20 the window is the recorded best, and it holds
-    assert with_exp.trace["window"][20] == best_window
+    # it went straight there: the walk reaches the recorded best within 10 ticks and
+    # stays near it (the guarded greedy moves keep within a step of a best-known setting
+    # that new ticks may move by a step: 56-59 around 58 here, 58-60 around 59 before
+    # the safe probes joined the default)
+    window = list(with_exp.trace["window"])
+    reached = window.index(best_window) if best_window in window[:10] else None
+    assert reached is not None, window[:10]
+    assert max(abs(w - best_window) for w in window[reached:40]) <= 2, window[:40]
     assert fresh.first_win_s is None or fresh.first_win_s > with_exp.first_win_s
 
 

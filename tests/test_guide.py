@@ -632,3 +632,81 @@ def test_probe_unit_sizes_the_search_by_each_knobs_range():
             g.start_probe(0.0)
             reach = max(reach, abs(int(g.probe.target[0]) - n // 2))
         assert reach == most                  # local probes reach the guard, never beyond
+
+
+def _walk_moves(g, start, target):
+    """The signed steps of each move a probe to ``target`` makes from ``start``."""
+    g.probe, current, moves = Probe(np.array(target), 0), np.array(start), []
+    while (action := g.probe_action(current)) is not None:
+        move = actions.decode(action, len(current))
+        if move is not None:
+            current[move[0]] += move[1]
+            moves.append(move)
+    assert current.tolist() == list(target)
+    return moves
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_probe_walk_crosses_a_probe_unit_of_a_long_range_a_tick(on):
+    # probe_walk_unit: a tenth of the window's 99 steps a tick (at most MAX_STEPS), the
+    # rate limit's 19 steps two at a time as before; off, two steps a tick everywhere
+    cfg = DQNConfig(guided=True, action_steps=2, probe_unit=10, probe_walk_unit=on)
+    moves = _walk_moves(Guide(GAME_GRID, cfg, np.random.default_rng(0)), [4, 9], [8, 49])
+    window = [abs(s) for k, s in moves if k == 1]
+    rate = [abs(s) for k, s in moves if k == 0]
+    assert sum(rate) == 4 and max(rate) <= 2
+    assert sum(window) == 40 and max(window) == (8 if on else 2)
+    assert len(moves) == (11 if on else 26)        # the walk's ticks
+    # an 11-rung ladder (the readahead knob) walks as it did: two rungs a tick
+    ladder = ladder_guide(action_steps=2, probe_unit=10, probe_walk_unit=True)
+    assert [abs(s) for _, s in _walk_moves(ladder, [0], [9])] == [2, 2, 2, 2, 1]
+
+
+def _sloped_guide(seed=0, **cfg):
+    """A guide over the game's grid that has seen windows 10–40 at the top rate limit
+    (the game's slope up to its peak at 50), each 6 times with 10 % noise."""
+    cfg = {"probe_model": True, **cfg}
+    g = Guide(GAME_GRID, DQNConfig(guided=True, probe_unit=10, guard_steps=1,
+                                   probe_local_steps=1.0, **cfg),
+              np.random.default_rng(seed))
+    rng = np.random.default_rng(seed + 1)
+    for w in (9, 19, 29, 39):
+        for _ in range(6):
+            p = game_throughput(200, w + 1) * (1 + 0.1 * rng.normal())
+            g.grid_stats[:, 19, w] += (p, p * p, 1.0)
+    g.best_setting(0)
+    return g
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_safe_probe_goes_only_where_the_model_clears_the_floor(seed):
+    g = _sloped_guide(seed, probe_safe=1.0, probe_floor=0.75)
+    assert list(g.best) == [19, 39]
+    level = g._level(g.best)
+    target = g._safe_target(g.best, g.best.copy())
+    assert target is not None
+    rate, window = g.values(target)
+    # never where the floor is known to be crossed (windows 30 and below: <= 0.64 x)
+    assert game_throughput(rate, window) >= 0.75 * level * 0.9
+    assert window > 30
+    # without a floor, a share or a model, no safe probe: local probes stay local
+    for off in ({"probe_safe": 0.0, "probe_floor": 0.75}, {"probe_safe": 1.0},
+                {"probe_safe": 1.0, "probe_floor": 0.75, "probe_model": False}):
+        h = _sloped_guide(seed, **off)
+        assert h._safe_target(h.best, h.best.copy()) is None
+
+
+def test_a_wide_probe_is_re_aimed_as_it_walks_with_wide_replan():
+    for on in (True, False):
+        g = _sloped_guide(wide_replan=on, alarm_guard_steps=10, alarm_probes=1)
+        g.wide_left = 1
+        g.start_probe(0.0, g.best.copy())
+        assert g.probe.replan == on and g.wide_left == 0
+        g.start_probe(0.0, g.best.copy())          # the next, local one: not re-aimed
+        assert not g.probe.replan
+
+
+def test_probe_safe_is_a_share():
+    for value in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="probe_safe"):
+            DQNConfig(probe_safe=value).validate()
