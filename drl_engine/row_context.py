@@ -235,9 +235,7 @@ class RowContexts(ContextMemory):
                      is None]
             if fresh:
                 rep = engine.data.replay
-                knobs = rep.knobs[rep.slot(tick)].astype(np.float64)
-                sweep.start(fresh, control.grid.index(
-                    np.where(np.isfinite(knobs), knobs, control.lo)), tick)
+                sweep.start(fresh, control.indices(rep.knobs[rep.slot(tick)]), tick)
         if not changed:
             return
         if self.search is not None and len(changed) >= min(self.MIN_ROWS, self.rows):

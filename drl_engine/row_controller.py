@@ -127,6 +127,11 @@ class RowController:
                  self.mcfg.rollback_ticks)
         return values
 
+    def indices(self, knobs: np.ndarray) -> np.ndarray:
+        """Grid indices of knob values (N, K), a missing value (NaN) read as its min."""
+        knobs = np.asarray(knobs, np.float64)
+        return self.grid.index(np.where(np.isfinite(knobs), knobs, self.lo))
+
     def walk_back(self, cur: np.ndarray) -> np.ndarray:
         """One tick of the walk to the setting rolled back to (:meth:`walk_to`); ``cur``
         once every row is there."""

@@ -181,11 +181,9 @@ class RowEngine(Engine):
             self._forget_best(tick)
         s = rep.slot(tick)
         if control.sweep is not None:     # each new context's sweep measures, and what
-            knobs = rep.knobs[s].astype(np.float64)       # it found stays the row's best
-            own = np.where(np.isfinite(pis[:, self._node_obj]).any(axis=1),
-                           np.nansum(pis[:, self._node_obj], axis=1), np.nan)
-            control.sweep.observe(int(tick), control.grid.index(
-                np.where(np.isfinite(knobs), knobs, control.lo)), own)
+            own = np.where(np.isfinite(pis[:, self._node_obj]).any(axis=1),   # it found
+                           np.nansum(pis[:, self._node_obj], axis=1), np.nan)  # stays best
+            control.sweep.observe(int(tick), control.indices(rep.knobs[s]), own)
             control.sweep.pin(control.best)
         control.rollback.watch(int(tick), control.best, rep.knobs[s], rep.present[s],
                                control.grid)
