@@ -78,6 +78,10 @@ class NodeModelConfig:
     # setting ("best": a probe that named a new best stays; the origin when none is
     # known), or stays where it is (False)
     probe_return: bool | Literal["best"] = True
+    # rows entering new contexts within a few ticks with alike signatures share one sweep
+    # of their ladder knobs, its points dealt round them (drl_engine/row_sweep.py): m
+    # alike clients sweep in 1/m of the time; False: each row sweeps alone
+    sweep_pool: bool = True
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)

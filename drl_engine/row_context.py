@@ -229,13 +229,16 @@ class RowContexts(ContextMemory):
         updates = self.signatures.update(np.asarray(pis)[:, self.columns])
         changed = [c for c in updates if c[1] is not None]   # a row's first context: no
         sweep = control.sweep                                # change, but a sweep
+        swept = {}                                           # rows leaving mid-sweep
         if sweep is not None and (control.cold is None or not control.cold.active):
+            swept = {c[0]: sweep.so_far(c[0]) for c in changed if c[0] in sweep.plans}
             sweep.drop([c[0] for c in changed])
             fresh = [c[0] for c in updates if c[1] is None or self.recalled(c[0], c[2])
                      is None]
             if fresh:
                 rep = engine.data.replay
-                sweep.start(fresh, control.indices(rep.knobs[rep.slot(tick)]), tick)
+                sig = np.exp(self.signatures.mean) - self.signatures.offset
+                sweep.start(fresh, control.indices(rep.knobs[rep.slot(tick)]), tick, sig)
         if not changed:
             return
         if self.search is not None and len(changed) >= min(self.MIN_ROWS, self.rows):
@@ -250,7 +253,9 @@ class RowContexts(ContextMemory):
         self._event_rows += len(changed)
         new_rows = []
         for r, left, ctx, new in changed:
-            if self._snapshot is not None and r < len(self._snapshot):
+            if r in swept:                  # what its sweep measured, not the point it
+                self.remember(r, left, swept[r])   # was on (a flicker would recall that)
+            elif self._snapshot is not None and r < len(self._snapshot):
                 self.remember(r, left, self._snapshot[r].copy())
             self.target.pop(r, None)
             self.walking.pop(r, None)

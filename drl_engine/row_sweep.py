@@ -31,20 +31,44 @@ import logging
 
 import numpy as np
 
+from drl_engine.context_search import signature_groups
+
 log = logging.getLogger("capes.engine")
+
+
+class _Cohort:
+    """Rows that entered new contexts together with alike signatures: one set of points,
+    split among them, and the scores every member measured (point -> medians)."""
+
+    def __init__(self, row: int, points: list[tuple[int, int]], tick: int):
+        self.rows, self.points, self.tick = [row], points, int(tick)
+        self.scores: dict[tuple[int, int], list[float]] = {}
+        self.measured = False            # a member has started measuring: closed to joins
+
+    def best(self) -> tuple[int, int] | None:
+        """The point with the highest mean score (the first on a tie); None when nothing
+        moved data (an idle row tells nothing)."""
+        means = [(float(np.mean(s)), p) for p, s in self.scores.items()]
+        top = max(means, key=lambda m: m[0], default=(0.0, None))
+        return top[1] if top[0] > 0 else None
 
 
 class RowSweep:
     """The sweeps under way (row -> plan) and the settings they found (row -> indices)."""
 
+    JOIN_TICKS = 3     # a row entering a new context this soon after a cohort formed ...
+
     def __init__(self, grid, dynamic: np.ndarray, points: int, settle_ticks: int,
-                 dwell: int):
-        self.grid, self.points = grid, int(points)
+                 dwell: int, pool: bool = True):
+        self.grid, self.points, self.pool = grid, int(points), bool(pool)
         self.knobs = np.flatnonzero(dynamic & grid.ladder & (grid.n_steps > 0))
         self.settle, self.dwell = int(settle_ticks), max(1, int(dwell))
-        self.plans: dict[int, dict] = {}     # row -> {"plan", "at", "since", "scores", "got"}
+        # row -> {"cohort", "points" (its share, in order), "at", "since", "got",
+        #         "origin", "tick"}
+        self.plans: dict[int, dict] = {}
         self.found: dict[int, np.ndarray] = {}
-        self.sweeps = 0                      # sweeps finished
+        self.sweeps = 0                      # sweeps finished (a cohort's counts once)
+        self.pooled = 0                      # rows that joined another row's sweep
 
     @classmethod
     def build(cls, cfg, model, grid, dynamic: np.ndarray) -> "RowSweep | None":
@@ -52,7 +76,8 @@ class RowSweep:
         ladder."""
         if cfg.sweep_points <= 0 or not cfg.use_context or not cfg.context_pis:
             return None
-        sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell)
+        sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell,
+                    model.sweep_pool)
         return sweep if len(sweep.knobs) else None
 
     def covers(self, dynamic: np.ndarray) -> bool:
@@ -64,30 +89,80 @@ class RowSweep:
         """Rows sweeping (held from probes and greedy moves; :meth:`step` moves them)."""
         return np.array(sorted(self.plans), np.int64)
 
-    def start(self, rows, idx: np.ndarray, tick: int) -> None:
-        """Rows entered new contexts: each sweeps from its grid indices ``idx`` (N, K)."""
+    def _order(self, b: np.ndarray) -> list[tuple[int, int]]:
+        """The points (knob, grid index) a row at indices ``b`` visits, in order: per
+        knob, the nearer end's side first, nearest first."""
+        order = []
+        for k in self.knobs:
+            n, at = int(self.grid.n_steps[k]), int(b[k])
+            pts = np.unique(np.rint(np.linspace(0, n, max(2, self.points)))).astype(int)
+            below = [(int(k), int(v)) for v in pts[::-1] if v <= at]
+            above = [(int(k), int(v)) for v in pts if v > at]
+            order += below + above if at <= n - at else above + below
+        return order
+
+    @staticmethod
+    def _at(origin: np.ndarray, point: tuple[int, int] | None) -> np.ndarray:
+        t = origin.copy()
+        if point is not None:
+            t[point[0]] = point[1]
+        return t
+
+    def start(self, rows, idx: np.ndarray, tick: int, sig: np.ndarray | None = None) -> None:
+        """Rows entered new contexts: each sweeps from its grid indices ``idx`` (N, K).
+        With pooling, a row whose signature (``sig``, N × P, raw scale) is alike that of
+        a cohort formed within ``JOIN_TICKS`` ticks, none of whose members has measured
+        yet, joins it: the cohort's points are split among its members, so m alike rows
+        sweep in 1/m of the time."""
         for r in rows:
             if r >= len(idx):
                 continue
-            self.found.pop(r, None)
-            plan = []
-            for k in self.knobs:
-                n, b = int(self.grid.n_steps[k]), int(idx[r, k])
-                pts = np.unique(np.rint(np.linspace(0, n, max(2, self.points)))).astype(int)
-                below = [int(v) for v in pts[::-1] if v <= b]     # nearest first
-                above = [int(v) for v in pts if v > b]
-                for v in (below + above if b <= n - b else above + below):
-                    t = idx[r].copy()
-                    t[k] = v
-                    plan.append(t)
-            self.plans[r] = {"plan": plan, "at": 0, "since": None, "got": [],
-                             "scores": [], "tick": int(tick), "origin": idx[r].copy()}
+            self.drop([r])
+            origin = idx[r].copy()
+            cohort = self._joinable(r, tick, sig)
+            if cohort is None:
+                cohort = _Cohort(r, self._order(origin), tick)
+            else:
+                cohort.rows.append(r)
+                self.pooled += 1
+            self.plans[r] = {"cohort": cohort, "points": [], "at": 0, "since": None,
+                             "got": [], "origin": origin, "tick": int(tick)}
+            m = len(cohort.rows)                       # the points dealt round the members
+            for i, q in enumerate(cohort.rows):
+                self.plans[q]["points"] = cohort.points[i::m]
+
+    def _joinable(self, r: int, tick: int, sig: np.ndarray | None) -> "_Cohort | None":
+        if not self.pool or sig is None or not np.isfinite(sig[r]).all():
+            return None
+        seen = set()
+        for p in self.plans.values():
+            c = p["cohort"]
+            if id(c) in seen or c.measured or tick - c.tick > self.JOIN_TICKS:
+                continue
+            seen.add(id(c))
+            head = c.rows[0]
+            if head < len(sig) and np.isfinite(sig[head]).all() and len(
+                    signature_groups(sig, np.array([head, r], np.int64))) == 1:
+                return c
+        return None
 
     def drop(self, rows) -> None:
-        """Rows left their context: their sweep and what it found belonged to it."""
+        """Rows left their context: their sweep and what it found belonged to it (the
+        rest of a cohort goes on without them)."""
         for r in rows:
-            self.plans.pop(r, None)
+            p = self.plans.pop(r, None)
             self.found.pop(r, None)
+            if p is not None and r in p["cohort"].rows:
+                p["cohort"].rows.remove(r)
+
+    def so_far(self, r: int) -> np.ndarray | None:
+        """Row ``r``'s setting by what its sweep has measured so far: its cohort's best
+        point, else where it started (None: not sweeping). What a row leaving its context
+        mid-sweep stores for it, rather than the sweep point it happened to be on."""
+        p = self.plans.get(r)
+        if p is None:
+            return None
+        return self.found.get(r, self._at(p["origin"], p["cohort"].best()))
 
     def observe(self, tick: int, idx: np.ndarray, own: np.ndarray) -> None:
         """One tick: ``idx`` (N, K) the grid indices in effect, ``own`` (N,) each row's
@@ -96,38 +171,55 @@ class RowSweep:
             p = self.plans[r]
             if r >= len(idx):
                 continue
-            if p["at"] >= len(p["plan"]):                 # walking to what it found
+            if r in self.found:                         # walking to what it found
                 if (idx[r] == self.found[r]).all():
                     del self.plans[r]
                 continue
-            if not (idx[r] == p["plan"][p["at"]]).all():
+            if p["at"] >= len(p["points"]):             # its share done: the others'
+                continue
+            point = p["points"][p["at"]]
+            if not (idx[r] == self._at(p["origin"], point)).all():
                 p["since"] = None                        # not there (yet, or moved off)
                 continue
             if p["since"] is None:
                 p["since"] = int(tick)
             if tick - p["since"] < self.settle or not np.isfinite(own[r]):
                 continue
+            p["cohort"].measured = True
             p["got"].append(float(own[r]))
             if len(p["got"]) >= self.dwell:
-                p["scores"].append(float(np.median(p["got"])))
+                p["cohort"].scores.setdefault(point, []).append(float(np.median(p["got"])))
                 p["got"], p["since"] = [], None
                 p["at"] += 1
-                if p["at"] == len(p["plan"]):
-                    # a row that moved no data at any point (idle) keeps its setting
-                    best = p["plan"][int(np.argmax(p["scores"]))] \
-                        if max(p["scores"]) > 0 else p["origin"]
-                    self.found[r] = best.copy()
-                    self.sweeps += 1
-                    log.info("tick %d: row %d's sweep (since tick %d) found %s (own "
-                             "objective %s at %s)", tick, r, p["tick"],
-                             self.grid.values(best[None])[0].tolist(),
-                             [f"{s:.3g}" for s in p["scores"]],
-                             [self.grid.values(t[None])[0].tolist() for t in p["plan"]])
+        for c in {id(p["cohort"]): p["cohort"] for p in self.plans.values()}.values():
+            if c.rows and all(self.plans[q]["at"] >= len(self.plans[q]["points"])
+                              for q in c.rows) and not all(q in self.found for q in c.rows):
+                self._finish(c, tick)
+
+    def _finish(self, c: _Cohort, tick: int) -> None:
+        best = c.best()                # none moved data: each keeps its setting
+        for q in c.rows:
+            self.found[q] = self._at(self.plans[q]["origin"], best)
+        self.sweeps += 1
+        first = self.plans[c.rows[0]]
+        log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective %s "
+                 "at %s)", tick, c.rows, first["tick"],
+                 self.grid.values(self.found[c.rows[0]][None])[0].tolist(),
+                 {f"{self.grid.values(self._at(first['origin'], p)[None])[0][p[0]]:g}":
+                  [f"{v:.3g}" for v in s] for p, s in c.scores.items()}, c.points)
 
     def targets(self) -> dict[int, np.ndarray]:
-        """Where each sweeping row heads now (row -> grid indices)."""
-        return {r: (p["plan"][p["at"]] if p["at"] < len(p["plan"]) else self.found[r])
-                for r, p in self.plans.items()}
+        """Where each sweeping row heads now (row -> grid indices): its next point; once
+        its share is measured, its cohort's best point so far; then what was found."""
+        out = {}
+        for r, p in self.plans.items():
+            if r in self.found:
+                out[r] = self.found[r]
+            elif p["at"] < len(p["points"]):
+                out[r] = self._at(p["origin"], p["points"][p["at"]])
+            else:
+                out[r] = self._at(p["origin"], p["cohort"].best())
+        return out
 
     def pin(self, best) -> None:
         """The settings found are the rows' in the best-known setting (when one is)."""

@@ -96,3 +96,60 @@ def test_an_idle_row_sweeps_but_keeps_its_setting():
             rung = np.asarray(d.values, float).reshape(2, -1)[:, 0]
     assert 1 in eng.control.sweep.found and int(eng.control.sweep.found[1][0]) == 5
     assert 0 in eng.control.sweep.found and int(eng.control.sweep.found[0][0]) <= 2
+
+
+def sweep_ticks(eng, kind: np.ndarray, ticks: int = 140) -> int | None:
+    """The tick at which every row has found its setting (None: not within ``ticks``)."""
+    rung, rng = np.full(eng.nodes, 5.0), np.random.default_rng(2)
+    for t in range(ticks):
+        x = np.stack([bytes_at(rung, kind) * rng.uniform(0.9, 1.1, eng.nodes), rung,
+                      kind.astype(float)], axis=1)
+        eng.ingest(t, x)
+        if len(eng.control.sweep.found) == eng.nodes:
+            return t
+        d = eng.act()
+        if d is not None:
+            rung = np.asarray(d.values, float).reshape(eng.nodes, -1)[:, 0]
+    return None
+
+
+def test_alike_rows_share_one_sweep_and_finish_sooner():
+    # four clients, two mmap readers and two indifferent ones: each pair sweeps the
+    # ladder's points between them, so every row has its setting in about half the time
+    # of four lone sweeps, and the readers still find the low end
+    kind = np.array([1, 1, 0, 0])
+    pooled = ladder_engine(4)
+    alone = Engine.over_rows(pooled.cfg, RewardConfig(pis=["app_bytes_s"]), PIS,
+                             pooled.params, 4, seed=0,
+                             model=dataclasses.replace(MODEL, sweep_pool=False))
+    t_pooled, t_alone = sweep_ticks(pooled, kind), sweep_ticks(alone, kind)
+    assert pooled.control.sweep.pooled == 2 and alone.control.sweep.pooled == 0
+    assert t_pooled is not None and t_alone is not None
+    assert t_pooled <= 0.6 * t_alone
+    for eng in (pooled, alone):
+        found = eng.control.sweep.found
+        assert int(found[0][0]) <= 2 and int(found[1][0]) <= 2
+
+
+def test_a_row_leaving_mid_sweep_stores_what_it_measured_not_the_point_it_was_on():
+    eng = ladder_engine(2)
+    sweep = eng.control.sweep
+    kind, rung, rng = np.array([1, 0]), np.full(2, 5.0), np.random.default_rng(3)
+    left_at = None
+    for t in range(120):
+        if left_at is None and 0 in sweep.plans and sweep.plans[0]["at"] >= 2 \
+                and rung[0] >= 7:
+            left_at, kind = rung[0], np.array([3, 0])     # row 0's workload changes ...
+            first = int(eng.row_context.signatures.current()[0])
+        elif left_at is not None and kind[0] == 3 and t % 10 == 0:
+            kind = np.array([1, 0])                      # ... and comes back
+        x = np.stack([bytes_at(rung, np.minimum(kind, 1)) * rng.uniform(0.9, 1.1, 2),
+                      rung, kind.astype(float)], axis=1)
+        eng.ingest(t, x)
+        d = eng.act()
+        if d is not None:
+            rung = np.asarray(d.values, float).reshape(2, -1)[:, 0]
+    assert left_at is not None, "row 0's sweep never reached a high point to leave from"
+    # it had measured 64 KiB and 4 KiB (rungs 4 and 0) before heading up the ladder; the
+    # reader's best of those is 4 KiB, and that is what its first workload keeps
+    assert int(eng.row_context.recalled(0, first)[0]) == 0
