@@ -197,3 +197,13 @@ def test_the_paired_bootstrap_interval_covers_a_shift_and_only_it():
     assert lo < med < hi and lo < -40 < hi and hi < 0
     assert paired_bootstrap_ci(a, a) == (0.0, 0.0, 0.0)
     assert paired_bootstrap_ci([1.0], [2.0]) is None
+
+
+def test_an_init_model_that_is_no_checkpoint_is_one_line_not_a_traceback(tmp_path):
+    bad = tmp_path / "model.pt"
+    bad.write_text("not a checkpoint\n")
+    out = subprocess.run([sys.executable, "-m", "capes", "converge-test", "--config",
+                          str(CONFIG), "--seeds", "1", "--init-model", str(bad)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "not a readable checkpoint" in out.stderr and "Traceback" not in out.stderr

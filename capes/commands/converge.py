@@ -151,6 +151,13 @@ def run(args) -> int:
             print(f"capes converge-test: {exc}", file=sys.stderr)
             return 2
         print(experience.summary(), file=sys.stderr)
+    if args.init_model:                 # a file that is no checkpoint: one line, not a
+        from drl_engine.checkpoint import read     # traceback from every run's worker
+        try:
+            read(args.init_model)
+        except ValueError as exc:
+            print(f"capes converge-test: --init-model {exc}", file=sys.stderr)
+            return 2
     noises = args.noise or [cfg.game.noise]
     rewards = args.reward or [cfg.reward.type]
     print(f"converge test: {len(noises)} noise × {len(rewards)} reward cells × "
