@@ -82,6 +82,9 @@ class NodeModelConfig:
     # of their ladder knobs, its points dealt round them (drl_engine/row_sweep.py): m
     # alike clients sweep in 1/m of the time; False: each row sweeps alone
     sweep_pool: bool = True
+    # a sweep skips the points beyond one that scored under this share of the knob's
+    # best (0: every point is visited)
+    sweep_cut: float = 0.25
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
@@ -160,7 +163,8 @@ class NodeModelConfig:
                      "best_margin", "margin_nodes"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
-        for name in ("recent_fraction", "epsilon_start", "best_decay", "context_search_step"):
+        for name in ("recent_fraction", "epsilon_start", "best_decay", "context_search_step",
+                     "sweep_cut"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {getattr(self, name)})")
         if not self.return_shift >= -1:

@@ -59,8 +59,8 @@ class RowSweep:
     JOIN_TICKS = 3     # a row entering a new context this soon after a cohort formed ...
 
     def __init__(self, grid, dynamic: np.ndarray, points: int, settle_ticks: int,
-                 dwell: int, pool: bool = True):
-        self.grid, self.points, self.pool = grid, int(points), bool(pool)
+                 dwell: int, pool: bool = True, cut: float = 0.0):
+        self.grid, self.points, self.pool, self.cut = grid, int(points), bool(pool), cut
         self.knobs = np.flatnonzero(dynamic & grid.ladder & (grid.n_steps > 0))
         self.settle, self.dwell = int(settle_ticks), max(1, int(dwell))
         # row -> {"cohort", "points" (its share, in order), "at", "since", "got",
@@ -77,7 +77,7 @@ class RowSweep:
         if cfg.sweep_points <= 0 or not cfg.use_context or not cfg.context_pis:
             return None
         sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell,
-                    model.sweep_pool)
+                    model.sweep_pool, model.sweep_cut)
         return sweep if len(sweep.knobs) else None
 
     def covers(self, dynamic: np.ndarray) -> bool:
@@ -191,10 +191,44 @@ class RowSweep:
                 p["cohort"].scores.setdefault(point, []).append(float(np.median(p["got"])))
                 p["got"], p["since"] = [], None
                 p["at"] += 1
+                self._cut(p["cohort"])
         for c in {id(p["cohort"]): p["cohort"] for p in self.plans.values()}.values():
             if c.rows and all(self.plans[q]["at"] >= len(self.plans[q]["points"])
                               for q in c.rows) and not all(q in self.found for q in c.rows):
                 self._finish(c, tick)
+
+    def _cut(self, c: _Cohort) -> None:
+        """Points not yet measured that lie beyond a measured one scoring under ``cut`` ×
+        the knob's best, seen from that best, are dropped from every member's share: a
+        window's throughput is taken as unimodal along the ladder, so past a point this
+        much worse it only falls (an mmap reader: 11 MB/s at 4 KiB, 0.8 at 64, 0.08 at
+        512, 0.006 at 8192), and each point visited costs the row ~``settle`` +
+        ``dwell`` ticks there."""
+        if self.cut <= 0:
+            return
+        means = {p: float(np.mean(s)) for p, s in c.scores.items()}
+        dropped = set()
+        for k in {p[0] for p in means}:
+            mine = {p[1]: m for p, m in means.items() if p[0] == k}
+            top = max(mine, key=mine.get)
+            if mine[top] <= 0:
+                continue
+            for v, m in mine.items():
+                if m < self.cut * mine[top]:
+                    side = np.sign(v - top)
+                    dropped |= {q for q in c.points if q[0] == k and q not in c.scores
+                                and np.sign(q[1] - top) == side
+                                and abs(q[1] - top) > abs(v - top)}
+        if not dropped:
+            return
+        c.points = [q for q in c.points if q not in dropped]
+        for q in c.rows:
+            p = self.plans[q]
+            ahead = p["points"][p["at"]:]
+            keep = [x for x in ahead if x not in dropped]
+            if keep[:1] != ahead[:1]:
+                p["got"], p["since"] = [], None         # its current point was dropped
+            p["points"] = p["points"][:p["at"]] + keep
 
     def _finish(self, c: _Cohort, tick: int) -> None:
         best = c.best()                # none moved data: each keeps its setting

@@ -17,14 +17,14 @@ PIS = ["app_bytes_s", "read_ahead_kb", "kind"]
 MODEL = NodeModelConfig(stats_ticks=40, learn_start=16, replay_mb=8, probe_dwell=3)
 
 
-def ladder_engine(nodes: int, **kw) -> Engine:
+def ladder_engine(nodes: int, model: NodeModelConfig = MODEL, **kw) -> Engine:
     from capes.common.config import build
     dqn = dataclasses.replace(build(DQNConfig, with_preset({"preset": "default"})),
                               context_pis=["kind"], **kw)
     spec = ParameterSpec(values=list(LADDER), default="128", name="read_ahead_kb")
     spec.validate()
     return Engine.over_rows(dqn, RewardConfig(pis=["app_bytes_s"]), PIS, [spec], nodes,
-                            model=MODEL, seed=0)
+                            model=model, seed=0)
 
 
 def bytes_at(rung: np.ndarray, kind: np.ndarray) -> np.ndarray:
@@ -119,9 +119,7 @@ def test_alike_rows_share_one_sweep_and_finish_sooner():
     # of four lone sweeps, and the readers still find the low end
     kind = np.array([1, 1, 0, 0])
     pooled = ladder_engine(4)
-    alone = Engine.over_rows(pooled.cfg, RewardConfig(pis=["app_bytes_s"]), PIS,
-                             pooled.params, 4, seed=0,
-                             model=dataclasses.replace(MODEL, sweep_pool=False))
+    alone = ladder_engine(4, dataclasses.replace(MODEL, sweep_pool=False))
     t_pooled, t_alone = sweep_ticks(pooled, kind), sweep_ticks(alone, kind)
     assert pooled.control.sweep.pooled == 2 and alone.control.sweep.pooled == 0
     assert t_pooled is not None and t_alone is not None
@@ -132,7 +130,7 @@ def test_alike_rows_share_one_sweep_and_finish_sooner():
 
 
 def test_a_row_leaving_mid_sweep_stores_what_it_measured_not_the_point_it_was_on():
-    eng = ladder_engine(2)
+    eng = ladder_engine(2, dataclasses.replace(MODEL, sweep_cut=0.0))   # it goes up
     sweep = eng.control.sweep
     kind, rung, rng = np.array([1, 0]), np.full(2, 5.0), np.random.default_rng(3)
     left_at = None
@@ -153,3 +151,20 @@ def test_a_row_leaving_mid_sweep_stores_what_it_measured_not_the_point_it_was_on
     # it had measured 64 KiB and 4 KiB (rungs 4 and 0) before heading up the ladder; the
     # reader's best of those is 4 KiB, and that is what its first workload keeps
     assert int(eng.row_context.recalled(0, first)[0]) == 0
+
+
+def test_a_sweep_skips_the_points_beyond_one_far_below_the_best():
+    # the mmap reader (kind 1) measures 64 KiB at ~1/6 of 4 KiB: 512 and 8192 KiB lie
+    # beyond it and are not visited; the indifferent row (kind 0) visits all four points
+    kind = np.array([1, 0])
+
+    def run(cut: float):
+        eng = ladder_engine(2, dataclasses.replace(MODEL, sweep_cut=cut))
+        seen = play(eng, 140, kind, np.random.default_rng(4))
+        return eng.control.sweep, [s[0] for s in seen]
+
+    cut, rungs_cut = run(0.25)
+    full, rungs_full = run(0.0)
+    assert int(cut.found[0][0]) == int(full.found[0][0]) == 0
+    assert max(rungs_cut[:40]) < 7 and max(rungs_full[:40]) == 11   # never went up
+    assert set(map(int, rungs_cut[:40])) >= {0, 4}
