@@ -62,7 +62,11 @@ def parse_args(argv=None):
     ap.add_argument("--schedule", default=",".join(rc.DEFAULT_SCHEDULE),
                     help=f"phases, of {', '.join(rc.PHASES)}")
     ap.add_argument("--phase-s", type=float, default=60)
-    ap.add_argument("--tuners", default=TUNERS)
+    ap.add_argument("--tuners", default=TUNERS,
+                    help="of capes, hill, bo and capes-NAME for each --variant, in order")
+    ap.add_argument("--variant", dest="variants", action="append", default=[],
+                    help="NAME:key=value[;key=value]: a CAPES variant (capes-NAME in "
+                         "--tuners) with its own settings, on the same grid")
     ap.add_argument("--grid", default="4,16,64,512,8192")
     ap.add_argument("--original", type=int, default=128,
                     help="every client's read_ahead_kb at the start (a wrong one: 16)")
@@ -140,7 +144,8 @@ def main(argv=None) -> int:
         grid=[int(v) for v in args.grid.split(",")], original=args.original,
         grid_reps=args.grid_reps, grid_duration=args.grid_duration,
         segment_s=args.segment, exploration_ticks=args.exploration_ticks, seed=args.seed,
-        extra_sets=tuple(args.sets), facts=args.facts, one_row=args.one_row)
+        extra_sets=tuple(args.sets), variants=rr.parse_variants(args.variants),
+        facts=args.facts, one_row=args.one_row)
 
     class Stop(StopSignal):
         SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -529,6 +529,8 @@ class ClusterBenchOptions:
     exploration_ticks: int | None = None
     seed: int = 1
     extra_sets: tuple[str, ...] = ()
+    # a CAPES variant's own settings on top of extra_sets: {"capes-nopool": ("…=…",)}
+    variants: dict[str, tuple[str, ...]] = field(default_factory=dict)
     facts: bool = False               # volume options and `volume set` costs, no tuners
     # every client's knob one knob of the engine's one row (the thesis' layout: one
     # network over every client's PIs) instead of a per-node row each
@@ -600,7 +602,8 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
             try:
                 run = run_tuner(name, runner, opts.schedule, work, opts.seed, stop,
                                 opts.exploration_ticks, opts.ladder,
-                                extra_sets=opts.extra_sets, log=log, one_row=opts.one_row,
+                                extra_sets=(*opts.extra_sets, *opts.variants.get(name, ())),
+                                log=log, one_row=opts.one_row,
                                 static_value=sm["best_static"]["setting"])
             except (RuntimeError, OSError) as exc:      # one tuner's failure is its result
                 log(f"{name}: failed: {exc}")
