@@ -253,8 +253,9 @@ class RowContexts(ContextMemory):
         self._event_rows += len(changed)
         new_rows = []
         for r, left, ctx, new in changed:
-            if r in swept:                  # what its sweep measured, not the point it
-                self.remember(r, left, swept[r])   # was on (a flicker would recall that)
+            if r in swept:                  # what its sweep measured (None: nothing), not
+                self.remember(r, left, swept[r])   # the point it was on (a flicker would
+                                                   # recall that)
             elif self._snapshot is not None and r < len(self._snapshot):
                 self.remember(r, left, self._snapshot[r].copy())
             self.target.pop(r, None)

@@ -23,7 +23,21 @@ stays in the context: the trust region, rollback and the context memory keep it)
 row's own objective leaves out what its window costs the others on shared servers; the
 probes afterwards are judged on the cluster's. Numeric knobs are not swept (a range of
 100 steps walks ~50 ticks a point; the one-row mode's measurement, docs/engine.md).
-A row that changes context mid-sweep drops it; a sweep under way is not checkpointed.
+A row that changes context mid-sweep drops it, and the context it leaves keeps what the
+sweep had measured (its best point so far; nothing when nothing was measured), not the
+point it was on: a signature that flickers would otherwise recall a sweep point as the
+row's best. A sweep under way is not checkpointed.
+
+Two savings, each with its switch (``[cluster_engine]``):
+- ``sweep_pool``: rows entering new contexts within ``JOIN_TICKS`` of each other whose
+  signatures are alike (``context_search.signature_groups``: the clients of one phase
+  running one workload) form a cohort: the points are dealt round its members and each
+  member's measure is the cohort's, so m alike rows sweep in 1/m of the time, and all go
+  to the cohort's best point.
+- ``sweep_cut``: a point that scored under that share of the knob's best so far ends the
+  sweep on its side (the points beyond it are not visited): a window's throughput is
+  taken as unimodal along the ladder, and every point visited costs its row
+  ``settle_ticks`` + ``probe_dwell`` ticks there.
 """
 from __future__ import annotations
 
@@ -156,13 +170,18 @@ class RowSweep:
                 p["cohort"].rows.remove(r)
 
     def so_far(self, r: int) -> np.ndarray | None:
-        """Row ``r``'s setting by what its sweep has measured so far: its cohort's best
-        point, else where it started (None: not sweeping). What a row leaving its context
-        mid-sweep stores for it, rather than the sweep point it happened to be on."""
+        """Row ``r``'s setting by what its sweep has measured so far: what it found, or
+        its cohort's best point (None: nothing measured yet, or not sweeping). What a row
+        leaving its context mid-sweep stores for it, rather than the sweep point it
+        happened to be on; with nothing measured it stores nothing, and a return sweeps
+        afresh from wherever the row then is."""
         p = self.plans.get(r)
         if p is None:
             return None
-        return self.found.get(r, self._at(p["origin"], p["cohort"].best()))
+        if r in self.found:
+            return self.found[r]
+        best = p["cohort"].best()
+        return None if best is None else self._at(p["origin"], best)
 
     def observe(self, tick: int, idx: np.ndarray, own: np.ndarray) -> None:
         """One tick: ``idx`` (N, K) the grid indices in effect, ``own`` (N,) each row's

@@ -168,3 +168,14 @@ def test_a_sweep_skips_the_points_beyond_one_far_below_the_best():
     assert int(cut.found[0][0]) == int(full.found[0][0]) == 0
     assert max(rungs_cut[:40]) < 7 and max(rungs_full[:40]) == 11   # never went up
     assert set(map(int, rungs_cut[:40])) >= {0, 4}
+
+
+def test_a_sweep_that_measured_nothing_yet_leaves_nothing_to_recall():
+    eng = ladder_engine(1)
+    sweep = eng.control.sweep
+    sweep.start([0], np.array([[5]]), tick=0)
+    assert sweep.so_far(0) is None                 # a return sweeps afresh
+    first = sweep.targets()[0]
+    for t in range(1, 1 + sweep.settle + sweep.dwell):
+        sweep.observe(t, first[None], np.array([3e6]))
+    assert sweep.so_far(0) is not None and (sweep.so_far(0) == first).all()
