@@ -1,8 +1,12 @@
 """``capes train``'s fast path (minibatches drawn on the device, chosen by the device)
 and its progress output: the device-drawn batches are the host path's transitions,
 training on them lowers the loss, the choice follows the device, and the CLI shows a
-bar on a terminal, lines elsewhere, nothing with --quiet, and its steps/s at the end."""
+bar on a terminal, lines elsewhere, nothing with --quiet, and its steps/s at the end;
+--fast/--no-fast force a path, --fast without CUDA is a one-line error, --json has the
+figures, and a model trained on any path starts a converge run (--init-model)."""
 import io
+import json
+import re
 import sys
 
 import numpy as np
@@ -116,12 +120,94 @@ def test_train_cli_reports_progress_path_and_steps_per_s(merged, tmp_path, capsy
     assert capes_main(args + ["--out", str(tmp_path / "a.pt")]) == 0
     out = capsys.readouterr()
     assert "step 40/40  loss" in out.err and "\r" not in out.err   # not a terminal
-    assert "40 steps on 2 session(s)" in out.out and "steps/s on cpu, minibatches " \
-        "sampled on the host" in out.out
+    assert "40 steps on 2 session(s)" in out.out and "steps/s on the plain path (cpu, " \
+        "minibatches sampled on the host)" in out.out
     assert capes_main(args + ["--out", str(tmp_path / "b.pt"), "--quiet",
                               "--sampling", "device"]) == 0
     out = capsys.readouterr()
     assert "step " not in out.err and "minibatches drawn on the device" in out.out
+
+
+def train_cli(merged, tmp_path, name, *extra):
+    """``capes train`` on ``merged`` (60 steps in chunks of 20, on the CPU): its return
+    code and the --json report (None when it failed)."""
+    out = tmp_path / f"{name}.json"
+    rc = capes_main(["train", "--replay", str(merged), "--steps", "60", "--chunk", "20",
+                     "--out", str(tmp_path / f"{name}.pt"), "--json", str(out), *extra])
+    return rc, (json.loads(out.read_text()) if rc == 0 else None)
+
+
+def test_train_cli_progress_counts_to_the_total_and_json_has_the_figures(
+        merged, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    torch.set_num_threads(1)
+    rc, doc = train_cli(merged, tmp_path, "a", "--device", "cpu")
+    assert rc == 0
+    err = capsys.readouterr().err
+    steps = [int(m) for m in re.findall(r"^step +(\d+)/60  loss", err, re.M)]
+    assert steps == [20, 40, 60]                              # one line a chunk, to 60/60
+    assert doc["steps"] == 60 and doc["device"] == "cpu" and doc["path"] == "plain"
+    assert doc["sampling"] == "host" and doc["cuda_graph"] is False
+    assert doc["wall_s"] > 0 and doc["steps_per_s"] == pytest.approx(60 / doc["wall_s"])
+    assert doc["final_loss"] == doc["curve"][-1]["loss"] and np.isfinite(doc["final_loss"])
+
+
+def test_fast_and_no_fast_force_a_path_and_the_model_is_the_same_kind(
+        merged, tmp_path, capsys, monkeypatch):
+    """--no-fast is the plain path on any device; on the CPU --sampling device alone is
+    drawn there without a graph; the checkpoint's config is the one given either way,
+    and each model starts a converge run (``--init-model``)."""
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    torch.set_num_threads(1)
+    rc, plain = train_cli(merged, tmp_path, "plain", "--no-fast")
+    assert rc == 0 and plain["path"] == "plain" and plain["steps"] == 60
+    rc, drawn = train_cli(merged, tmp_path, "drawn", "--device", "cpu", "--sampling", "device")
+    assert rc == 0 and drawn["path"] == "device-drawn" and drawn["sampling"] == "device"
+    a, b = (torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("plain", "drawn"))
+    assert a.keys() == b.keys() and a["config"] == b["config"]
+    assert a["config"]["cuda_graph"] is True                 # --no-fast did not write it
+    capsys.readouterr()
+    for name in ("plain", "drawn"):
+        assert capes_main(["converge-test", "--init-model", str(tmp_path / f"{name}.pt"),
+                           "--set", "game.time_limit_ticks=30", "--seeds", "1",
+                           "--device", "cpu", "--quiet"]) == 0
+    with pytest.raises(ValueError, match="not a readable checkpoint"):   # it reads it
+        capes_main(["converge-test", "--init-model", str(tmp_path / "plain.json"),
+                    "--set", "game.time_limit_ticks=30", "--seeds", "1", "--device", "cpu",
+                    "--quiet"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_forcing_the_fast_path_without_cuda_is_a_one_line_error(merged, tmp_path, capsys,
+                                                                 monkeypatch):
+    """Exit 2 and a line that says why, before the DB is read (a missing DB is not what
+    it complains about), never a traceback; the same for --device cuda or a bad name."""
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    missing = tmp_path / "none.db"
+    cases = {("--fast",): "--fast: the fast path runs on a CUDA device and there is none",
+             ("--fast", "--device", "cpu"): "--fast with --device cpu",
+             ("--device", "cuda"): "--device cuda requested but no CUDA device",
+             ("--device", "gpu"): "--device 'gpu': not a device",
+             ("--no-fast", "--sampling", "device"): "--no-fast draws minibatches on the host"}
+    for extra, message in cases.items():
+        for db in (missing, merged):
+            rc = capes_main(["train", "--replay", str(db), "--steps", "10",
+                             "--out", str(tmp_path / "x.pt"), *extra])
+            err = capsys.readouterr().err
+            assert rc == 2, extra
+            assert err.startswith(f"capes train: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "x.pt").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_fast_is_the_default_and_no_fast_the_plain_path(merged, tmp_path, capsys,
+                                                                 monkeypatch):
+    monkeypatch.setattr(sys, "argv", sys.argv[:])
+    for extra, path in (((), "fast"), (("--fast",), "fast"), (("--no-fast",), "plain")):
+        rc, doc = train_cli(merged, tmp_path, path, *extra)
+        assert rc == 0 and doc["path"] == path and doc["device"].startswith("cuda")
+        assert doc["cuda_graph"] is (path == "fast") and np.isfinite(doc["final_loss"])
+    assert "on the fast path (cuda" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -39,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where minibatches are drawn: auto (on the device where it is "
                         "CUDA: the fast path; on the host elsewhere), device or host "
                         "(default: %(default)s)")
+    p.add_argument("--fast", action=argparse.BooleanOptionalAction, default=None,
+                   help="force the fast path (CUDA: minibatches drawn on the device inside "
+                        "the step's CUDA graph; an error without a CUDA device) or, with "
+                        "--no-fast, the plain one (host sampling, the step as written); "
+                        "default: the fast path where a CUDA device is, else the plain")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="write the loss curve as TensorBoard scalars here (needs: pip "
                         "install 'capes[tensorboard]')")
@@ -46,13 +51,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from capes.common.progress import Progress
-    from capes.experiments.offline_training import (NotEnoughExperience, describe_path,
+    from capes.experiments.offline_training import (FastPathUnavailable,
+                                                    NotEnoughExperience, describe_path,
                                                     format_point, load_training_config,
-                                                    plot_loss, train_offline)
+                                                    plot_loss, resolve_device,
+                                                    train_offline)
     import sqlite3
     from capes.common.replay_db import ReplayDBError
+    from drl_engine.device import DeviceUnavailable
     if args.steps < 1 or args.chunk < 1:
         print("capes train: --steps and --chunk must be >= 1", file=sys.stderr)
+        return 2
+    try:                                  # before the config and the DB are read
+        device = resolve_device(args.device, args.fast, args.sampling)
+    except (DeviceUnavailable, FastPathUnavailable, ValueError) as exc:
+        print(f"capes train: {exc}", file=sys.stderr)
         return 2
     cfg = load_training_config(args.config, args.overrides, args.preset)
     default = args.config and Path(args.config).resolve() == DEFAULT_CONFIG
@@ -80,9 +93,12 @@ def run(args) -> int:
           file=sys.stderr)
     try:
         report = train_offline(args.replay, args.out, args.steps, cfg, chunk=args.chunk,
-                               device=args.device, seed=args.seed,
+                               device=device, seed=args.seed,
                                init_model=args.init_model, progress=progress,
-                               sampling=args.sampling)
+                               sampling=args.sampling, fast=args.fast)
+    except FastPathUnavailable as exc:   # the config turns a part of it off
+        print(f"capes train: {exc}", file=sys.stderr)
+        return 2
     except (ReplayDBError, NotEnoughExperience, FloatingPointError, ValueError) as exc:
         print(f"capes train: {exc}", file=sys.stderr)
         return 1

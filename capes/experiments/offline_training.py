@@ -63,6 +63,45 @@ class NotEnoughExperience(ValueError):
     """The DB holds too few usable transitions for one minibatch."""
 
 
+class FastPathUnavailable(ValueError):
+    """The fast path was asked for (``--fast``) where it cannot run: no CUDA device,
+    or a configuration that turns off a part of it."""
+
+
+def path_name(sampling: str, cuda_graph: bool) -> str:
+    """The path a run took, in one word: ``fast`` (minibatches drawn on the device
+    inside the step's CUDA graph), ``plain`` (sampled on the host, the step run as
+    written: the live engine's way on a CPU), or one part alone, ``device-drawn`` (the
+    CPU's faster ablation) or ``graphed`` (CUDA, host sampling)."""
+    drawn = sampling == "device"
+    return {(True, True): "fast", (False, False): "plain",
+            (True, False): "device-drawn", (False, True): "graphed"}[(drawn, bool(cuda_graph))]
+
+
+def resolve_device(device: str, fast: bool | None, sampling: str) -> str:
+    """The torch device a run of ``capes train`` uses, checked before any data is read.
+    ``fast`` True forces the fast path (a CUDA device, device sampling, the CUDA graph)
+    and is a :class:`FastPathUnavailable` without CUDA; False forces the plain path;
+    None lets the device decide. A missing or unknown ``device`` is a
+    :class:`~drl_engine.device.DeviceUnavailable`."""
+    from drl_engine.device import cuda_absence, device_name
+    forced = {True: "device", False: "host"}.get(fast)
+    if forced and sampling not in ("auto", forced):
+        raise ValueError(f"--{'' if fast else 'no-'}fast draws minibatches "
+                         f"{'on the device' if fast else 'on the host'}; --sampling "
+                         f"{sampling} contradicts it")
+    if fast:
+        import torch
+        if device != "auto" and not device.startswith("cuda"):
+            raise FastPathUnavailable(f"--fast with --device {device}: the fast path runs "
+                                      f"on a CUDA device only")
+        if not torch.cuda.is_available():
+            raise FastPathUnavailable(f"--fast: the fast path runs on a CUDA device and "
+                                      f"there is none ({cuda_absence()}); without --fast "
+                                      f"the CPU takes the plain path")
+    return device_name(device)
+
+
 @dataclass
 class TrainingReport:
     replay: str
@@ -76,13 +115,14 @@ class TrainingReport:
     device: str
     sampling: str                       # "device" (the fast path) or "host"
     cuda_graph: bool                    # the step replayed as a CUDA graph
+    path: str                           # path_name(): fast, plain, device-drawn, graphed
     preset: str
     chunk: int                          # steps per curve point
     curve: list[dict]                   # {"step", "loss", "steps_per_s"} per chunk
     config: dict
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "final_loss": self.last_loss}
 
     @property
     def first_loss(self) -> float | None:
@@ -97,7 +137,7 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
                   cfg: TrainingConfig | None = None, chunk: int = 100, device: str = "auto",
                   seed: int = 0, init_model: str | Path | None = None,
                   progress: Callable[[dict], None] | None = None,
-                  sampling: str = "auto") -> TrainingReport:
+                  sampling: str = "auto", fast: bool | None = None) -> TrainingReport:
     """Train ``steps`` minibatches on ``replay`` and save the engine to ``out``.
 
     ``progress`` gets each chunk's {"step", "loss", "steps_per_s"}; ``init_model``
@@ -105,6 +145,10 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
     on a CUDA device (every valid transition on the device, each minibatch drawn there
     inside the step's CUDA graph: drl_engine/device_transitions.py) and the host's
     numpy sampling elsewhere; ``device`` or ``host`` force one (the ablation).
+    ``fast`` True forces the whole fast path (CUDA, device sampling, the CUDA graph; a
+    :class:`FastPathUnavailable` where it cannot run), False the plain one (host
+    sampling, no CUDA graph), None (the default) decides by the device as above.
+    Neither changes the checkpoint: its config is the one given.
     """
     from drl_engine.device_transitions import DeviceTransitions, use_device_sampling
     from capes.common.replay_db import ReplayReader
@@ -112,6 +156,10 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
     if steps < 1 or chunk < 1:
         raise ValueError("steps and chunk must be >= 1")
     cfg = cfg or load_training_config(DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    device = resolve_device(device, fast, sampling)
+    if fast and not cfg.engine.cuda_graph:
+        raise FastPathUnavailable("--fast replays the step as a CUDA graph; "
+                                  "engine.cuda_graph = false turns that off")
     reader = ReplayReader(replay)
     try:
         engine = Engine(cfg.engine, cfg.reward, reader, device=device, seed=seed)
@@ -121,7 +169,10 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
             engine.load(init_model, weights_only=True)
         learner = engine.dqn.learner
         learner.loss_late = False        # each chunk's own loss (a live tick's comes late)
-        on_device = use_device_sampling(sampling, learner.device)
+        if fast is False:
+            learner._graphs = None       # the plain path: the step as written
+        on_device = fast if fast is not None else use_device_sampling(sampling,
+                                                                       learner.device)
         if on_device:
             engine.transitions = DeviceTransitions(engine.experience, learner.device, seed)
             if not engine.transitions.ready:
@@ -165,7 +216,9 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         steps_per_s=done / max(wall, 1e-9), sessions=len(sids), ticks=ticks,
         candidate_transitions=int(counts.sum()), device=str(engine.device),
         sampling="device" if on_device else "host",
-        cuda_graph=learner._graphs is not None, preset=cfg.engine.preset, chunk=chunk,
+        cuda_graph=learner._graphs is not None,
+        path=path_name("device" if on_device else "host", learner._graphs is not None),
+        preset=cfg.engine.preset, chunk=chunk,
         curve=curve, config=cfgmod.to_table(cfg))
 
 
@@ -204,4 +257,4 @@ def describe_path(report: TrainingReport) -> str:
         parts.append("CUDA graph")
     parts.append("minibatches drawn on the device" if report.sampling == "device"
                  else "minibatches sampled on the host")
-    return ", ".join(parts)
+    return f"the {report.path} path ({', '.join(parts)})"
