@@ -9,8 +9,9 @@
 #   tests  the CUDA-only tests (graphed steps equal eager ones, compiled too; each replay
 #          draws anew) and the CPU ones beside them
 #   small  the floor's measurement at 64 nodes
-#   train  capes train's speed on a merged DB (8 sessions), host sampling against the
-#          fast path (device-drawn minibatches in the step's CUDA graph), and its tests
+#   train  capes train's speed on a merged DB (8 sessions): host sampling, the plain path
+#          (--no-fast) and the fast path (device-drawn minibatches in the step's CUDA
+#          graph), and its tests
 #   seeds  the 64-node cluster hour on cuda, seeds 0-7 at once, cluster_engine.device_sampling
 #          true against false, paired by seed
 #   hours  one simulated hour, seed 0, on cuda: the 64-node cluster with device sampling
