@@ -5,7 +5,10 @@ a checkpoint keeps is one thing, :class:`BestKnown`: the grid indices of a setti
 (``best_idx``: (K,) for the one row of the flat mode, (N, K) for the per-node mode's
 rows) and the tick it was named at (``best_tick``); ``take`` hands one in (a cold
 start's, a recalled context's, a group search's, an alarm's anchor), ``drop`` loses it.
-Two estimators name it, each fitted to what its mode can afford:
+Each mode's controller holds one (the guide's ``known``, the row controller's ``best``)
+and every reader in that mode goes through it: the guide keeps no second copy or
+accessor. Two estimators name it, each fitted to what its mode can afford (one for
+both would move one mode's results, which the engine traces pin):
 
 * :class:`LowerBound` (the flat mode, through the guide, ``drl_engine.guide``): per
   setting the kernel-smoothed mean of the objective credited to it less ``lcb_kappa``
@@ -46,11 +49,13 @@ class BestKnown:
 
 class LowerBound(BestKnown):
     """The flat mode's estimator over the guide's per-setting statistics (see the module
-    docstring); ``best_tick`` −1: to be recomputed at the next :meth:`setting`."""
+    docstring); ``best_tick`` −1: to be recomputed at the next :meth:`setting`.
+    ``stats``: the owner of those sums (the guide: ``dense``, ``grid_stats`` or ``sums``,
+    ``shape``, ``pooled_variance``), read at each refresh: a context swaps its own in."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, stats):
         super().__init__(tick=-1)
-        self.cfg = cfg
+        self.cfg, self.stats = cfg, stats
         self.had_best = False          # a best was known once: best None is a new workload
         self._kernels: list[np.ndarray] | None = None   # per axis, fixed by the grid
 
@@ -63,12 +68,11 @@ class LowerBound(BestKnown):
         """Other statistics (a context's, swapped in): recomputed at the next call."""
         self.best_tick = -1
 
-    def setting(self, now: int, stats) -> np.ndarray | None:
+    def setting(self, now: int) -> np.ndarray | None:
         """Grid indices of the best-known setting by its lower confidence bound,
         recomputed every ``best_refresh_ticks`` ticks (None before any setting was
-        seen). ``stats``: the owner of the per-setting sums (the guide: ``dense``,
-        ``grid_stats`` or ``sums``, ``shape``, ``pooled_variance``)."""
-        cfg = self.cfg
+        seen)."""
+        cfg, stats = self.cfg, self.stats
         if self.best_idx is not None and 0 <= now - self.best_tick < cfg.best_refresh_ticks:
             return self.best_idx
         if stats.dense:

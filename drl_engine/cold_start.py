@@ -84,10 +84,10 @@ class SharedColdStart:
         self._record(replay, tick)
         g = self.guide
         g.credit(self.p, self.values, len(self.p))
-        g.best_setting(self.ticks)
+        g.known.setting(self.ticks)
         row = cur[present] if present.any() else cur
         shared = g.grid(np.median(row, axis=0))
-        if self.ticks == 0 and g.best is None:
+        if self.ticks == 0 and g.known.best_idx is None:
             # probes stay around where the nodes are until the GP has seen a few
             # settings: a global probe would walk to a uniform target, at 64 nodes to
             # window 211 and rate limit 150 and back, ~300 ticks far from the band
@@ -101,7 +101,7 @@ class SharedColdStart:
             g.start_probe(share, shared)
             action = g.probe_action(shared) or 0
         if action is None:                      # the budget is spent: settle on the best
-            best = g.best
+            best = g.known.best_idx
             if best is None or self.held >= self.hold_ticks:
                 self.done, self.best = True, best
                 return None

@@ -321,7 +321,7 @@ class WorkloadContexts(ContextMemory):
         if self.memory[c].created_at < 0:         # a recorded workload: search afresh
             self.memory[c].created_at = now
             _clear_stats(guide)
-            guide.best = None
+            guide.known.best_idx = None
             if engine is not None:
                 engine.exploration.bump(now)
         return True
@@ -342,7 +342,7 @@ class WorkloadContexts(ContextMemory):
     def best_of(self, k: int, guide: Guide) -> np.ndarray | None:
         """Context ``k``'s best-known setting (grid indices): the guide's for the
         current one, the stored one for the others."""
-        return guide.best if k == self.current else self.recalled(0, k)
+        return guide.known.best_idx if k == self.current else self.recalled(0, k)
 
     # -- per tick -----------------------------------------------------------------------
     def follow(self, engine, pis: np.ndarray, n: int, guide: Guide) -> None:
@@ -364,7 +364,7 @@ class WorkloadContexts(ContextMemory):
             left.stats = copy.deepcopy(guide.grid_stats if guide.dense else guide.sums)
             left.detector = guide.detector
             left.bumped_at, left.local_bump = engine.exploration.bumped_at, engine.exploration.local
-            self.remember(0, self._left, guide.best_setting(now))
+            self.remember(0, self._left, guide.known.setting(now))
         self._left = switch.context
         self.target, self.infer, self._net = None, False, None
         self.hold_until[:] = -1
@@ -380,7 +380,7 @@ class WorkloadContexts(ContextMemory):
             self.memory.append(_Memory(created_at=now))
             self.infer = self.cfg.context_infer or self.prior is not None
             _clear_stats(guide)
-            guide.best = None
+            guide.known.best_idx = None
             guide.detector = _fresh_detector(guide)
             engine.exploration.bump(now)
             return
@@ -394,8 +394,8 @@ class WorkloadContexts(ContextMemory):
             guide.sums = copy.deepcopy(mem.stats)
         guide.detector = mem.detector
         engine.exploration.bump(mem.bumped_at, mem.local_bump)
-        guide.best = self.recalled(0, switch.context)
-        best = guide.best_setting(now)
+        guide.known.best_idx = self.recalled(0, switch.context)
+        best = guide.known.setting(now)
         self.target = best if best is not None else self.recalled(0, switch.context)
 
     def recall_action(self, current: np.ndarray, guide: Guide, now: int) -> int | None:

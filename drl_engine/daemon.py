@@ -330,9 +330,10 @@ class EngineView:
         if self.engine.per_node:
             return self.engine.best_values()
         guide = self.engine.guide
-        if guide is None or guide.best is None:
+        best = None if guide is None else guide.known.best_idx
+        if best is None:
             return None
-        return dict(zip(self.source.names(), (float(v) for v in guide.values(guide.best))))
+        return dict(zip(self.source.names(), (float(v) for v in guide.values(best))))
 
     def _snapshot(self) -> dict:
         e, d, st = self.engine, self.last_decision, self.state

@@ -242,7 +242,7 @@ class FlatEngine(Engine):
             first_action = int(np.argmax(acted)) if acted.any() else None
         if guide.credit(d.p, d.values, d.n, first_action):
             self.change_detected()
-        guide.best_setting(self.action_ticks)
+        guide.known.setting(self.action_ticks)
         cur = guide.grid(current)
         holding = False
         if self.context is not None:          # [context hook] a return: walk to its best
@@ -270,7 +270,7 @@ class FlatEngine(Engine):
         if action is not None:
             return action, True, None
         if not self._q_greedy or obs is None:  # greedy holds the best-known setting
-            best = guide.best                 # (q_scope: the network only walks; or its
+            best = guide.known.best_idx       # (q_scope: the network only walks; or its
                                               # stack is not full yet: a recalled context
                                               # holding from the session's first ticks)
             return (walk_action(cur, best, guide.n_steps, straight=True) if best is not None

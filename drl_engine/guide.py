@@ -102,7 +102,7 @@ class Guide:
         self.seen_until = 0                          # ticks of the session credited so far
         self.probe: Probe | None = None
         # the best-known setting, by its lower confidence bound (drl_engine.best_known)
-        self.known = LowerBound(cfg)
+        self.known = LowerBound(cfg, self)
         self.resets = 0
         self.detector = (SettingResidualDetector(ChangeDetectorConfig())
                          if cfg.detect_changes else None)
@@ -237,7 +237,7 @@ class Guide:
         """Count whether the newest value, measured at the best-known setting, set
         there the settle ticks before too (``recent``: the settings since), fell below
         the probe floor: how often the floor would end a probe on the best's own noise."""
-        best = self.best
+        best = self.known.best_idx
         if best is None or not (recent[0] == recent[-1]).all():
             return
         if not np.array_equal(self.grid(recent[-1]), best):
@@ -305,20 +305,6 @@ class Guide:
         # kept once found: a knob whose moves stop showing (a cap no longer binding) has
         # not changed its delay
         self.lags[found] = best[found]
-
-    @property
-    def best(self) -> np.ndarray | None:
-        """Grid indices of the best-known setting (``drl_engine.best_known``)."""
-        return self.known.best_idx
-
-    @best.setter
-    def best(self, idx: np.ndarray | None) -> None:
-        self.known.best_idx = idx            # (when it was named: unchanged)
-
-    def best_setting(self, now: int) -> np.ndarray | None:
-        """Grid indices of the best-known setting by its lower confidence bound,
-        recomputed every ``refresh`` ticks (None before any setting was seen)."""
-        return self.known.setting(now, self)
 
     def pooled_variance(self) -> float:
         """The objective's variance within settings, pooled over every setting credited
@@ -436,7 +422,7 @@ class Guide:
         holds the current setting (where tuning starts, or where a new workload found
         it) until its level is known: the trust region's anchor, measured before any
         move, and the reference of ``probe_floor``."""
-        best = self.best
+        best = self.known.best_idx
         replan = False
         if self.cfg.first_probe == "local" and current is not None:
             level = None if best is None else self._level(best)
@@ -570,7 +556,7 @@ class Guide:
         if probe is None:
             return None
         if self._below_floor(probe):          # unsafe here: walk back to the best at once
-            probe = self.probe = Probe(self.best.copy(), 0, back=True)
+            probe = self.probe = Probe(self.known.best_idx.copy(), 0, back=True)
         most = self._walk_steps(current, probe.target)
         action = walk_action(current, probe.target, self.n_steps, most, straight=True)
         if action != 0 and probe.replan:
@@ -617,7 +603,7 @@ class Guide:
         """Whether the newest objective value fell below ``probe_floor`` × the
         best-known setting's mean (its own samples; a positive objective) while a probe
         is away from it: the probe is then ended, not held for its dwell."""
-        floor, best = self.cfg.probe_floor, self.best
+        floor, best = self.cfg.probe_floor, self.known.best_idx
         if floor <= 0 or probe.back or best is None or self.last_p is None:
             return False
         if np.array_equal(probe.target, best):
@@ -649,7 +635,7 @@ class Guide:
         (``probe_avoid_bad``): a probe there already cost more than the floor allows, and
         another one costs as much again (measured live: the same rung probed 2-3 times in
         20 s put the worst 10 s at 0.80x the original)."""
-        best, floor = self.best, self.cfg.probe_floor
+        best, floor = self.known.best_idx, self.cfg.probe_floor
         if best is None or floor <= 0 or np.array_equal(key, best):
             return False
         level, ref = self._level(key), self._level(best)
@@ -661,7 +647,7 @@ class Guide:
         best known and ``first_probe = "local"``: of the anchor (where tuning started,
         or where a new workload found it): the anchor probe's rule, also for the
         network, which is untrained then."""
-        best = self.best if self.best is not None else self.anchor
+        best = self.known.best_idx if self.known.best_idx is not None else self.anchor
         if best is None or action == 0:
             return action
         k, steps = actions.decode(action, len(current))

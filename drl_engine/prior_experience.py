@@ -393,7 +393,7 @@ def _known(clusters: SignatureClusters, k: int, acc: dict, guide: Guide) -> Know
         g = Guide(guide.step_grid, guide.cfg, np.random.default_rng(0))
         g.grid_stats = _guide_stats(g, w) if g.dense else None
         g.sums = {} if g.dense else _guide_stats(g, w)
-        w.best = g.best_setting(0)
+        w.best = g.known.setting(0)
         if w.best is not None:
             hit = (keys == w.best).all(1)
             w.level = float(stats[hit, 0].sum() / stats[hit, 2].sum()) if hit.any() \

@@ -112,7 +112,7 @@ def test_the_probe_floor_stays_as_measured_on_real_signals(traces):
         p = np.asarray(t["p"], float)
         rungs = np.log2(np.asarray(t["key"], float) / 4.0)[:, None]   # 4 KiB … 4096
         for n in range(1, len(p) + 1):
-            g.best_setting(n)
+            g.known.setting(n)
             g.credit(p, rungs, n)
         assert g.floor_held < Guide.NOISY_TESTS or \
             g.floor_under <= Guide.NOISY_FLOOR * g.floor_held, (t["name"], g.floor_under,

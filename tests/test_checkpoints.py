@@ -199,7 +199,7 @@ def test_a_checkpoint_keeps_the_controller_and_the_restarted_engine_acts_the_sam
     cfg, game, writer, eng_a, src_a = _game_run(a_dir)
     run_ticks(eng_a, src_a, max_ticks=300)
     guide_a = eng_a.guide
-    assert guide_a is not None and guide_a.best is not None
+    assert guide_a is not None and guide_a.known.best_idx is not None
     ckpt = eng_a.save(tmp_path / "engine-latest.pt")
     with sqlite3.connect(a_dir / "replay.db") as src, \
             sqlite3.connect(b_dir / "replay.db") as dst:
@@ -214,7 +214,7 @@ def test_a_checkpoint_keeps_the_controller_and_the_restarted_engine_acts_the_sam
     eng_b.load(ckpt)
     assert eng_b.guide is not None
     g = eng_b.guide
-    assert g.best.tolist() == guide_a.best.tolist()
+    assert g.known.best_idx.tolist() == guide_a.known.best_idx.tolist()
     assert g.lags.tolist() == guide_a.lags.tolist()
     assert np.array_equal(g.grid_stats, guide_a.grid_stats)
     assert g.detector.samples == guide_a.detector.samples > 0

@@ -66,7 +66,7 @@ def test_a_frozen_parameter_keeps_its_value_in_every_probe():
     g = guide_with_samples(1, 300, frozen=np.array([True, False]))
     current = np.array([4, 9])
     for _ in range(50):
-        g.best_setting(0)
+        g.known.setting(0)
         g.start_probe(0.5, current)
         assert g.probe.target[0] == 4
         g.probe = None
@@ -114,7 +114,7 @@ def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
     cfg = DQNConfig(guided=True, guard_steps=3, greedy_guard_steps=greedy_steps)
     g = Guide(GAME_GRID, cfg,
               np.random.default_rng(0))
-    g.best = np.array([5, 50])
+    g.known.best_idx = np.array([5, 50])
     current = np.array([5, 51])
     out = g.guard(3, current)
     if allowed:
@@ -123,7 +123,7 @@ def test_greedy_actions_stay_within_their_own_guard_band(greedy_steps, allowed):
         k, sign = divmod(out - 1, 2)
         after = current.copy()
         after[k] += 1 if sign == 0 else -1
-        assert np.abs(after - g.best).max() < np.abs(current - g.best).max()
+        assert np.abs(after - g.known.best_idx).max() < np.abs(current - g.known.best_idx).max()
     assert g.guard(4, current) == 4               # a step back towards the best always passes
 
 
@@ -150,7 +150,7 @@ def test_the_guard_counts_every_step_of_a_larger_move():
     cfg = DQNConfig(guided=True, greedy_guard_steps=1, action_steps=2)
     g = Guide(GAME_GRID, cfg,
               np.random.default_rng(0))
-    g.best = np.array([5, 50])
+    g.known.best_idx = np.array([5, 50])
     window_up_2 = actions.encode(1, 2, 2)
     assert g.guard(window_up_2, np.array([5, 49])) == window_up_2   # lands at 51: inside
     back = g.guard(window_up_2, np.array([5, 50]))                  # 52: outside
@@ -256,7 +256,7 @@ def test_a_local_first_probe_holds_where_tuning_starts_until_its_level_is_known(
         g.start_probe(1.0, np.array([5]))
         assert list(g.probe.target) == [5]
     credit_level(g, 5, 26.0)
-    assert list(g.best_setting(0)) == [5]
+    assert list(g.known.setting(0)) == [5]
     targets = set()
     for _ in range(40):                 # then local probes, one rung around it
         g.start_probe(0.0, np.array([5]))
@@ -320,7 +320,7 @@ def test_before_any_level_is_known_a_greedy_move_stays_near_the_local_anchor():
                      action_steps=2)
     assert g.guard(down_2, np.array([5])) == down_2       # no anchor yet: unguarded
     g.start_probe(1.0, np.array([5]))                     # the anchor probe: 128 KiB
-    assert g.best is None
+    assert g.known.best_idx is None
     assert g.guard(down_2, np.array([5])) == 0            # two rungs away: refused
     assert g.guard(down_2, np.array([6])) == down_2       # ends one rung from it: allowed
     assert g.guard(actions.encode(0, -1, 1), np.array([4])) == actions.encode(0, 1, 1)
@@ -332,7 +332,7 @@ def test_before_any_level_is_known_a_greedy_move_stays_near_the_local_anchor():
 def test_a_probe_below_the_floor_walks_back_at_once():
     g = ladder_guide(first_probe="local", guard_steps=1, probe_floor=0.75, probe_dwell=4)
     credit_level(g, 5, 26.0)
-    g.best_setting(0)
+    g.known.setting(0)
     g.probe = Probe(np.array([4]), 4)
     assert g.probe_action(np.array([5])) != 0        # walks down to 4
     g.last_p = 13.0                                 # half the best's level: unsafe
@@ -356,7 +356,7 @@ def test_under_noise_a_value_the_best_itself_often_measures_does_not_end_a_probe
                          probe_floor_noise=z)
         for level in (100.0 - spread, 100.0 + spread):   # the best: mean 100, sd ~spread
             credit_level(g, 5, level, ticks=2)
-        g.best_setting(0)
+        g.known.setting(0)
         g.floor_held, g.floor_under = held, under        # its values below the floor
         g.probe = Probe(np.array([6]), 4)
         return g
@@ -377,7 +377,7 @@ def test_the_floor_counts_how_often_the_best_itself_falls_below_it():
     g = ladder_guide(first_probe="local", guard_steps=1, probe_floor=0.75,
                      probe_floor_noise=2.0, settle_ticks=0)
     credit_level(g, 5, 100.0)
-    g.best_setting(0)
+    g.known.setting(0)
     values = np.full((40, 1), g.values(np.array([5]))[0])
     p = np.where(np.arange(40) % 3 == 0, 50.0, 120.0)    # a third of them below 75
     for n in range(1, 41):
@@ -391,7 +391,7 @@ def test_a_setting_known_below_the_floor_is_not_probed_or_stepped_onto_again():
                          probe_floor=0.75, probe_avoid_bad=avoid)
         credit_level(g, 5, 26.0)          # the anchor, 128 KiB
         credit_level(g, 4, 13.0, ticks=2)  # one rung down: half of it (a probe walked back)
-        g.best_setting(0)
+        g.known.setting(0)
         return g
     for seed in range(20):
         g = guide(True)
@@ -420,7 +420,7 @@ def test_probe_move_never_probes_the_best_itself():
         credit_level(g, 6, 40.0)                   # 256 KiB, the best
         if bad_below:
             credit_level(g, 5, 5.0, ticks=9)       # 128 now known below the floor
-        g.best_setting(0)
+        g.known.setting(0)
         out = []
         for seed in range(40):
             g.rng = np.random.default_rng(seed)
@@ -436,7 +436,7 @@ def test_probe_move_never_probes_the_best_itself():
                      probe_floor=0.75, probe_avoid_bad=True, probe_move=True)
     for k, level in ((4, 10.0), (5, 40.0), (6, 10.0)):
         credit_level(g, k, level)
-    g.best = np.array([5])
+    g.known.best_idx = np.array([5])
     g.start_probe(0.0, np.array([5]))
     assert int(g.probe.target[0]) == 5
 
@@ -445,12 +445,12 @@ def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
                      alarm_probes=3, sweep_points=4)
     credit_level(g, 9, 50.0)                  # the workload before, best at 2048 KiB
-    g.best_setting(0)
+    g.known.setting(0)
     g.forget()                                # a new workload: best unknown
     g.start_probe(0.0, np.array([9]))         # the anchor is measured first
     assert list(g.probe.target) == [9] and not g.sweep
     credit_level(g, 9, 0.1)
-    g.best_setting(0)
+    g.known.setting(0)
     targets = []
     for _ in range(4):
         g.start_probe(0.0, np.array([9]))
@@ -463,14 +463,14 @@ def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     # and still the sweep comes first
     g.grid_stats[:] = 0.0
     credit_level(g, 9, 0.1, ticks=1)
-    g.best_setting(0)
+    g.known.setting(0)
     g.new_workload()
     g.start_probe(0.0, np.array([9]))
     assert list(g.probe.target) == [10] and [t[0] for t in g.sweep] == [7, 3, 0]
     g.drop_sweep()
     # an alarm whose level moved 2x on a known workload: the wide draws, no sweep
     credit_level(g, 9, 50.0)
-    g.best_setting(0)
+    g.known.setting(0)
     g.level_before = 50.0
     g.forget(anchor=np.array([9]))
     g.start_probe(0.0, np.array([9]))
@@ -481,11 +481,11 @@ def test_a_new_workload_is_swept_coarsely_before_the_local_search():
     h = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=10,
                      alarm_probes=3)
     credit_level(h, 9, 50.0)
-    h.best_setting(0)
+    h.known.setting(0)
     h.forget()
     h.start_probe(0.0, np.array([9]))
     credit_level(h, 9, 0.1)
-    h.best_setting(0)
+    h.known.setting(0)
     h.start_probe(0.0, np.array([9]))
     assert not h.sweep and h.wide_left == 2
 
@@ -505,7 +505,7 @@ def test_after_a_change_the_first_probes_may_go_further():
     g = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
                      alarm_probes=2)
     credit_level(g, 0, 1.0)
-    g.best_setting(0)
+    g.known.setting(0)
     g.forget(anchor=np.array([0]))
     g.wide_left = g.cfg.alarm_probes            # as an alarm in credit() sets it
     reach = []
@@ -521,7 +521,7 @@ def test_after_a_change_the_first_probes_may_go_further():
         h = ladder_guide(guard_steps=1, probe_local_steps=1.0, alarm_guard_steps=4,
                          alarm_probes=1)
         h.rng = np.random.default_rng(seed)
-        h.best, h.wide_left = np.array([0]), 1
+        h.known.best_idx, h.wide_left = np.array([0]), 1
         h.start_probe(0.0, np.array([0]))
         far += int(h.probe.target[0]) >= 2
     assert far >= 5
@@ -532,7 +532,7 @@ def test_a_new_workload_after_a_known_best_re_explores_wide():
     g.start_probe(1.0, np.array([7]))                 # the very start: narrow
     assert g.wide_left == 0
     credit_level(g, 7, 50.0)
-    g.best_setting(0)
+    g.known.setting(0)
     g.forget()                                        # a new workload: best unknown
     g.start_probe(1.0, np.array([7]))
     assert list(g.probe.target) == [7] and g.wide_left == 3
@@ -542,7 +542,7 @@ def test_a_new_workload_after_a_known_best_re_explores_wide():
 def test_after_an_alarm_the_anchor_is_measured_and_only_a_moved_level_goes_wide(after, wide):
     g = ladder_guide(first_probe="local", guard_steps=1, alarm_guard_steps=4, alarm_probes=3)
     credit_level(g, 7, 10.0)
-    g.best_setting(0)
+    g.known.setting(0)
     g.level_before = g._level(np.array([7]))        # as credit() does on an alarm
     g.forget(anchor=np.array([7]))
     g.start_probe(0.0, np.array([6]))               # the anchor's level is unknown: hold it
@@ -608,7 +608,7 @@ def test_a_numeric_range_is_not_swept_but_searched_with_wide_draws():
                         alarm_guard_steps=10, alarm_probes=3, sweep_points=4),
               np.random.default_rng(0))
     credit_level(g, 40, 0.1, ticks=1)
-    g.best_setting(0)
+    g.known.setting(0)
     g.new_workload()
     g.start_probe(0.0, np.array([40]))
     assert not g.sweep and g.wide_left > 0
@@ -622,7 +622,7 @@ def test_probe_unit_sizes_the_search_by_each_knobs_range():
                   DQNConfig(guided=True, guard_steps=1, probe_local_steps=1.0, **cfg),
                   np.random.default_rng(0))
         credit_level(g, n // 2, 10.0)
-        g.best_setting(0)
+        g.known.setting(0)
         return g
     for n, unit, most in ((10, 10, 1), (100, 10, 10), (100, 0, 1)):
         g = guide(n, probe_unit=unit)
@@ -674,16 +674,16 @@ def _sloped_guide(seed=0, **cfg):
         for _ in range(6):
             p = game_throughput(200, w + 1) * (1 + 0.1 * rng.normal())
             g.grid_stats[:, 19, w] += (p, p * p, 1.0)
-    g.best_setting(0)
+    g.known.setting(0)
     return g
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_a_safe_probe_goes_only_where_the_model_clears_the_floor(seed):
     g = _sloped_guide(seed, probe_safe=1.0, probe_floor=0.75)
-    assert list(g.best) == [19, 39]
-    level = g._level(g.best)
-    target = g._safe_target(g.best, g.best.copy())
+    assert list(g.known.best_idx) == [19, 39]
+    level = g._level(g.known.best_idx)
+    target = g._safe_target(g.known.best_idx, g.known.best_idx.copy())
     assert target is not None
     rate, window = g.values(target)
     # never where the floor is known to be crossed (windows 30 and below: <= 0.64 x)
@@ -693,16 +693,16 @@ def test_a_safe_probe_goes_only_where_the_model_clears_the_floor(seed):
     for off in ({"probe_safe": 0.0, "probe_floor": 0.75}, {"probe_safe": 1.0},
                 {"probe_safe": 1.0, "probe_floor": 0.75, "probe_model": False}):
         h = _sloped_guide(seed, **off)
-        assert h._safe_target(h.best, h.best.copy()) is None
+        assert h._safe_target(h.known.best_idx, h.known.best_idx.copy()) is None
 
 
 def test_a_wide_probe_is_re_aimed_as_it_walks_with_wide_replan():
     for on in (True, False):
         g = _sloped_guide(wide_replan=on, alarm_guard_steps=10, alarm_probes=1)
         g.wide_left = 1
-        g.start_probe(0.0, g.best.copy())
+        g.start_probe(0.0, g.known.best_idx.copy())
         assert g.probe.replan == on and g.wide_left == 0
-        g.start_probe(0.0, g.best.copy())          # the next, local one: not re-aimed
+        g.start_probe(0.0, g.known.best_idx.copy())          # the next, local one: not re-aimed
         assert not g.probe.replan
 
 

@@ -41,7 +41,7 @@ def test_the_noise_floor_lets_a_higher_noisy_setting_beat_an_exact_capped_one(po
     # the case the switch is for: the noisy setting's mean is higher, yet without the
     # floor the capped one's bound (its mean) beats the noisy one's
     assert np.mean(NOISY_SAMPLES) > CAP
-    best = tuple(int(i) for i in g.best_setting(0))
+    best = tuple(int(i) for i in g.known.setting(0))
     if pooled:
         assert noisy > capped and best == NOISY
     else:

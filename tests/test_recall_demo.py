@@ -37,7 +37,8 @@ def contexts_with(switches, current_best):
     grid = StepGrid.of([SimpleNamespace(min=10, max=200, step=10),
                         SimpleNamespace(min=1, max=100, step=1)])
     guide = SimpleNamespace(grid=grid.index, n_steps=grid.n_steps,
-                            frozen=np.array([False, False]), best=current_best)
+                            frozen=np.array([False, False]),
+                            known=SimpleNamespace(best_idx=current_best))
     return ctx, guide
 
 
