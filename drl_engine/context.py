@@ -321,7 +321,7 @@ class WorkloadContexts(ContextMemory):
         if self.memory[c].created_at < 0:         # a recorded workload: search afresh
             self.memory[c].created_at = now
             _clear_stats(guide)
-            guide.known.best_idx = None
+            guide.known.take(None)
             if engine is not None:
                 engine.exploration.bump(now)
         return True
@@ -370,7 +370,7 @@ class WorkloadContexts(ContextMemory):
         self.hold_until[:] = -1
         self._promise, self._heard = None, []
         guide.probe = None
-        guide.known.stale()
+        guide.known.stale()                   # (another context's statistics from here)
         if switch.new:
             if not self.memory:
                 # the first workload is the one the engine has explored all along (also
@@ -380,7 +380,7 @@ class WorkloadContexts(ContextMemory):
             self.memory.append(_Memory(created_at=now))
             self.infer = self.cfg.context_infer or self.prior is not None
             _clear_stats(guide)
-            guide.known.best_idx = None
+            guide.known.take(None)
             guide.detector = _fresh_detector(guide)
             engine.exploration.bump(now)
             return
@@ -394,7 +394,7 @@ class WorkloadContexts(ContextMemory):
             guide.sums = copy.deepcopy(mem.stats)
         guide.detector = mem.detector
         engine.exploration.bump(mem.bumped_at, mem.local_bump)
-        guide.known.best_idx = self.recalled(0, switch.context)
+        guide.known.take(self.recalled(0, switch.context))   # until its statistics name one
         best = guide.known.setting(now)
         self.target = best if best is not None else self.recalled(0, switch.context)
 
