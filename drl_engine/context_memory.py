@@ -22,7 +22,13 @@ its change detector and its ε clock (``WorkloadContexts``); it may infer a new
 workload's first setting and be seeded from earlier sessions. The per-node mode's is a
 moving-average peak over every row at once, so rows that change together store one
 snapshot of it, a change counts for the cluster once ``MIN_ROWS`` rows make it, and the
-group search and the walks over many rows are its own (``RowContexts``).
+group search and the walks over many rows are its own (``RowContexts``). Two rules
+differ with the estimators, so neither class is the other's case of one row (the engine
+traces pin both): a row leaving a context stores the flat mode's bound as it stands at
+the switch (none known: the stored one is forgotten) but the per-node snapshot only when
+there is one (none: the stored one stays); and a row entering a context is a *new* one
+for the flat mode when its signature makes a new cluster, for the per-node mode when
+nothing is stored for it (a known context left without a best explores again).
 """
 from __future__ import annotations
 
