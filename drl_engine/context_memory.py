@@ -26,7 +26,8 @@ group search and the walks over many rows are its own (``RowContexts``). Two rul
 differ with the estimators, so neither class is the other's case of one row (the engine
 traces pin both): a row leaving a context stores the flat mode's bound as it stands at
 the switch (none known: the stored one is forgotten) but the per-node snapshot only when
-there is one (none: the stored one stays); and a row entering a context is a *new* one
+there is one (none: the stored one stays; a row leaving mid-sweep stores what its sweep
+measured instead, and with nothing measured forgets, ``drl_engine.row_sweep``); and a row entering a context is a *new* one
 for the flat mode when its signature makes a new cluster, for the per-node mode when
 nothing is stored for it (a known context left without a best explores again).
 """
