@@ -192,7 +192,8 @@ class RowSweep:
                 continue
             if r in self.found:                         # walking to what it found
                 if (idx[r] == self.found[r]).all():
-                    del self.plans[r]
+                    del self.plans[r]                   # there: its sweep (and its place
+                    p["cohort"].rows.remove(r)          # in the cohort) ends
                 continue
             if p["at"] >= len(p["points"]):             # its share done: the others'
                 continue

@@ -179,3 +179,27 @@ def test_a_sweep_that_measured_nothing_yet_leaves_nothing_to_recall():
     for t in range(1, 1 + sweep.settle + sweep.dwell):
         sweep.observe(t, first[None], np.array([3e6]))
     assert sweep.so_far(0) is not None and (sweep.so_far(0) == first).all()
+
+
+def test_a_cohort_whose_members_reach_its_setting_at_different_ticks():
+    # two alike rows share a sweep; once it is done, one row is at the setting found and
+    # the other still walks there (the daemon moves a row a few rungs a tick): the
+    # sweep goes on for the walker alone
+    eng = ladder_engine(2)
+    sweep = eng.control.sweep
+    sig = np.array([[1.0], [1.0]])
+    idx = np.array([[5], [5]])
+    sweep.start([0, 1], idx, tick=0, sig=sig)
+    assert sweep.pooled == 1
+    t = 0
+    while len(sweep.found) < 2 and t < 200:      # each row sits on its next point
+        t += 1
+        to = sweep.targets()
+        at = np.stack([to[0], to[1]])
+        sweep.observe(t, at, np.where(at[:, 0] <= 1, 9e6, 1e6).astype(float))
+    assert len(sweep.found) == 2 and int(sweep.found[0][0]) <= 1
+    sweep.observe(t + 1, np.stack([sweep.found[0], idx[1]]), np.array([9e6, 1e6]))
+    assert 0 not in sweep.plans and 1 in sweep.plans          # row 0 there, row 1 not
+    sweep.observe(t + 2, np.stack([sweep.found[0], idx[1]]), np.array([9e6, 1e6]))
+    sweep.observe(t + 3, np.stack([sweep.found[0], sweep.found[1]]), np.array([9e6, 9e6]))
+    assert not sweep.plans
