@@ -85,6 +85,9 @@ class NodeModelConfig:
     # a sweep skips the points beyond one that scored under this share of the knob's
     # best (0: every point is visited)
     sweep_cut: float = 0.25
+    # a row that reached what its sweep found holds it engine.context_hold_ticks (no probe
+    # nor greedy move), as a recalled setting is held: both are measured settings
+    sweep_hold: bool = True
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)

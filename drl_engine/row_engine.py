@@ -185,6 +185,8 @@ class RowEngine(Engine):
                            np.nansum(pis[:, self._node_obj], axis=1), np.nan)  # stays best
             control.sweep.observe(int(tick), control.indices(rep.knobs[s]), own)
             control.sweep.pin(control.best)
+            if self.mcfg.sweep_hold and self.row_context is not None:   # a measured
+                self.row_context.hold(control.sweep.arrived, int(tick))  # setting, held
         control.rollback.watch(int(tick), control.best, rep.knobs[s], rep.present[s],
                                control.grid)
 

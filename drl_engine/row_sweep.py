@@ -82,6 +82,7 @@ class RowSweep:
         self.plans: dict[int, dict] = {}
         self.found: dict[int, np.ndarray] = {}
         self.sweeps = 0                      # sweeps finished (a cohort's counts once)
+        self.arrived: list[int] = []         # rows that reached what they found this tick
         self.pooled = 0                      # rows that joined another row's sweep
 
     @classmethod
@@ -186,6 +187,7 @@ class RowSweep:
     def observe(self, tick: int, idx: np.ndarray, own: np.ndarray) -> None:
         """One tick: ``idx`` (N, K) the grid indices in effect, ``own`` (N,) each row's
         own objective (NaN: none this tick)."""
+        self.arrived = []
         for r in list(self.plans):
             p = self.plans[r]
             if r >= len(idx):
@@ -194,6 +196,7 @@ class RowSweep:
                 if (idx[r] == self.found[r]).all():
                     del self.plans[r]                   # there: its sweep (and its place
                     p["cohort"].rows.remove(r)          # in the cohort) ends
+                    self.arrived.append(r)
                 continue
             if p["at"] >= len(p["points"]):             # its share done: the others'
                 continue

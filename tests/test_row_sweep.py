@@ -203,3 +203,25 @@ def test_a_cohort_whose_members_reach_its_setting_at_different_ticks():
     sweep.observe(t + 2, np.stack([sweep.found[0], idx[1]]), np.array([9e6, 1e6]))
     sweep.observe(t + 3, np.stack([sweep.found[0], sweep.found[1]]), np.array([9e6, 9e6]))
     assert not sweep.plans
+
+
+def test_a_row_holds_what_its_sweep_found_as_it_holds_a_recalled_setting():
+    def arrival(model):
+        eng = ladder_engine(2, model)
+        kind, rung, rng = np.array([1, 0]), np.full(2, 5.0), np.random.default_rng(5)
+        for t in range(140):
+            x = np.stack([bytes_at(rung, kind) * rng.uniform(0.9, 1.1, 2), rung,
+                          kind.astype(float)], axis=1)
+            eng.ingest(t, x)
+            if 0 in eng.control.sweep.arrived:
+                return eng, t
+            d = eng.act()
+            if d is not None:
+                rung = np.asarray(d.values, float).reshape(2, -1)[:, 0]
+        raise AssertionError("row 0 never reached what its sweep found")
+
+    eng, t = arrival(MODEL)
+    hold = eng.cfg.context_hold_ticks
+    assert eng.row_context.held(t + hold - 1)[0] and not eng.row_context.held(t + hold)[0]
+    eng, t = arrival(dataclasses.replace(MODEL, sweep_hold=False))
+    assert not eng.row_context.held(t + 1)[0]
