@@ -113,12 +113,11 @@ class PriorExperience:
         sessions = ticks = 0
         newest = 0.0
         for path in paths:
-            if not Path(path).is_file():
-                raise ExperienceError(f"--experience {path}: no such file")
+            reader = open_replay(path)
             try:
-                reader = ReplayReader(path)
                 exp = Experience(reader, reward, cfg.stack)
             except (ReplayDBError, OSError, ValueError) as exc:
+                reader.close()
                 raise ExperienceError(f"--experience {path}: not a usable replay DB "
                                       f"({exc})") from None
             try:
@@ -281,6 +280,18 @@ class PriorExperience:
         return self._gp_cache
 
 
+def open_replay(path: str, grow_nodes: bool = False) -> ReplayReader:
+    """One ``--experience`` DB opened; ExperienceError naming it when it is missing or
+    not a replay DB (both modes' loaders, ``drl_engine/row_experience.py``)."""
+    if not Path(path).is_file():
+        raise ExperienceError(f"--experience {path}: no such file")
+    try:
+        return ReplayReader(path, grow_nodes=grow_nodes)
+    except (ReplayDBError, OSError, ValueError) as exc:
+        raise ExperienceError(f"--experience {path}: not a usable replay DB "
+                              f"({exc})") from None
+
+
 def gp_mean(x: np.ndarray, y: np.ndarray, q: np.ndarray, noise: float = 0.05) -> np.ndarray:
     """A Gaussian process's posterior mean at ``q`` (RBF kernel, inputs standardised per
     column, length scale picked from a few by the marginal likelihood)."""
@@ -427,4 +438,4 @@ def _age(seconds: float) -> str:
 
 
 __all__ = ["DEFAULT_START", "ExperienceError", "KnownWorkload", "NETWORK_STARTS",
-           "PriorExperience", "STARTS", "gp_mean", "interpolated_best"]
+           "PriorExperience", "STARTS", "gp_mean", "interpolated_best", "open_replay"]

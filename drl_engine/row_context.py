@@ -218,6 +218,21 @@ class RowContexts(ContextMemory):
         super().grow(rows)
         self.signatures.grow(rows)
 
+    def seed(self, workloads: list, offset: np.ndarray) -> None:
+        """Workloads of earlier sessions (``drl_engine.row_experience``): (log mean, log
+        m2, samples, best-known setting or None) on the log scale of ``offset``, made
+        known contexts of every row before its first tick, so that a row entering one
+        recalls its setting as a return does."""
+        sig = self.signatures
+        sig.offset[:] = offset
+        for r, cl in enumerate(sig.rows):
+            cl.offset = sig.offset[r]
+            cl.mean = [m.copy() for m, _, _, _ in workloads]
+            cl.m2 = [m2.copy() for _, m2, _, _ in workloads]
+            cl.n = [int(n) for _, _, n, _ in workloads]
+            for k, (_, _, _, best) in enumerate(workloads):
+                self.remember(r, k, None if best is None else best.copy())
+
     # -- per tick ------------------------------------------------------------------------
     def follow(self, engine, tick: int, pis: np.ndarray) -> None:
         """Fold one tick's signatures in (``pis``: (N, P)); on a change of some rows'

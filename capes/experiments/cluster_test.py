@@ -343,7 +343,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
             init_model: str | None = None, save_model: str | None = None,
             keep_trace: bool = False, device: str = "cpu", db_path: str | None = None,
             tuner_options: dict | None = None, write_behind: bool = True,
-            refuse_live: bool = False, check_live: bool = True, observers=()) -> dict:
+            refuse_live: bool = False, check_live: bool = True, observers=(),
+            experience=None) -> dict:
     """Play one hour (the config's ``time_limit_ticks``); the same seed gives the same
     result. Returns a JSON-ready dict. ``write_behind``: with ``feed="rows"``, commit the
     PI rows in a process of their own (True, :class:`WriteProcess`: the report then has
@@ -352,7 +353,9 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
     applied, as live (the engine reads the nodes' values back). ``check_live = False``
     skips the check (``refused_live`` None): ~3 s of CPU an hour at 1,000 nodes, which
     the engine's speed benchmark leaves out. ``observers``: more of the tick loop's
-    observers (``observer(record, sim, player)``), e.g. tools/engine_trace.py's."""
+    observers (``observer(record, sim, player)``), e.g. tools/engine_trace.py's.
+    ``experience``: a :class:`~drl_engine.row_experience.RowExperience` seeded into the
+    engine's rows (earlier sessions' workloads known from the start)."""
     ccfg = cfg.cluster
     sim_seed, engine_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
     optima = phase_optima(ccfg, ccfg.best_static)
@@ -375,6 +378,8 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                                       device=device, seed=engine_seed)
             if init_model:
                 player.load(init_model, weights_only=True)
+            if experience is not None and not experience.seed(player):
+                raise ValueError(experience.refused)
         else:
             from capes.experiments.baselines import make_tuner
             player = make_tuner(tuner, specs, reader, cfg.reward, engine_seed,
