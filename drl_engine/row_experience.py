@@ -111,7 +111,10 @@ class RowExperience:
         if param_names != [p.name for p in params]:
             raise ExperienceError(f"--experience: recorded with parameters {param_names}; "
                                   f"this session has {[p.name for p in params]}")
-        contexts = RowContexts.build(cfg, pi_names, reward.pis, params, 1)
+        try:
+            contexts = RowContexts.build(cfg, pi_names, reward.pis, params, 1)
+        except ValueError as exc:          # signature PIs the recorded sessions lack
+            raise ExperienceError(f"--experience: {exc}") from None
         if contexts is None:
             raise ExperienceError("--experience: the per-node engine needs signature PIs "
                                   "(engine.context_pis) to tell recorded workloads apart")

@@ -114,9 +114,10 @@ def run(args) -> int:
                 return 2
     from capes.settings import is_cluster_config
     if is_cluster_config(args.config):            # a [cluster] table: the cluster game
-        if getattr(args, "experience", None):
-            print("capes converge-test: --experience is for the single-node game (the "
-                  "cluster game's per-node engine has no such start yet)", file=sys.stderr)
+        if getattr(args, "experience_start", None):
+            print("capes converge-test: --experience-start is for the single-node game (the "
+                  "cluster game's per-node engine recalls recorded workloads; a new one "
+                  "explores)", file=sys.stderr)
             return 2
         from capes.experiments.cluster_test import main as cluster_main
         return cluster_main(args)
