@@ -72,13 +72,21 @@ def experience_args(parser: argparse.ArgumentParser) -> None:
                              "--init-model, a network trained on the merged DB)")
 
 
-def load_experience(args, engine_cfg, reward_cfg):
+def load_experience(args, engine_cfg, reward_cfg, rows=None):
     """The ``--experience`` of ``args`` loaded (None without it); ExperienceError (a
-    ValueError) with a clear message for a DB that cannot be used."""
+    ValueError) with a clear message for a DB that cannot be used. ``rows``: (the
+    cluster engine's config, the per-node knobs) for a per-node engine, whose experience
+    is its memory of recorded workloads (drl_engine/row_experience.py)."""
     if not getattr(args, "experience", None):
         return None
     from drl_engine.prior_experience import (DEFAULT_START, NETWORK_STARTS,
                                              ExperienceError, PriorExperience)
+    if rows is not None:
+        if args.experience_start:
+            raise ExperienceError("--experience-start: the one-row engine's; the per-node "
+                                  "engine recalls recorded workloads, a new one explores")
+        from drl_engine.row_experience import RowExperience
+        return RowExperience.load(args.experience, engine_cfg, reward_cfg, *rows)
     start = args.experience_start or DEFAULT_START
     if start in NETWORK_STARTS and not args.init_model:
         raise ExperienceError(f"--experience-start {start}: needs --init-model, a network "

@@ -204,9 +204,10 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
             if opts.init_model:             # the network's weights, not a lower ε
                 engine.exploration.pretrained = False
             log.info("%s", opts.experience.summary())
+        elif opts.experience.seed(engine):      # per node: drl_engine/row_experience
+            log.info("%s", opts.experience.summary())
         else:
-            log.warning("--experience is used by the one-row engine only; this "
-                        "deployment's per-node engine starts without it")
+            log.warning("%s; the engine starts without it", opts.experience.refused)
     return engine
 
 

@@ -54,7 +54,11 @@ def run(args) -> int:
     except ValueError as exc:
         raise ConfigError("--metrics", "", str(exc)) from None
     try:
-        experience = load_experience(args, settings.engine, settings.reward)
+        from drl_engine.per_node import rows_of
+        rows = rows_of(settings.param_specs())      # per-node knobs: the per-node engine
+        experience = load_experience(args, settings.engine, settings.reward, None
+                                     if rows is None else (settings.cluster_engine,
+                                                           rows.knobs))
     except ValueError as exc:
         print(f"capes drl-engine: {exc}", file=sys.stderr)
         return 2

@@ -660,6 +660,7 @@ def _clean(o):
 
 def main(args) -> int:
     """``capes converge-test`` on a config with a ``[cluster]`` table."""
+    from capes.cli import load_experience
     from drl_engine.device import pick_device
     overrides = list(args.overrides)
     if args.noise:
@@ -679,24 +680,23 @@ def main(args) -> int:
             return 2
     cfg = load_config(args.config, overrides, args.preset)
     tuners = [t.strip() for t in args.tuner.split(",") if t.strip()]
-    kw = {}
-    if getattr(args, "experience", None):     # drl_engine/row_experience.py
-        from drl_engine.row_experience import RowExperience
-        try:
-            kw["experience"] = exp = RowExperience.load(
-                args.experience, cfg.engine, cfg.reward, cfg.model,
-                list(cfg.cluster.param_specs().values()))
-            exp.check_layout(cfg.cluster.pi_names(), list(cfg.cluster.param_specs()))
-        except ValueError as exc:
-            print(f"capes converge-test: {exc}", file=sys.stderr)
-            return 2
-        print(exp.summary(), file=sys.stderr)
+    specs = cfg.cluster.param_specs()
+    try:                                    # the per-node memory (drl_engine/row_experience)
+        experience = load_experience(args, cfg.engine, cfg.reward,
+                                     (cfg.model, list(specs.values())))
+        if experience is not None:
+            experience.check_layout(cfg.cluster.pi_names(), list(specs))
+            print(experience.summary(), file=sys.stderr)
+    except ValueError as exc:
+        print(f"capes converge-test: {exc}", file=sys.stderr)
+        return 2
     print(f"cluster converge test: {cfg.cluster.nodes} nodes, tuners {', '.join(tuners)}, "
           f"{args.seeds} seed(s), preset {cfg.engine.preset}", file=sys.stderr)
     report = run_tuners(cfg, tuners, args.seeds, args.first_seed, args.jobs,
                         progress=None if args.quiet else sys.stderr,
                         backend=backend, ray_address=getattr(args, "ray_address", None),
-                        init_model=args.init_model, device=device, **kw)
+                        init_model=args.init_model, device=device,
+                        **({} if experience is None else {"experience": experience}))
     report = _clean(report)
     print(format_table(report))
     if args.json:
