@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -42,7 +41,7 @@ if str(ROOT) not in sys.path:
 
 from capes.common.one_core import use_one_core  # noqa: E402
 from capes.common.stats import paired_bootstrap_ci  # noqa: E402
-from capes.experiments.cluster_test import load_config, run_one  # noqa: E402
+from capes.experiments.cluster_test import load_config, run_one, write_json  # noqa: E402
 from capes.experiments.replay_merge import merge  # noqa: E402
 from drl_engine.row_experience import RowExperience  # noqa: E402
 
@@ -178,8 +177,7 @@ def main(argv=None) -> int:
     print(table(report))
     print(f"wall {report['wall_s']:.0f} s, load average {report['loadavg'][0]:.1f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(report, args.json)
     return 0
 
 

@@ -160,14 +160,8 @@ class PriorExperience:
 
     def summary(self, now: float | None = None) -> str:
         """The one log line: what the experience brought along."""
-        now = time.time() if now is None else now
-        age = max(0.0, now - self.newest_started_at)
-        known = sum(w.best is not None for w in self.workloads)
-        return (f"experience: {_n(len(self.workloads), 'workload')} known ({known} with a "
-                f"best setting) from {_n(self.sessions, 'session')}, {self.ticks:,} ticks, "
-                f"newest "
-                f"{_age(age)} old; start for a new workload: {self.start} "
-                f"({', '.join(self.paths)})")
+        return (f"experience: {brought(self, now)}; start for a new workload: "
+                f"{self.start} ({', '.join(self.paths)})")
 
     def check_layout(self, pi_names, param_names) -> None:
         """ExperienceError when the session's PIs or parameters are not the recorded."""
@@ -423,6 +417,16 @@ def _guide_stats(guide: Guide, w: KnownWorkload):
             for key, s in zip(w.keys, w.stats)}
 
 
+def brought(exp, now: float | None = None) -> str:
+    """What an experience (either mode's) brought, in the log line's words: workloads
+    known, those with a best setting, sessions, ticks, the newest session's age."""
+    now = time.time() if now is None else now
+    known = sum(w.best is not None for w in exp.workloads)
+    return (f"{_n(len(exp.workloads), 'workload')} known ({known} with a best setting) "
+            f"from {_n(exp.sessions, 'session')}, {exp.ticks:,} ticks, newest "
+            f"{_age(max(0.0, now - exp.newest_started_at))} old")
+
+
 def _n(count: int, what: str) -> str:
     return f"{count} {what}" if count == 1 else f"{count} {what}s"
 
@@ -438,4 +442,5 @@ def _age(seconds: float) -> str:
 
 
 __all__ = ["DEFAULT_START", "ExperienceError", "KnownWorkload", "NETWORK_STARTS",
-           "PriorExperience", "STARTS", "gp_mean", "interpolated_best", "open_replay"]
+           "PriorExperience", "STARTS", "gp_mean", "brought", "interpolated_best",
+           "open_replay"]

@@ -37,7 +37,6 @@ an unknown workload explores as in a fresh engine.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +44,7 @@ import numpy as np
 from capes.common.step_grid import StepGrid
 from drl_engine.context import SignatureClusters, log_offset
 from drl_engine.rewards import OBJECTIVES, pi_columns
-from drl_engine.prior_experience import (ExperienceError, PriorExperience, _age, _n,
+from drl_engine.prior_experience import (ExperienceError, PriorExperience, brought,
                                          open_replay)
 from drl_engine.row_context import RowContexts, RowSignatures
 
@@ -139,13 +138,8 @@ class RowExperience:
 
     def summary(self, now: float | None = None) -> str:
         """The one log line: what the experience brought along."""
-        now = time.time() if now is None else now
-        known = sum(w.best is not None for w in self.workloads)
-        return (f"experience (per node, matched by signature): "
-                f"{_n(len(self.workloads), 'workload')} known ({known} with a best "
-                f"setting) from {_n(self.sessions, 'session')}, {self.ticks:,} ticks, "
-                f"newest {_age(max(0.0, now - self.newest_started_at))} old; a new "
-                f"workload explores ({', '.join(self.paths)})")
+        return (f"experience (per node, matched by signature): {brought(self, now)}; "
+                f"a new workload explores ({', '.join(self.paths)})")
 
     def seed(self, engine) -> bool:
         """Make the recorded workloads known contexts of every row of ``engine`` (before
