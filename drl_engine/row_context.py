@@ -203,6 +203,7 @@ class RowContexts(ContextMemory):
         # started, tick it is given up, "recall" or "search")
         self.walking: dict[int, tuple[np.ndarray, int, int, str]] = {}
         self.unreached = 0                              # walks given up
+        self.promises = None          # earlier sessions' (drl_engine/row_experience.py)
         super().__init__(cfg, columns, rows)            # (grows the signatures too)
 
     @classmethod
@@ -232,6 +233,14 @@ class RowContexts(ContextMemory):
             cl.n = [int(n) for _, _, n, _ in workloads]
             for k, (_, _, _, best) in enumerate(workloads):
                 self.remember(r, k, None if best is None else best.copy())
+
+    def explore(self, engine, rows: list[int], tick: int) -> None:
+        """``rows`` explore from here as rows new to their context do: their hold ends,
+        ε is raised, the group search (``context_search``) is scheduled over them."""
+        self.hold_until[rows] = 0
+        engine.exploration.bump(engine.action_ticks)
+        if engine.mcfg.context_search and self.search is None:
+            self._search_at, self._search_rows = tick, set(rows)
 
     # -- per tick ------------------------------------------------------------------------
     def follow(self, engine, tick: int, pis: np.ndarray) -> None:

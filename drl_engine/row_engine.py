@@ -174,6 +174,8 @@ class RowEngine(Engine):
         rep, control = self.data.replay, self.control
         if self.row_context is not None:     # [row context hook] store, forget, recall
             self.row_context.follow(self, int(tick), pis)
+            if self.row_context.promises is not None:    # earlier sessions' settings
+                self.row_context.promises.check(self, int(tick), pis)
         if control.detector is not None and control.detector.update(
                 pis, rep.knobs[rep.slot(tick)], self._node_obj):
             self._alarm(tick)

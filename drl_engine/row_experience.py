@@ -37,6 +37,7 @@ an unknown workload explores as in a fresh engine.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,8 +45,8 @@ import numpy as np
 from capes.common.step_grid import StepGrid
 from drl_engine.context import SignatureClusters, log_offset
 from drl_engine.rewards import OBJECTIVES, pi_columns
-from drl_engine.prior_experience import (ExperienceError, PriorExperience, brought,
-                                         open_replay)
+from drl_engine.prior_experience import (PROMISE_MARGIN, ExperienceError, PriorExperience,
+                                         brought, open_replay)
 from drl_engine.row_context import RowContexts, RowSignatures
 
 log = logging.getLogger("capes.engine")
@@ -60,6 +61,7 @@ class RowWorkload:
     ticks: int = 0                         # recorded (node, tick) points that ran it
     best: np.ndarray | None = None         # grid indices of its best-known setting
     best_at: tuple = (-1.0, -1)            # (session start, tick) of that visit
+    level: float = math.nan                # a node's own objective there (its promise)
 
 
 @dataclass
@@ -73,7 +75,8 @@ class RowExperience:
     sessions: int
     ticks: int
     newest_started_at: float
-    refused: str | None = None
+    margin: float = PROMISE_MARGIN  # a recalled setting below 1 − margin of its promise
+    refused: str | None = None      #   is forgotten (0: never checked, the ablation)
 
     check_layout = PriorExperience.check_layout   # the same refusal, the same words
 
@@ -155,7 +158,63 @@ class RowExperience:
             return False
         engine.row_context.seed([(w.log_mean, w.log_m2, w.n, w.best)
                                  for w in self.workloads], self.offset)
+        if self.margin > 0:
+            engine.row_context.promises = Promises(self, engine)
         return True
+
+
+class Promises:
+    """The promise check: a recorded workload's setting comes with the level each of its
+    nodes reached there (its own objective PIs, the median over the nodes). The first
+    time rows of this session hold that setting (recalled, arrived, ``settle_ticks`` +
+    ``best_window`` ticks on), their median level over the last ``best_window`` ticks is
+    compared with it: below ``1 − margin`` of it (a DB from another target, where the
+    setting does not do what it did there), the workload's recorded setting is forgotten
+    by every row and the rows in it explore as new ones (:meth:`RowContexts.explore`);
+    else it is kept and not checked again. A workload seen in this session is not
+    checked (its setting is this session's own)."""
+
+    def __init__(self, exp: RowExperience, engine):
+        self.margin = exp.margin
+        self.pending = {k: (w.best, w.level) for k, w in enumerate(exp.workloads)
+                        if w.best is not None and w.level > 0}
+        self.obj_cols = pi_columns(engine.reward_cfg.pis, engine.pi_names)
+        self.window, self.settle = engine.mcfg.best_window, engine.cfg.settle_ticks
+        self.recent = np.full((self.window, 0), np.nan)
+        self.broken: list[int] = []
+
+    def check(self, engine, tick: int, pis: np.ndarray) -> None:
+        ctx = engine.row_context
+        if not self.pending:
+            return
+        own = np.asarray(pis, np.float64)[:, self.obj_cols].sum(axis=1)
+        if self.recent.shape[1] != len(own):
+            self.recent = np.full((self.window, len(own)), np.nan)
+        self.recent[tick % self.window] = own
+        rep, control = engine.data.replay, engine.control
+        at = control.indices(rep.knobs[rep.slot(tick)])
+        since = ctx.hold_until - ctx.cfg.context_hold_ticks
+        ready = ctx.held(tick) & (tick - since >= self.settle + self.window)
+        current = ctx.signatures.current()
+        for k, (best, promised) in list(self.pending.items()):
+            rows = [r for r in np.flatnonzero(ready & (current == k))
+                    if np.array_equal(ctx.recalled(r, k), best)
+                    and np.array_equal(at[r][control.dynamic], best[control.dynamic])]
+            if not rows:
+                continue
+            del self.pending[k]
+            level = float(np.nanmedian(np.nanmean(self.recent[:, rows], axis=0)))
+            if level >= (1.0 - self.margin) * promised:
+                continue
+            self.broken.append(k)
+            for r in range(ctx.rows):
+                if np.array_equal(ctx.recalled(r, k), best):
+                    ctx.remember(r, k, None)
+            ctx.explore(engine, [int(r) for r in np.flatnonzero(current == k)], tick)
+            log.info("tick %d: recorded workload %d's setting reaches %.3g a node here, "
+                     "below %.0f %% of the %.3g it promised: forgotten, its %d row(s) "
+                     "explore", tick, k, level, 100 * (1 - self.margin), promised,
+                     len(rows))
 
 
 class _Replayed:
@@ -225,6 +284,7 @@ class _Replayed:
             peak = a + lag + int(np.nanargmax(avg)) + W - 1
             at = max(a, peak - lag - W // 2)
             knobs = pis[at][:, self.knob_cols]
+            own = pis[peak - W + 1:peak + 1][:, :, self.obj_cols].sum(axis=2).mean(axis=0)
             for j in np.unique(labels[peak][labels[peak] >= 0]):
                 rows = (labels[peak] == j) & (labels[at] == j) & \
                     np.isfinite(knobs).all(axis=1)
@@ -232,6 +292,7 @@ class _Replayed:
                     idx = self.grid.index(knobs[rows])
                     pooled[j].best = np.rint(np.median(idx, axis=0)).astype(np.int64)
                     pooled[j].best_at = (started, peak)
+                    pooled[j].level = float(np.nanmedian(own[rows]))
 
 
-__all__ = ["RowExperience", "RowWorkload"]
+__all__ = ["Promises", "RowExperience", "RowWorkload"]
