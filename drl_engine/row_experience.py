@@ -164,11 +164,12 @@ class RowExperience:
 
 
 class Promises:
-    """The promise check: a recorded workload's setting comes with the level each of its
-    nodes reached there (its own objective PIs, the median over the nodes). The first
-    time rows of this session hold that setting (recalled, arrived, ``settle_ticks`` +
-    ``best_window`` ticks on), their median level over the last ``best_window`` ticks is
-    compared with it: below ``1 − margin`` of it (a DB from another target, where the
+    """The promise check: a recorded workload's setting comes with the level its nodes
+    reached there (their own objective PIs, the mean over the nodes). The first time
+    every row of this session that recalled it holds that setting (arrived,
+    ``settle_ticks`` + ``best_window`` ticks on), their mean level over the last
+    ``best_window`` ticks is compared with it (the mean: nodes on a busier server
+    reach less, so no one row's level is the workload's): below ``1 − margin`` of it (a DB from another target, where the
     setting does not do what it did there), the workload's recorded setting is forgotten
     by every row and the rows in it explore as new ones (:meth:`RowContexts.explore`);
     else it is kept and not checked again. A workload seen in this session is not
@@ -197,13 +198,13 @@ class Promises:
         ready = ctx.held(tick) & (tick - since >= self.settle + self.window)
         current = ctx.signatures.current()
         for k, (best, promised) in list(self.pending.items()):
-            rows = [r for r in np.flatnonzero(ready & (current == k))
-                    if np.array_equal(ctx.recalled(r, k), best)
-                    and np.array_equal(at[r][control.dynamic], best[control.dynamic])]
-            if not rows:
-                continue
+            rows = [r for r in np.flatnonzero(current == k)
+                    if np.array_equal(ctx.recalled(r, k), best)]
+            if not rows or not all(ready[r] and np.array_equal(
+                    at[r][control.dynamic], best[control.dynamic]) for r in rows):
+                continue                         # not every row of it there yet
             del self.pending[k]
-            level = float(np.nanmedian(np.nanmean(self.recent[:, rows], axis=0)))
+            level = float(np.nanmean(self.recent[:, rows]))
             if level >= (1.0 - self.margin) * promised:
                 continue
             self.broken.append(k)
@@ -292,7 +293,7 @@ class _Replayed:
                     idx = self.grid.index(knobs[rows])
                     pooled[j].best = np.rint(np.median(idx, axis=0)).astype(np.int64)
                     pooled[j].best_at = (started, peak)
-                    pooled[j].level = float(np.nanmedian(own[rows]))
+                    pooled[j].level = float(np.nanmean(own[rows]))
 
 
 __all__ = ["Promises", "RowExperience", "RowWorkload"]

@@ -135,3 +135,26 @@ def test_converge_test_plays_the_cluster_game_with_experience(tmp_path):
     out = subprocess.run(base + ["--experience-start", "gp"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "--experience-start" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_recorded_setting_that_falls_short_of_its_promise_is_forgotten(recorded, tmp_path):
+    """A DB from another target (servers twice as fast: its nodes' levels are not
+    reachable here): the recalled setting is checked against the level it promised,
+    found short, forgotten, and its rows explore; the same target's DB keeps its promise."""
+    cfg = played(["checkpoint", "analysis"])
+    fast = dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, server_capacity=4000.0, thrash_rpcs=900.0))
+    other = tmp_path / "other-target.db"
+    run_one(fast, seed=10_001, db_path=str(other))
+    seen = {}
+
+    def keep(rec, sim, player):
+        seen["promises"] = player.row_context.promises
+    for name, db in (("same", recorded), ("other", other)):
+        run_one(cfg, seed=3, experience=load(cfg, [db]), observers=[keep])
+        seen[name] = seen.pop("promises")
+    levels = sorted(w.level for w in load(cfg, [recorded]).workloads)
+    assert levels[0] < 1 < levels[1] <= levels[2]    # idle nodes promise nothing checked
+    assert seen["same"].broken == [] and seen["other"].broken, \
+        (seen["same"].broken, seen["other"].broken)
