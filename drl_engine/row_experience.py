@@ -31,8 +31,15 @@ Every row's signature scale (the c of log(x + c)) is set to one common offset, 5
 the recorded signatures' median (at least 0.05 of its unit: ``context.log_offset``),
 so that the recorded signatures and the live ones compare. A row that joins later
 starts without the recorded workloads. The search's start for a workload never seen
-(the one-row mode's ``--experience-start``) and the promise check are not carried over:
-an unknown workload explores as in a fresh engine.
+(the one-row mode's ``--experience-start``) is not carried over: an unknown workload
+explores as in a fresh engine.
+
+**A promise check** (:class:`Promises`), as the one-row mode's: a recorded setting
+comes with the level its nodes reached there; held here, a level below ``1 −
+PROMISE_MARGIN`` of it (a DB from another target) forgets that workload's recorded
+setting and its rows explore as new ones. Measured in
+``benchmarks/bench_experience_cluster.py`` (docs/engine.md, "Experience from earlier
+sessions").
 """
 from __future__ import annotations
 
