@@ -178,7 +178,9 @@ class Promises:
     ``best_window`` ticks is compared with it (the mean: nodes on a busier server
     reach less, so no one row's level is the workload's): below ``1 − margin`` of it (a DB from another target, where the
     setting does not do what it did there), the workload's recorded setting is forgotten
-    by every row and the rows in it explore as new ones (:meth:`RowContexts.explore`);
+    by every row, the rows that recalled it walk back to the setting they had when they
+    entered it (where a fresh engine would have started), and the rows in it explore as
+    new ones (:meth:`RowContexts.explore`);
     else it is kept and not checked again. A workload seen in this session is not
     checked (its setting is this session's own)."""
 
@@ -189,6 +191,8 @@ class Promises:
         self.obj_cols = pi_columns(engine.reward_cfg.pis, engine.pi_names)
         self.window, self.settle = engine.mcfg.best_window, engine.cfg.settle_ticks
         self.recent = np.full((self.window, 0), np.nan)
+        self.current = np.zeros(0, np.int64)    # each row's context on the tick before
+        self.before: dict[int, np.ndarray] = {}  # row -> its setting when it entered it
         self.broken: list[int] = []
 
     def check(self, engine, tick: int, pis: np.ndarray) -> None:
@@ -204,6 +208,10 @@ class Promises:
         since = ctx.hold_until - ctx.cfg.context_hold_ticks
         ready = ctx.held(tick) & (tick - since >= self.settle + self.window)
         current = ctx.signatures.current()
+        if len(self.current) == len(current):
+            self.before.update((int(r), at[r].copy())
+                               for r in np.flatnonzero(current != self.current))
+        self.current = current
         for k, (best, promised) in list(self.pending.items()):
             rows = [r for r in np.flatnonzero(current == k)
                     if np.array_equal(ctx.recalled(r, k), best)]
@@ -218,6 +226,7 @@ class Promises:
             for r in range(ctx.rows):
                 if np.array_equal(ctx.recalled(r, k), best):
                     ctx.remember(r, k, None)
+            ctx.target.update((r, self.before[r]) for r in rows if r in self.before)
             ctx.explore(engine, [int(r) for r in np.flatnonzero(current == k)], tick)
             log.info("tick %d: recorded workload %d's setting reaches %.3g a node here, "
                      "below %.0f %% of the %.3g it promised: forgotten, its %d row(s) "
