@@ -199,15 +199,13 @@ def _start_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDa
             return None
         log.info("started from the model in %s", opts.init_model)
     if opts.experience is not None and not ckpt.exists():
-        if hasattr(engine, "prior"):
+        if engine.per_node:                 # its rows' memory (drl_engine/row_experience)
+            engine.take_experience(opts.experience)
+        else:
             engine.prior = opts.experience
             if opts.init_model:             # the network's weights, not a lower ε
                 engine.exploration.pretrained = False
             log.info("%s", opts.experience.summary())
-        elif opts.experience.seed(engine):      # per node: drl_engine/row_experience
-            log.info("%s", opts.experience.summary())
-        else:
-            log.warning("%s; the engine starts without it", opts.experience.refused)
     return engine
 
 

@@ -88,6 +88,7 @@ class DeploymentEngine(RowEngine):
         self.mcfg = model or NodeModelConfig()
         self.reader, self.data = reader, None
         self._pending_load: tuple[Path, bool] | None = None
+        self._pending_experience = None     # taken once built (take_experience)
         self.update()
 
     def update(self) -> int:
@@ -122,7 +123,17 @@ class DeploymentEngine(RowEngine):
                 self.action_ticks = self.train_steps = 0      # (validated first: a part's
                 self.exploration.reset()                      # own load may have failed
                 self.rng = np.random.default_rng(self.seed)   # after these were set)
+        if self._pending_experience is not None:
+            experience, self._pending_experience = self._pending_experience, None
+            super().take_experience(experience)
         return True
+
+    def take_experience(self, experience) -> bool:
+        """As the per-node mode's, once built (True: taken or to be taken then)."""
+        if self.data is None:
+            self._pending_experience = experience
+            return True
+        return super().take_experience(experience)
 
     def param_names(self) -> list[str]:
         """Every ``<node>/<knob>``, in the deployment's order."""

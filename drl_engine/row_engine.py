@@ -214,6 +214,16 @@ class RowEngine(Engine):
     def train_every(self) -> int:
         return self.mcfg.train_every
 
+    def take_experience(self, experience) -> bool:
+        """Earlier sessions' workloads known to every row (``--experience``,
+        ``drl_engine.row_experience``): seeded, logged in one line; False, with a warning
+        saying why, when this engine cannot take them (it starts without)."""
+        if experience.seed(self):
+            log.info("%s", experience.summary())
+            return True
+        log.warning("%s; the engine starts without it", experience.refused)
+        return False
+
     def workload_changed(self) -> None:
         """A new workload started: as an alarm, uncounted (a cold start under way starts
         its search over)."""

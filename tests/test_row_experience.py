@@ -158,3 +158,30 @@ def test_a_recorded_setting_that_falls_short_of_its_promise_is_forgotten(recorde
     assert levels[0] < 1 < levels[1] <= levels[2]    # idle nodes promise nothing checked
     assert seen["same"].broken == [] and seen["other"].broken, \
         (seen["same"].broken, seen["other"].broken)
+
+
+@pytest.mark.slow
+def test_the_engine_daemon_seeds_a_per_node_engine_with_the_recorded_workloads(
+        recorded, tmp_path, caplog):
+    """``capes drl-engine --experience`` on a deployment of <node>/<knob> parameters: the
+    per-node engine the daemon starts knows the recorded workloads on every row."""
+    import logging
+    from types import SimpleNamespace
+
+    from drl_engine.daemon import EngineDaemonOptions, _start_engine
+    cfg = played(["checkpoint", "analysis"])
+    specs = list(cfg.cluster.param_specs().values())
+    nodes = cfg.cluster.node_names()
+    deploy = SimpleNamespace(cluster_engine=cfg.model, param_specs=lambda: [
+        dataclasses.replace(s, name=f"{n}/{s.name}") for n in nodes for s in specs])
+    prior = load(cfg, [recorded])
+    with caplog.at_level(logging.INFO, logger="capes.engine"):
+        engine = _start_engine(recorded, cfg.engine, cfg.reward, EngineDaemonOptions(
+            device="cpu", experience=prior), tmp_path / "none.pt", deploy)
+    try:
+        assert engine is not None and engine.per_node and engine.row_context is not None
+        assert [c.count for c in engine.row_context.signatures.rows] == [3] * len(nodes)
+        assert engine.row_context.promises is not None
+        assert any(r.getMessage().startswith("experience (per node") for r in caplog.records)
+    finally:
+        engine.close()
