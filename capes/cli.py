@@ -62,7 +62,9 @@ def experience_args(parser: argparse.ArgumentParser) -> None:
                         help="start from the experience of earlier sessions: their replay "
                              "DBs (one merged by `capes replay merge`, or several); each "
                              "recorded workload is known at once, a new one starts where "
-                             "--experience-start proposes (docs/engine.md)")
+                             "--experience-start proposes (the per-node engine: every node "
+                             "knows every recorded workload by its signature, a new one "
+                             "explores; docs/engine.md)")
     parser.add_argument("--experience-start", default=None, metavar="HOW",
                         help="where a workload never seen starts: interpolate (the "
                              "default: between the best settings of the two known "
