@@ -33,6 +33,7 @@ FIGURES = {
     "bench_message_size.py": r"busy\s+23\s+[\d.]+",
     "bench_monitor_agent.py": r"CPU [\d.]+ % of a core, RSS [\d.]+ MB",
     "bench_experience.py": r"memory\s+inside\s+\d+",
+    "bench_experience_cluster.py": r"memory\s+time to band s: .*\n\s+run relative [\d.]+",
     "bench_pretrained_merge.py": r"pretrained\s+[\d.]+\s+\d+/\d+",
     "bench_real_alternating.py": r"\| capes \| [\d.]+ \(",
     "bench_real_blockdev.py": r"MB/s",
