@@ -85,6 +85,16 @@ class TargetNetworkLearner:
         self._pending_loss = None          # mean_loss on CUDA: (host copy, its event)
         self.loss_late = True              # ... read a call late (offline: False)
 
+    @property
+    def graphed(self) -> bool:
+        """The step is replayed as a CUDA graph (a CUDA device and ``cfg.cuda_graph``)."""
+        return self._graphs is not None
+
+    def run_plain(self) -> None:
+        """From here on the step runs as it is written, never as a CUDA graph (offline
+        training's plain path; the config, and so a checkpoint's, is left as it is)."""
+        self._graphs = None
+
     def learn(self, batch) -> torch.Tensor:
         """One minibatch, the replay's typed batch (numpy; :attr:`fields` are what the
         step reads): on a CUDA device replayed as a CUDA graph (``cfg.cuda_graph``), else

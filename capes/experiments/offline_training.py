@@ -170,7 +170,7 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         learner = engine.dqn.learner
         learner.loss_late = False        # each chunk's own loss (a live tick's comes late)
         if fast is False:
-            learner._graphs = None       # the plain path: the step as written
+            learner.run_plain()          # the plain path: the step as written
         on_device = fast if fast is not None else use_device_sampling(sampling,
                                                                        learner.device)
         if on_device:
@@ -216,8 +216,8 @@ def train_offline(replay: str | Path, out: str | Path, steps: int,
         steps_per_s=done / max(wall, 1e-9), sessions=len(sids), ticks=ticks,
         candidate_transitions=int(counts.sum()), device=str(engine.device),
         sampling="device" if on_device else "host",
-        cuda_graph=learner._graphs is not None,
-        path=path_name("device" if on_device else "host", learner._graphs is not None),
+        cuda_graph=learner.graphed,
+        path=path_name("device" if on_device else "host", learner.graphed),
         preset=cfg.engine.preset, chunk=chunk,
         curve=curve, config=cfgmod.to_table(cfg))
 
