@@ -28,7 +28,7 @@ sweep had measured (its best point so far; nothing when nothing was measured), n
 point it was on: a signature that flickers would otherwise recall a sweep point as the
 row's best. A sweep under way is not checkpointed.
 
-Two savings, each with its switch (``[cluster_engine]``):
+Two savings and a correction, each with its switch (``[cluster_engine]``):
 - ``sweep_pool``: rows entering new contexts within ``JOIN_TICKS`` of each other whose
   signatures are alike (``context_search.signature_groups``: the clients of one phase
   running one workload) form a cohort: the points are dealt round its members and each
@@ -38,6 +38,15 @@ Two savings, each with its switch (``[cluster_engine]``):
   sweep on its side (the points beyond it are not visited): a window's throughput is
   taken as unimodal along the ladder, and every point visited costs its row
   ``settle_ticks`` + ``probe_dwell`` ticks there.
+- ``sweep_recheck``: a phase's throughput drifts while its sweep runs (on GlusterFS the
+  bricks' page cache warms, so the points measured later look better: one sequential
+  reader's own figures put 8192 KiB at 3x 4 KiB where every static run puts 4 KiB
+  first, and its sweep kept 8192). So once a sweep's points are measured, each of its
+  rows measures its first point once more (``settle_ticks`` + ``probe_dwell`` ticks, the
+  price of one point), and every median is corrected for the drift those two measures
+  show (the rule: ``_Cohort.scores``). A row that cannot (it left, it measured nothing)
+  keeps its medians as measured. The cut judges the medians as measured: the drift is
+  known only at the end.
 """
 from __future__ import annotations
 
@@ -52,17 +61,51 @@ log = logging.getLogger("capes.engine")
 
 class _Cohort:
     """Rows that entered new contexts together with alike signatures: one set of points,
-    split among them, and the scores every member measured (point -> medians)."""
+    split among them, and what every member measured (row, point, tick, median)."""
 
     def __init__(self, row: int, points: list[tuple[int, int]], tick: int):
         self.rows, self.points, self.tick = [row], points, int(tick)
-        self.scores: dict[tuple[int, int], list[float]] = {}
+        self.measures: list[tuple[int, tuple[int, int], int, float]] = []
         self.measured = False            # a member has started measuring: closed to joins
+        self.rechecked = False           # its members' first points were put back
+
+    def first(self, row: int) -> tuple[tuple[int, int], int, float] | None:
+        """Row ``row``'s first measure (point, tick, median): its reference point."""
+        return next(((p, t, v) for q, p, t, v in self.measures if q == row), None)
+
+    def scores(self, corrected: bool = True) -> dict[tuple[int, int], list[float]]:
+        """point -> its medians; ``corrected``: each scaled for its row's drift.
+
+        A row that measured its first point twice (``sweep_recheck``: at t0 and again at
+        t1 after its other points) has its level's drift; a median taken at tick t is
+        multiplied by v0 / ref(t), ref the line through (t0, v0) and (t1, v1). Why this
+        rule: a warming cache (or a neighbour's load fading) scales every setting's
+        throughput alike, so the drift is a factor on the level, read off the one setting
+        measured twice; two measures fix a line and nothing more, and every point lies
+        between them, so the line is interpolated, never extrapolated; scaling to the
+        level at t0 (not to 1) keeps the rows' medians in their units, comparable across
+        a cohort's members as they were uncorrected. A row without that second measure
+        (it left, or it measured nothing, or no re-check) keeps its medians as they are."""
+        drift = {}
+        if corrected:
+            for row in {q for q, _, _, _ in self.measures}:
+                p0, t0, v0 = self.first(row)
+                again = [(t, v) for q, p, t, v in self.measures
+                         if q == row and p == p0 and t > t0]
+                if again and v0 > 0 and again[-1][1] > 0:
+                    drift[row] = (t0, v0, *again[-1])
+        out: dict[tuple[int, int], list[float]] = {}
+        for q, p, t, v in self.measures:
+            if q in drift:
+                t0, v0, t1, v1 = drift[q]
+                v *= v0 / (v0 + (v1 - v0) * (t - t0) / (t1 - t0))
+            out.setdefault(p, []).append(v)
+        return out
 
     def best(self) -> tuple[int, int] | None:
-        """The point with the highest mean score (the first on a tie); None when nothing
-        moved data (an idle row tells nothing)."""
-        means = [(float(np.mean(s)), p) for p, s in self.scores.items()]
+        """The point with the highest mean score, drift-corrected (the first on a tie);
+        None when nothing moved data (an idle row tells nothing)."""
+        means = [(float(np.mean(s)), p) for p, s in self.scores().items()]
         top = max(means, key=lambda m: m[0], default=(0.0, None))
         return top[1] if top[0] > 0 else None
 
@@ -73,8 +116,9 @@ class RowSweep:
     JOIN_TICKS = 3     # a row entering a new context this soon after a cohort formed ...
 
     def __init__(self, grid, dynamic: np.ndarray, points: int, settle_ticks: int,
-                 dwell: int, pool: bool = True, cut: float = 0.0):
+                 dwell: int, pool: bool = True, cut: float = 0.0, recheck: bool = False):
         self.grid, self.points, self.pool, self.cut = grid, int(points), bool(pool), cut
+        self.recheck = bool(recheck)
         self.knobs = np.flatnonzero(dynamic & grid.ladder & (grid.n_steps > 0))
         self.settle, self.dwell = int(settle_ticks), max(1, int(dwell))
         # row -> {"cohort", "points" (its share, in order), "at", "since", "got",
@@ -92,7 +136,7 @@ class RowSweep:
         if cfg.sweep_points <= 0 or not cfg.use_context or not cfg.context_pis:
             return None
         sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell,
-                    model.sweep_pool, model.sweep_cut)
+                    model.sweep_pool, model.sweep_cut, model.sweep_recheck)
         return sweep if len(sweep.knobs) else None
 
     def covers(self, dynamic: np.ndarray) -> bool:
@@ -211,14 +255,31 @@ class RowSweep:
             p["cohort"].measured = True
             p["got"].append(float(own[r]))
             if len(p["got"]) >= self.dwell:
-                p["cohort"].scores.setdefault(point, []).append(float(np.median(p["got"])))
+                p["cohort"].measures.append((r, point, int(tick), float(np.median(p["got"]))))
                 p["got"], p["since"] = [], None
                 p["at"] += 1
                 self._cut(p["cohort"])
         for c in {id(p["cohort"]): p["cohort"] for p in self.plans.values()}.values():
             if c.rows and all(self.plans[q]["at"] >= len(self.plans[q]["points"])
-                              for q in c.rows) and not all(q in self.found for q in c.rows):
+                              for q in c.rows) and not all(q in self.found for q in c.rows) \
+                    and not self._recheck(c):
                 self._finish(c, tick)
+
+    def _recheck(self, c: _Cohort) -> bool:
+        """With ``recheck``, once a cohort's points are measured each member measures its
+        first point once more (its drift, :meth:`_Cohort.scores`); True while they do. A
+        member with nothing measured, or whose first median is 0, has no drift to read
+        and measures nothing more."""
+        if not self.recheck or c.rechecked:
+            return False
+        c.rechecked = True
+        again = False
+        for q in c.rows:
+            first = c.first(q)
+            if first is not None and first[2] > 0:
+                self.plans[q]["points"].append(first[0])
+                again = True
+        return again
 
     def _cut(self, c: _Cohort) -> None:
         """Points not yet measured that lie beyond a measured one scoring under ``cut`` ×
@@ -229,7 +290,8 @@ class RowSweep:
         ``dwell`` ticks there."""
         if self.cut <= 0:
             return
-        means = {p: float(np.mean(s)) for p, s in c.scores.items()}
+        scores = c.scores(corrected=False)          # the drift is known only at the end
+        means = {p: float(np.mean(s)) for p, s in scores.items()}
         dropped = set()
         for k in {p[0] for p in means}:
             mine = {p[1]: m for p, m in means.items() if p[0] == k}
@@ -239,7 +301,7 @@ class RowSweep:
             for v, m in mine.items():
                 if m < self.cut * mine[top]:
                     side = np.sign(v - top)
-                    dropped |= {q for q in c.points if q[0] == k and q not in c.scores
+                    dropped |= {q for q in c.points if q[0] == k and q not in scores
                                 and np.sign(q[1] - top) == side
                                 and abs(q[1] - top) > abs(v - top)}
         if not dropped:
@@ -259,11 +321,12 @@ class RowSweep:
             self.found[q] = self._at(self.plans[q]["origin"], best)
         self.sweeps += 1
         first = self.plans[c.rows[0]]
-        log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective %s "
+        log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective%s %s "
                  "at %s)", tick, c.rows, first["tick"],
+                 " drift-corrected" if c.rechecked else "",
                  self.grid.values(self.found[c.rows[0]][None])[0].tolist(),
                  {f"{self.grid.values(self._at(first['origin'], p)[None])[0][p[0]]:g}":
-                  [f"{v:.3g}" for v in s] for p, s in c.scores.items()}, c.points)
+                  [f"{v:.3g}" for v in s] for p, s in c.scores().items()}, c.points)
 
     def targets(self) -> dict[int, np.ndarray]:
         """Where each sweeping row heads now (row -> grid indices): its next point; once
