@@ -90,6 +90,10 @@ class NodeModelConfig:
     # later points look better) and each point's median is corrected for it; False: the
     # medians as measured
     sweep_recheck: bool = True
+    # a row entering a new context alike a cohort it is too late to join (one still
+    # sweeping, or one that finished within a sweep's length) sweeps nothing: it takes
+    # the cohort's point, waiting at its best so far; False: it sweeps alone
+    sweep_adopt: bool = True
     # a row that reached what its sweep found holds it engine.context_hold_ticks (no probe
     # nor greedy move), as a recalled setting is held: both are measured settings
     sweep_hold: bool = True

@@ -28,7 +28,7 @@ sweep had measured (its best point so far; nothing when nothing was measured), n
 point it was on: a signature that flickers would otherwise recall a sweep point as the
 row's best. A sweep under way is not checkpointed.
 
-Two savings and a correction, each with its switch (``[cluster_engine]``):
+Three savings and a correction, each with its switch (``[cluster_engine]``):
 - ``sweep_pool``: rows entering new contexts within ``JOIN_TICKS`` of each other whose
   signatures are alike (``context_search.signature_groups``: the clients of one phase
   running one workload) form a cohort: the points are dealt round its members and each
@@ -47,6 +47,21 @@ Two savings and a correction, each with its switch (``[cluster_engine]``):
   show (the rule: ``_Cohort.scores``). A row that cannot (it left, it measured nothing)
   keeps its medians as measured. The cut judges the medians as measured: the drift is
   known only at the end.
+- ``sweep_adopt``: alike rows that switch a few ticks apart do not pool (a cohort takes
+  joiners for ``JOIN_TICKS`` and only until a member has measured): on GlusterFS a
+  reader whose signature flickered entered its context 7 ticks after its cohort formed
+  and swept 8192, 512 and 64 KiB alone. So a row entering a new context alike a cohort
+  it is too late to join, one still sweeping or one finished within ``adopt_ticks``,
+  sweeps nothing: it takes the cohort's point when the cohort finishes (at once when it
+  has). Meanwhile it waits at the cohort's best point so far, where it is while none is
+  measured: a measured point of an alike row beats the window it brought from its last
+  context (the flickering reader's 8192 KiB), and the point found is mostly that one
+  or near it, so the row has less to walk at the end. ``adopt_ticks`` is one sweep's
+  length (``sweep_points`` × knobs × (``settle_ticks`` + ``probe_dwell``)): a cohort
+  finished that lately measured no longer ago than a sweep of the row's own would end,
+  and alike rows switching further apart are more likely in another phase than late.
+  Adopting is left to rows too late to pool, so ``sweep_pool`` off still sweeps rows
+  that start together alone.
 """
 from __future__ import annotations
 
@@ -63,11 +78,15 @@ class _Cohort:
     """Rows that entered new contexts together with alike signatures: one set of points,
     split among them, and what every member measured (row, point, tick, median)."""
 
-    def __init__(self, row: int, points: list[tuple[int, int]], tick: int):
+    def __init__(self, row: int, points: list[tuple[int, int]], tick: int,
+                 sig: np.ndarray | None = None):
         self.rows, self.points, self.tick = [row], points, int(tick)
+        self.sig = sig                   # its first row's signature when it formed
         self.measures: list[tuple[int, tuple[int, int], int, float]] = []
         self.measured = False            # a member has started measuring: closed to joins
         self.rechecked = False           # its members' first points were put back
+        self.end: int | None = None      # the tick it finished, and the point it found
+        self.found: tuple[int, int] | None = None
 
     def first(self, row: int) -> tuple[tuple[int, int], int, float] | None:
         """Row ``row``'s first measure (point, tick, median): its reference point."""
@@ -116,11 +135,16 @@ class RowSweep:
     JOIN_TICKS = 3     # a row entering a new context this soon after a cohort formed ...
 
     def __init__(self, grid, dynamic: np.ndarray, points: int, settle_ticks: int,
-                 dwell: int, pool: bool = True, cut: float = 0.0, recheck: bool = False):
+                 dwell: int, pool: bool = True, cut: float = 0.0, recheck: bool = False,
+                 adopt: bool = False):
         self.grid, self.points, self.pool, self.cut = grid, int(points), bool(pool), cut
-        self.recheck = bool(recheck)
+        self.recheck, self.adopt = bool(recheck), bool(adopt)
         self.knobs = np.flatnonzero(dynamic & grid.ladder & (grid.n_steps > 0))
         self.settle, self.dwell = int(settle_ticks), max(1, int(dwell))
+        # a finished cohort is adopted this long after (a sweep's length, the module
+        # docstring says why), and the ones finished that recently
+        self.adopt_ticks = self.points * len(self.knobs) * (self.settle + self.dwell)
+        self.finished: list[_Cohort] = []
         # row -> {"cohort", "points" (its share, in order), "at", "since", "got",
         #         "origin", "tick"}
         self.plans: dict[int, dict] = {}
@@ -128,6 +152,7 @@ class RowSweep:
         self.sweeps = 0                      # sweeps finished (a cohort's counts once)
         self.arrived: list[int] = []         # rows that reached what they found this tick
         self.pooled = 0                      # rows that joined another row's sweep
+        self.adopted = 0                     # rows that took a later cohort's result
 
     @classmethod
     def build(cls, cfg, model, grid, dynamic: np.ndarray) -> "RowSweep | None":
@@ -136,7 +161,8 @@ class RowSweep:
         if cfg.sweep_points <= 0 or not cfg.use_context or not cfg.context_pis:
             return None
         sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell,
-                    model.sweep_pool, model.sweep_cut, model.sweep_recheck)
+                    model.sweep_pool, model.sweep_cut, model.sweep_recheck,
+                    model.sweep_adopt)
         return sweep if len(sweep.knobs) else None
 
     def covers(self, dynamic: np.ndarray) -> bool:
@@ -172,38 +198,67 @@ class RowSweep:
         With pooling, a row whose signature (``sig``, N × P, raw scale) is alike that of
         a cohort formed within ``JOIN_TICKS`` ticks, none of whose members has measured
         yet, joins it: the cohort's points are split among its members, so m alike rows
-        sweep in 1/m of the time."""
+        sweep in 1/m of the time. With adoption, a row alike a cohort it is too late to
+        join (running, or finished within ``adopt_ticks``) sweeps nothing: it waits for
+        that cohort's point, or takes the one it found."""
+        self.finished = [c for c in self.finished if tick - c.end <= self.adopt_ticks]
         for r in rows:
             if r >= len(idx):
                 continue
             self.drop([r])
             origin = idx[r].copy()
             cohort = self._joinable(r, tick, sig)
-            if cohort is None:
-                cohort = _Cohort(r, self._order(origin), tick)
+            late = None if cohort is not None else self._adoptable(r, tick, sig)
+            if late is not None:
+                cohort = late
+                self.adopted += 1
+            elif cohort is None:
+                cohort = _Cohort(r, self._order(origin), tick,
+                                 None if sig is None or r >= len(sig) else sig[r].copy())
             else:
-                cohort.rows.append(r)
                 self.pooled += 1
+            if r not in cohort.rows:
+                cohort.rows.append(r)
             self.plans[r] = {"cohort": cohort, "points": [], "at": 0, "since": None,
                              "got": [], "origin": origin, "tick": int(tick)}
-            m = len(cohort.rows)                       # the points dealt round the members
-            for i, q in enumerate(cohort.rows):
-                self.plans[q]["points"] = cohort.points[i::m]
+            if late is None:                           # the points dealt round the members
+                m = len(cohort.rows)
+                for i, q in enumerate(cohort.rows):
+                    self.plans[q]["points"] = cohort.points[i::m]
+            elif late.end is not None:                 # finished: its point, at once
+                self.found[r] = self._at(origin, late.found)
+
+    def _cohorts(self) -> list[_Cohort]:
+        """The cohorts under way (each once), then those finished lately, newest first."""
+        mine = {id(p["cohort"]): p["cohort"] for p in self.plans.values()}
+        return [c for c in mine.values() if c.end is None] + \
+            [c for c in self.finished[::-1]]
 
     def _joinable(self, r: int, tick: int, sig: np.ndarray | None) -> "_Cohort | None":
-        if not self.pool or sig is None or not np.isfinite(sig[r]).all():
+        if not self.pool:
             return None
-        seen = set()
-        for p in self.plans.values():
-            c = p["cohort"]
-            if id(c) in seen or c.measured or tick - c.tick > self.JOIN_TICKS:
-                continue
-            seen.add(id(c))
-            head = c.rows[0]
-            if head < len(sig) and np.isfinite(sig[head]).all() and len(
-                    signature_groups(sig, np.array([head, r], np.int64))) == 1:
-                return c
-        return None
+        return next((c for c in self._cohorts() if c.end is None and not c.measured
+                     and tick - c.tick <= self.JOIN_TICKS and self._alike(c, r, sig)), None)
+
+    def _adoptable(self, r: int, tick: int, sig: np.ndarray | None) -> "_Cohort | None":
+        """An alike cohort too late to join (what pooling would have joined it is left
+        to the pool, so ``sweep_pool`` off still sweeps rows that start together alone)."""
+        if not self.adopt:
+            return None
+        return next((c for c in self._cohorts() if (
+            c.end is not None or c.measured or tick - c.tick > self.JOIN_TICKS)
+            and self._alike(c, r, sig)), None)
+
+    def _alike(self, c: _Cohort, r: int, sig: np.ndarray | None) -> bool:
+        """Row ``r``'s signature is alike cohort ``c``'s (``signature_groups``' rule),
+        read off its first row now, or as it was when the cohort formed when that row
+        is gone or has none."""
+        if sig is None or r >= len(sig) or not np.isfinite(sig[r]).all():
+            return False
+        head = c.rows[0] if c.rows else len(sig)
+        ref = sig[head] if head < len(sig) and np.isfinite(sig[head]).all() else c.sig
+        return ref is not None and np.isfinite(ref).all() and len(
+            signature_groups(np.stack([ref, sig[r]]), np.arange(2))) == 1
 
     def drop(self, rows) -> None:
         """Rows left their context: their sweep and what it found belonged to it (the
@@ -320,6 +375,8 @@ class RowSweep:
         for q in c.rows:
             self.found[q] = self._at(self.plans[q]["origin"], best)
         self.sweeps += 1
+        c.end, c.found = int(tick), best
+        self.finished.append(c)
         first = self.plans[c.rows[0]]
         log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective%s %s "
                  "at %s)", tick, c.rows, first["tick"],

@@ -34,13 +34,16 @@ def bytes_at(rung: np.ndarray, kind: np.ndarray) -> np.ndarray:
     return np.where(kind == 1, peak, 5e6)
 
 
-def play(eng, ticks: int, kind: np.ndarray, rng, objective=None) -> list[np.ndarray]:
-    """``ticks`` ticks from 128 KiB everywhere; ``objective(rung, kind, tick)`` each
-    node's bytes (default: :func:`bytes_at`); each tick's rungs returned."""
+def play(eng, ticks: int, kind, rng, objective=None) -> list[np.ndarray]:
+    """``ticks`` ticks from 128 KiB everywhere; ``kind`` the nodes' kinds (or a function
+    of the tick giving them), ``objective(rung, kind, tick)`` each node's bytes (default:
+    :func:`bytes_at`); each tick's rungs returned."""
     objective = objective or (lambda rung, kind, t: bytes_at(rung, kind))
+    kinds = kind if callable(kind) else (lambda t: kind)
     rung = np.full(eng.nodes, 5.0)                      # 128 KiB everywhere
     seen = []
     for t in range(ticks):
+        kind = kinds(t)
         x = np.stack([objective(rung, kind, t) * rng.uniform(0.9, 1.1, eng.nodes), rung,
                       kind.astype(float)], axis=1)
         eng.ingest(t, x)
@@ -282,3 +285,49 @@ def test_a_cohort_member_without_a_second_measure_keeps_its_medians():
     assert theirs and all(fixed[p] == raw[p] for p in theirs)
     later = mine - {cohort.first(0)[0]}                  # measured after t0: scaled down
     assert later and all(np.mean(fixed[p]) < np.mean(raw[p]) for p in later)
+
+
+def test_a_late_alike_row_adopts_its_cohorts_point_instead_of_sweeping():
+    # rows 0 and 1 are mmap readers, but row 1's signature flickers (kind 3) for its first
+    # 10 ticks: it enters the readers' context after their cohort (row 0) has measured.
+    # With adoption it sweeps nothing and takes the cohort's point; without, it sweeps
+    # the ladder alone, up to 8192 KiB (rung 11) with the cut off
+    def run(adopt: bool):
+        eng = ladder_engine(3, dataclasses.replace(MODEL, sweep_adopt=adopt, sweep_cut=0.0))
+        sweep, state = eng.control.sweep, []
+
+        def objective(rung, kind, t):          # the sweep's state after the tick before
+            plan = sweep.plans.get(1)
+            state.append(plan is not None and plan["tick"] >= 10 and 1 not in sweep.found)
+            return bytes_at(rung, np.minimum(kind, 1))
+        seen = play(eng, 90, lambda t: np.array([1, 3 if t < 10 else 1, 0]),
+                    np.random.default_rng(7), objective)
+        # row 1's rungs from its entering the readers' context to its sweep's result
+        return sweep, [int(seen[t - 1][1]) for t in range(1, 90) if state[t]]
+
+    sweep, rungs = run(True)
+    assert sweep.adopted == 1 and sweep.pooled == 0
+    assert int(sweep.found.get(1, sweep.found.get(0))[0]) <= 1      # the readers' low end
+    assert rungs and max(rungs) <= 5          # waited at the readers' best, never went up
+    alone, rungs_alone = run(False)
+    assert alone.adopted == 0 and alone.sweeps > sweep.sweeps
+    assert rungs_alone and max(rungs_alone) == 11
+
+
+def test_a_row_alike_a_cohort_finished_within_a_sweeps_length_takes_its_point():
+    eng = ladder_engine(3)
+    sweep = eng.control.sweep
+    sig = np.array([[1.0], [1.0], [1.0]])
+    sweep.start([0], np.array([[5], [5], [5]]), tick=0, sig=sig)
+    t = 0
+    while 0 not in sweep.found and t < 100:
+        t += 1
+        at = sweep.targets()[0]
+        sweep.observe(t, np.stack([at, [5], [5]]), np.array([9e6 if at[0] <= 1 else 1e6,
+                                                              np.nan, np.nan]))
+    end, point = t, sweep.found[0]
+    assert int(point[0]) <= 1
+    sweep.start([1], np.array([[5], [9], [5]]), tick=end + sweep.adopt_ticks, sig=sig)
+    assert sweep.adopted == 1 and (sweep.found[1] == point).all()   # at once, no points
+    sweep.start([2], np.array([[5], [9], [5]]), tick=end + sweep.adopt_ticks + 1, sig=sig)
+    assert sweep.adopted == 1 and 2 not in sweep.found and sweep.plans[2]["points"]
