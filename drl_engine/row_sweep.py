@@ -380,8 +380,8 @@ class RowSweep:
         first = self.plans[c.rows[0]]
         log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective%s %s "
                  "at %s)", tick, c.rows, first["tick"],
-                 " drift-corrected" if c.rechecked else "",
                  self.grid.values(self.found[c.rows[0]][None])[0].tolist(),
+                 ", drift-corrected," if c.rechecked else "",
                  {f"{self.grid.values(self._at(first['origin'], p)[None])[0][p[0]]:g}":
                   [f"{v:.3g}" for v in s] for p, s in c.scores().items()}, c.points)
 
