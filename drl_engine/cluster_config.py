@@ -85,6 +85,15 @@ class NodeModelConfig:
     # a sweep skips the points beyond one that scored under this share of the knob's
     # best (0: every point is visited)
     sweep_cut: float = 0.25
+    # once a sweep's points are measured, each of its rows measures its first point again:
+    # the two measures give the drift of the row's level (a warming page cache makes the
+    # later points look better) and each point's median is corrected for it; False: the
+    # medians as measured
+    sweep_recheck: bool = True
+    # a row entering a new context alike a cohort it is too late to join (one still
+    # sweeping, or one that finished within a sweep's length) sweeps nothing: it takes
+    # the cohort's point, waiting at its best so far; False: it sweeps alone
+    sweep_adopt: bool = True
     # a row that reached what its sweep found holds it engine.context_hold_ticks (no probe
     # nor greedy move), as a recalled setting is held: both are measured settings
     sweep_hold: bool = True

@@ -28,7 +28,7 @@ sweep had measured (its best point so far; nothing when nothing was measured), n
 point it was on: a signature that flickers would otherwise recall a sweep point as the
 row's best. A sweep under way is not checkpointed.
 
-Two savings, each with its switch (``[cluster_engine]``):
+Three savings and a correction, each with its switch (``[cluster_engine]``):
 - ``sweep_pool``: rows entering new contexts within ``JOIN_TICKS`` of each other whose
   signatures are alike (``context_search.signature_groups``: the clients of one phase
   running one workload) form a cohort: the points are dealt round its members and each
@@ -38,6 +38,30 @@ Two savings, each with its switch (``[cluster_engine]``):
   sweep on its side (the points beyond it are not visited): a window's throughput is
   taken as unimodal along the ladder, and every point visited costs its row
   ``settle_ticks`` + ``probe_dwell`` ticks there.
+- ``sweep_recheck``: a phase's throughput drifts while its sweep runs (on GlusterFS the
+  bricks' page cache warms, so the points measured later look better: one sequential
+  reader's own figures put 8192 KiB at 3x 4 KiB where every static run puts 4 KiB
+  first, and its sweep kept 8192). So once a sweep's points are measured, each of its
+  rows measures its first point once more (``settle_ticks`` + ``probe_dwell`` ticks, the
+  price of one point), and every median is corrected for the drift those two measures
+  show (the rule: ``_Cohort.scores``). A row that cannot (it left, it measured nothing)
+  keeps its medians as measured. The cut judges the medians as measured: the drift is
+  known only at the end.
+- ``sweep_adopt``: alike rows that switch a few ticks apart do not pool (a cohort takes
+  joiners for ``JOIN_TICKS`` and only until a member has measured): on GlusterFS a
+  reader whose signature flickered entered its context 7 ticks after its cohort formed
+  and swept 8192, 512 and 64 KiB alone. So a row entering a new context alike a cohort
+  it is too late to join, one still sweeping or one finished within ``adopt_ticks``,
+  sweeps nothing: it takes the cohort's point when the cohort finishes (at once when it
+  has). Meanwhile it waits at the cohort's best point so far, where it is while none is
+  measured: a measured point of an alike row beats the window it brought from its last
+  context (the flickering reader's 8192 KiB), and the point found is mostly that one
+  or near it, so the row has less to walk at the end. ``adopt_ticks`` is one sweep's
+  length (``sweep_points`` × knobs × (``settle_ticks`` + ``probe_dwell``)): a cohort
+  finished that lately measured no longer ago than a sweep of the row's own would end,
+  and alike rows switching further apart are more likely in another phase than late.
+  Adopting is left to rows too late to pool, so ``sweep_pool`` off still sweeps rows
+  that start together alone.
 """
 from __future__ import annotations
 
@@ -52,17 +76,55 @@ log = logging.getLogger("capes.engine")
 
 class _Cohort:
     """Rows that entered new contexts together with alike signatures: one set of points,
-    split among them, and the scores every member measured (point -> medians)."""
+    split among them, and what every member measured (row, point, tick, median)."""
 
-    def __init__(self, row: int, points: list[tuple[int, int]], tick: int):
+    def __init__(self, row: int, points: list[tuple[int, int]], tick: int,
+                 sig: np.ndarray | None = None):
         self.rows, self.points, self.tick = [row], points, int(tick)
-        self.scores: dict[tuple[int, int], list[float]] = {}
+        self.sig = sig                   # its first row's signature when it formed
+        self.measures: list[tuple[int, tuple[int, int], int, float]] = []
         self.measured = False            # a member has started measuring: closed to joins
+        self.rechecked = False           # its members' first points were put back
+        self.end: int | None = None      # the tick it finished, and the point it found
+        self.found: tuple[int, int] | None = None
+
+    def first(self, row: int) -> tuple[tuple[int, int], int, float] | None:
+        """Row ``row``'s first measure (point, tick, median): its reference point."""
+        return next(((p, t, v) for q, p, t, v in self.measures if q == row), None)
+
+    def scores(self, corrected: bool = True) -> dict[tuple[int, int], list[float]]:
+        """point -> its medians; ``corrected``: each scaled for its row's drift.
+
+        A row that measured its first point twice (``sweep_recheck``: at t0 and again at
+        t1 after its other points) has its level's drift; a median taken at tick t is
+        multiplied by v0 / ref(t), ref the line through (t0, v0) and (t1, v1). Why this
+        rule: a warming cache (or a neighbour's load fading) scales every setting's
+        throughput alike, so the drift is a factor on the level, read off the one setting
+        measured twice; two measures fix a line and nothing more, and every point lies
+        between them, so the line is interpolated, never extrapolated; scaling to the
+        level at t0 (not to 1) keeps the rows' medians in their units, comparable across
+        a cohort's members as they were uncorrected. A row without that second measure
+        (it left, or it measured nothing, or no re-check) keeps its medians as they are."""
+        drift = {}
+        if corrected:
+            for row in {q for q, _, _, _ in self.measures}:
+                p0, t0, v0 = self.first(row)
+                again = [(t, v) for q, p, t, v in self.measures
+                         if q == row and p == p0 and t > t0]
+                if again and v0 > 0 and again[-1][1] > 0:
+                    drift[row] = (t0, v0, *again[-1])
+        out: dict[tuple[int, int], list[float]] = {}
+        for q, p, t, v in self.measures:
+            if q in drift:
+                t0, v0, t1, v1 = drift[q]
+                v *= v0 / (v0 + (v1 - v0) * (t - t0) / (t1 - t0))
+            out.setdefault(p, []).append(v)
+        return out
 
     def best(self) -> tuple[int, int] | None:
-        """The point with the highest mean score (the first on a tie); None when nothing
-        moved data (an idle row tells nothing)."""
-        means = [(float(np.mean(s)), p) for p, s in self.scores.items()]
+        """The point with the highest mean score, drift-corrected (the first on a tie);
+        None when nothing moved data (an idle row tells nothing)."""
+        means = [(float(np.mean(s)), p) for p, s in self.scores().items()]
         top = max(means, key=lambda m: m[0], default=(0.0, None))
         return top[1] if top[0] > 0 else None
 
@@ -73,10 +135,16 @@ class RowSweep:
     JOIN_TICKS = 3     # a row entering a new context this soon after a cohort formed ...
 
     def __init__(self, grid, dynamic: np.ndarray, points: int, settle_ticks: int,
-                 dwell: int, pool: bool = True, cut: float = 0.0):
+                 dwell: int, pool: bool = True, cut: float = 0.0, recheck: bool = False,
+                 adopt: bool = False):
         self.grid, self.points, self.pool, self.cut = grid, int(points), bool(pool), cut
+        self.recheck, self.adopt = bool(recheck), bool(adopt)
         self.knobs = np.flatnonzero(dynamic & grid.ladder & (grid.n_steps > 0))
         self.settle, self.dwell = int(settle_ticks), max(1, int(dwell))
+        # a finished cohort is adopted this long after (a sweep's length, the module
+        # docstring says why), and the ones finished that recently
+        self.adopt_ticks = self.points * len(self.knobs) * (self.settle + self.dwell)
+        self.finished: list[_Cohort] = []
         # row -> {"cohort", "points" (its share, in order), "at", "since", "got",
         #         "origin", "tick"}
         self.plans: dict[int, dict] = {}
@@ -84,6 +152,7 @@ class RowSweep:
         self.sweeps = 0                      # sweeps finished (a cohort's counts once)
         self.arrived: list[int] = []         # rows that reached what they found this tick
         self.pooled = 0                      # rows that joined another row's sweep
+        self.adopted = 0                     # rows that took a later cohort's result
 
     @classmethod
     def build(cls, cfg, model, grid, dynamic: np.ndarray) -> "RowSweep | None":
@@ -92,7 +161,8 @@ class RowSweep:
         if cfg.sweep_points <= 0 or not cfg.use_context or not cfg.context_pis:
             return None
         sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell,
-                    model.sweep_pool, model.sweep_cut)
+                    model.sweep_pool, model.sweep_cut, model.sweep_recheck,
+                    model.sweep_adopt)
         return sweep if len(sweep.knobs) else None
 
     def covers(self, dynamic: np.ndarray) -> bool:
@@ -128,38 +198,67 @@ class RowSweep:
         With pooling, a row whose signature (``sig``, N × P, raw scale) is alike that of
         a cohort formed within ``JOIN_TICKS`` ticks, none of whose members has measured
         yet, joins it: the cohort's points are split among its members, so m alike rows
-        sweep in 1/m of the time."""
+        sweep in 1/m of the time. With adoption, a row alike a cohort it is too late to
+        join (running, or finished within ``adopt_ticks``) sweeps nothing: it waits for
+        that cohort's point, or takes the one it found."""
+        self.finished = [c for c in self.finished if tick - c.end <= self.adopt_ticks]
         for r in rows:
             if r >= len(idx):
                 continue
             self.drop([r])
             origin = idx[r].copy()
             cohort = self._joinable(r, tick, sig)
-            if cohort is None:
-                cohort = _Cohort(r, self._order(origin), tick)
+            late = None if cohort is not None else self._adoptable(r, tick, sig)
+            if late is not None:
+                cohort = late
+                self.adopted += 1
+            elif cohort is None:
+                cohort = _Cohort(r, self._order(origin), tick,
+                                 None if sig is None or r >= len(sig) else sig[r].copy())
             else:
-                cohort.rows.append(r)
                 self.pooled += 1
+            if r not in cohort.rows:
+                cohort.rows.append(r)
             self.plans[r] = {"cohort": cohort, "points": [], "at": 0, "since": None,
                              "got": [], "origin": origin, "tick": int(tick)}
-            m = len(cohort.rows)                       # the points dealt round the members
-            for i, q in enumerate(cohort.rows):
-                self.plans[q]["points"] = cohort.points[i::m]
+            if late is None:                           # the points dealt round the members
+                m = len(cohort.rows)
+                for i, q in enumerate(cohort.rows):
+                    self.plans[q]["points"] = cohort.points[i::m]
+            elif late.end is not None:                 # finished: its point, at once
+                self.found[r] = self._at(origin, late.found)
+
+    def _cohorts(self) -> list[_Cohort]:
+        """The cohorts under way (each once), then those finished lately, newest first."""
+        mine = {id(p["cohort"]): p["cohort"] for p in self.plans.values()}
+        return [c for c in mine.values() if c.end is None] + \
+            [c for c in self.finished[::-1]]
 
     def _joinable(self, r: int, tick: int, sig: np.ndarray | None) -> "_Cohort | None":
-        if not self.pool or sig is None or not np.isfinite(sig[r]).all():
+        if not self.pool:
             return None
-        seen = set()
-        for p in self.plans.values():
-            c = p["cohort"]
-            if id(c) in seen or c.measured or tick - c.tick > self.JOIN_TICKS:
-                continue
-            seen.add(id(c))
-            head = c.rows[0]
-            if head < len(sig) and np.isfinite(sig[head]).all() and len(
-                    signature_groups(sig, np.array([head, r], np.int64))) == 1:
-                return c
-        return None
+        return next((c for c in self._cohorts() if c.end is None and not c.measured
+                     and tick - c.tick <= self.JOIN_TICKS and self._alike(c, r, sig)), None)
+
+    def _adoptable(self, r: int, tick: int, sig: np.ndarray | None) -> "_Cohort | None":
+        """An alike cohort too late to join (what pooling would have joined it is left
+        to the pool, so ``sweep_pool`` off still sweeps rows that start together alone)."""
+        if not self.adopt:
+            return None
+        return next((c for c in self._cohorts() if (
+            c.end is not None or c.measured or tick - c.tick > self.JOIN_TICKS)
+            and self._alike(c, r, sig)), None)
+
+    def _alike(self, c: _Cohort, r: int, sig: np.ndarray | None) -> bool:
+        """Row ``r``'s signature is alike cohort ``c``'s (``signature_groups``' rule),
+        read off its first row now, or as it was when the cohort formed when that row
+        is gone or has none."""
+        if sig is None or r >= len(sig) or not np.isfinite(sig[r]).all():
+            return False
+        head = c.rows[0] if c.rows else len(sig)
+        ref = sig[head] if head < len(sig) and np.isfinite(sig[head]).all() else c.sig
+        return ref is not None and np.isfinite(ref).all() and len(
+            signature_groups(np.stack([ref, sig[r]]), np.arange(2))) == 1
 
     def drop(self, rows) -> None:
         """Rows left their context: their sweep and what it found belonged to it (the
@@ -211,14 +310,31 @@ class RowSweep:
             p["cohort"].measured = True
             p["got"].append(float(own[r]))
             if len(p["got"]) >= self.dwell:
-                p["cohort"].scores.setdefault(point, []).append(float(np.median(p["got"])))
+                p["cohort"].measures.append((r, point, int(tick), float(np.median(p["got"]))))
                 p["got"], p["since"] = [], None
                 p["at"] += 1
                 self._cut(p["cohort"])
         for c in {id(p["cohort"]): p["cohort"] for p in self.plans.values()}.values():
             if c.rows and all(self.plans[q]["at"] >= len(self.plans[q]["points"])
-                              for q in c.rows) and not all(q in self.found for q in c.rows):
+                              for q in c.rows) and not all(q in self.found for q in c.rows) \
+                    and not self._recheck(c):
                 self._finish(c, tick)
+
+    def _recheck(self, c: _Cohort) -> bool:
+        """With ``recheck``, once a cohort's points are measured each member measures its
+        first point once more (its drift, :meth:`_Cohort.scores`); True while they do. A
+        member with nothing measured, or whose first median is 0, has no drift to read
+        and measures nothing more."""
+        if not self.recheck or c.rechecked:
+            return False
+        c.rechecked = True
+        again = False
+        for q in c.rows:
+            first = c.first(q)
+            if first is not None and first[2] > 0:
+                self.plans[q]["points"].append(first[0])
+                again = True
+        return again
 
     def _cut(self, c: _Cohort) -> None:
         """Points not yet measured that lie beyond a measured one scoring under ``cut`` ×
@@ -229,7 +345,8 @@ class RowSweep:
         ``dwell`` ticks there."""
         if self.cut <= 0:
             return
-        means = {p: float(np.mean(s)) for p, s in c.scores.items()}
+        scores = c.scores(corrected=False)          # the drift is known only at the end
+        means = {p: float(np.mean(s)) for p, s in scores.items()}
         dropped = set()
         for k in {p[0] for p in means}:
             mine = {p[1]: m for p, m in means.items() if p[0] == k}
@@ -239,7 +356,7 @@ class RowSweep:
             for v, m in mine.items():
                 if m < self.cut * mine[top]:
                     side = np.sign(v - top)
-                    dropped |= {q for q in c.points if q[0] == k and q not in c.scores
+                    dropped |= {q for q in c.points if q[0] == k and q not in scores
                                 and np.sign(q[1] - top) == side
                                 and abs(q[1] - top) > abs(v - top)}
         if not dropped:
@@ -258,12 +375,15 @@ class RowSweep:
         for q in c.rows:
             self.found[q] = self._at(self.plans[q]["origin"], best)
         self.sweeps += 1
+        c.end, c.found = int(tick), best
+        self.finished.append(c)
         first = self.plans[c.rows[0]]
-        log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective %s "
+        log.info("tick %d: row(s) %s's sweep (since tick %d) found %s (own objective%s %s "
                  "at %s)", tick, c.rows, first["tick"],
                  self.grid.values(self.found[c.rows[0]][None])[0].tolist(),
+                 ", drift-corrected," if c.rechecked else "",
                  {f"{self.grid.values(self._at(first['origin'], p)[None])[0][p[0]]:g}":
-                  [f"{v:.3g}" for v in s] for p, s in c.scores.items()}, c.points)
+                  [f"{v:.3g}" for v in s] for p, s in c.scores().items()}, c.points)
 
     def targets(self) -> dict[int, np.ndarray]:
         """Where each sweeping row heads now (row -> grid indices): its next point; once

@@ -34,11 +34,17 @@ def bytes_at(rung: np.ndarray, kind: np.ndarray) -> np.ndarray:
     return np.where(kind == 1, peak, 5e6)
 
 
-def play(eng, ticks: int, kind: np.ndarray, rng) -> list[np.ndarray]:
+def play(eng, ticks: int, kind, rng, objective=None) -> list[np.ndarray]:
+    """``ticks`` ticks from 128 KiB everywhere; ``kind`` the nodes' kinds (or a function
+    of the tick giving them), ``objective(rung, kind, tick)`` each node's bytes (default:
+    :func:`bytes_at`); each tick's rungs returned."""
+    objective = objective or (lambda rung, kind, t: bytes_at(rung, kind))
+    kinds = kind if callable(kind) else (lambda t: kind)
     rung = np.full(eng.nodes, 5.0)                      # 128 KiB everywhere
     seen = []
     for t in range(ticks):
-        x = np.stack([bytes_at(rung, kind) * rng.uniform(0.9, 1.1, eng.nodes), rung,
+        kind = kinds(t)
+        x = np.stack([objective(rung, kind, t) * rng.uniform(0.9, 1.1, eng.nodes), rung,
                       kind.astype(float)], axis=1)
         eng.ingest(t, x)
         d = eng.act()
@@ -118,8 +124,9 @@ def test_alike_rows_share_one_sweep_and_finish_sooner():
     # ladder's points between them, so every row has its setting in about half the time
     # of four lone sweeps, and the readers still find the low end
     kind = np.array([1, 1, 0, 0])
-    pooled = ladder_engine(4)
-    alone = ladder_engine(4, dataclasses.replace(MODEL, sweep_pool=False))
+    model = dataclasses.replace(MODEL, sweep_recheck=False)   # the same re-check for both
+    pooled = ladder_engine(4, model)
+    alone = ladder_engine(4, dataclasses.replace(model, sweep_pool=False))
     t_pooled, t_alone = sweep_ticks(pooled, kind), sweep_ticks(alone, kind)
     assert pooled.control.sweep.pooled == 2 and alone.control.sweep.pooled == 0
     assert t_pooled is not None and t_alone is not None
@@ -225,3 +232,102 @@ def test_a_row_holds_what_its_sweep_found_as_it_holds_a_recalled_setting():
     assert eng.row_context.held(t + hold - 1)[0] and not eng.row_context.held(t + hold)[0]
     eng, t = arrival(dataclasses.replace(MODEL, sweep_hold=False))
     assert not eng.row_context.held(t + 1)[0]
+
+
+# A sequential reader on a warming cache (kind 1): 4 KiB is truly best, 8192 KiB second,
+# but its level grows 5 % a tick while the sweep runs, and 8192 is measured last
+TRUE = np.array([1.0, .95, .9, .85, .8, .75, .72, .7, .72, .76, .8, .85])
+
+
+def warming(rung: np.ndarray, kind: np.ndarray, t: int) -> np.ndarray:
+    return np.where(kind == 1, TRUE[rung.astype(int)] * 5e6 * (1 + 0.05 * t), 5e6)
+
+
+def test_a_sweep_rechecks_its_first_point_and_corrects_for_the_drift():
+    kind = np.array([1, 0])                                  # not alike: swept alone
+
+    def run(recheck: bool):
+        eng = ladder_engine(2, dataclasses.replace(MODEL, sweep_recheck=recheck))
+        seen = play(eng, 80, kind, np.random.default_rng(6), warming)
+        assert 0 in eng.control.sweep.found
+        return int(eng.control.sweep.found[0][0]), [int(s[0]) for s in seen]
+
+    with_recheck, rungs = run(True)
+    without, rungs_off = run(False)
+    # as measured, 8192 KiB (rung 11) looks best; corrected, 4 KiB (rung 0) is
+    assert without == 11 and with_recheck == 0
+    # the row went back to its first point, 64 KiB (rung 4), after the far end
+    assert 4 in rungs[rungs.index(11):] and 4 not in rungs_off[rungs_off.index(11):]
+
+
+def test_a_cohort_member_without_a_second_measure_keeps_its_medians():
+    # two alike rows pool; row 1 leaves before the re-check: row 0's medians are corrected
+    # for its drift, row 1's stay as measured (today's rule), and the cohort still ends
+    eng = ladder_engine(2)
+    sweep = eng.control.sweep
+    sweep.start([0, 1], np.array([[5], [5]]), tick=0, sig=np.array([[1.0], [1.0]]))
+    t = 0
+    while not all(sweep.plans[q]["at"] >= 2 for q in sweep.plans) and t < 100:
+        t += 1
+        to = sweep.targets()
+        at = np.stack([to[0], to[1]])
+        sweep.observe(t, at, TRUE[at[:, 0]] * (1 + 0.05 * t))
+    cohort = sweep.plans[0]["cohort"]
+    assert cohort.rechecked and len(sweep.plans[0]["points"]) == 3   # its first, again
+    sweep.drop([1])
+    while 0 not in sweep.found and t < 200:
+        t += 1
+        at = sweep.targets()[0][None]
+        sweep.observe(t, at, TRUE[at[:, 0]] * (1 + 0.05 * t))
+    raw, fixed = cohort.scores(corrected=False), cohort.scores()
+    mine = {p for q, p, _, _ in cohort.measures if q == 0}
+    theirs = {p for q, p, _, _ in cohort.measures if q == 1}
+    assert theirs and all(fixed[p] == raw[p] for p in theirs)
+    later = mine - {cohort.first(0)[0]}                  # measured after t0: scaled down
+    assert later and all(np.mean(fixed[p]) < np.mean(raw[p]) for p in later)
+
+
+def test_a_late_alike_row_adopts_its_cohorts_point_instead_of_sweeping():
+    # rows 0 and 1 are mmap readers, but row 1's signature flickers (kind 3) for its first
+    # 10 ticks: it enters the readers' context after their cohort (row 0) has measured.
+    # With adoption it sweeps nothing and takes the cohort's point; without, it sweeps
+    # the ladder alone, up to 8192 KiB (rung 11) with the cut off
+    def run(adopt: bool):
+        eng = ladder_engine(3, dataclasses.replace(MODEL, sweep_adopt=adopt, sweep_cut=0.0))
+        sweep, state = eng.control.sweep, []
+
+        def objective(rung, kind, t):          # the sweep's state after the tick before
+            plan = sweep.plans.get(1)
+            state.append(plan is not None and plan["tick"] >= 10 and 1 not in sweep.found)
+            return bytes_at(rung, np.minimum(kind, 1))
+        seen = play(eng, 90, lambda t: np.array([1, 3 if t < 10 else 1, 0]),
+                    np.random.default_rng(7), objective)
+        # row 1's rungs from its entering the readers' context to its sweep's result
+        return sweep, [int(seen[t - 1][1]) for t in range(1, 90) if state[t]]
+
+    sweep, rungs = run(True)
+    assert sweep.adopted == 1 and sweep.pooled == 0
+    assert int(sweep.found[1][0]) == int(sweep.found[0][0]) <= 1     # the readers' low end
+    assert rungs and max(rungs) <= 5          # waited at the readers' best, never went up
+    alone, rungs_alone = run(False)
+    assert alone.adopted == 0 and alone.sweeps > sweep.sweeps
+    assert rungs_alone and max(rungs_alone) == 11
+
+
+def test_a_row_alike_a_cohort_finished_within_a_sweeps_length_takes_its_point():
+    eng = ladder_engine(3)
+    sweep = eng.control.sweep
+    sig = np.array([[1.0], [1.0], [1.0]])
+    sweep.start([0], np.array([[5], [5], [5]]), tick=0, sig=sig)
+    t = 0
+    while 0 not in sweep.found and t < 100:
+        t += 1
+        at = sweep.targets()[0]
+        sweep.observe(t, np.stack([at, [5], [5]]), np.array([9e6 if at[0] <= 1 else 1e6,
+                                                              np.nan, np.nan]))
+    end, point = t, sweep.found[0]
+    assert int(point[0]) <= 1
+    sweep.start([1], np.array([[5], [9], [5]]), tick=end + sweep.adopt_ticks, sig=sig)
+    assert sweep.adopted == 1 and (sweep.found[1] == point).all()   # at once, no points
+    sweep.start([2], np.array([[5], [9], [5]]), tick=end + sweep.adopt_ticks + 1, sig=sig)
+    assert sweep.adopted == 1 and 2 not in sweep.found and sweep.plans[2]["points"]
