@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -50,12 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from capes.common.atomic import write_json  # noqa: E402
 from capes.common.one_core import use_one_core  # noqa: E402
-from capes.common.stats import paired_bootstrap_ci  # noqa: E402
 from capes.experiments.converge_test import load_config, run_one  # noqa: E402
 from capes.experiments.offline_training import TrainingConfig, train_offline  # noqa: E402
 from capes.experiments.replay_merge import merge  # noqa: E402
 from drl_engine.prior_experience import DEFAULT_START, PriorExperience  # noqa: E402
+from paired_arms import add_run_options, paired_figure, work_dir  # noqa: E402
 
 CONFIG = ROOT / "configs" / "workload-family.toml"
 RECORDED = (0.2, 0.35, 0.5, 0.65, 0.8)
@@ -139,14 +138,9 @@ def summarise(runs: dict) -> dict:
         fresh = {r["seed"]: r for r in runs[("fresh", "inside" if case == "misleading"
                                              else case)]}
         pairs = [(fresh[r["seed"]], r) for r in rs if r["seed"] in fresh]
-        cell = {}
-        for key in ("time_to_band", "regret_10min", "hour_relative", "worst_10s"):
-            vals = [r[key] for r in rs]
-            ci = paired_bootstrap_ci([a[key] for a, _ in pairs], [b[key] for _, b in pairs])
-            one = float(pairs[0][1][key] - pairs[0][0][key]) if len(pairs) == 1 else None
-            cell[key] = {"median": float(np.median(vals)),      # one pair: no interval
-                         "diff_vs_fresh": ci[0] if ci else one,
-                         "ci95": [ci[1], ci[2]] if ci else None}
+        cell = {key: paired_figure([a[key] for a, _ in pairs], [b[key] for _, b in pairs],
+                                   [r[key] for r in rs])
+                for key in ("time_to_band", "regret_10min", "hour_relative", "worst_10s")}
         cell["won"] = f"{sum(r['won'] for r in rs)}/{len(rs)}"
         tt = cell["time_to_band"]
         out.setdefault(arm, {})[case] = {
@@ -207,10 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--inside", help="held-out inside write fractions (default "
                     + ",".join(map(str, INSIDE)) + ")")
     ap.add_argument("--jobs", type=int, default=2, help="sessions in parallel")
-    ap.add_argument("--workdir", help="keep the DBs and models here")
-    ap.add_argument("--json", metavar="OUT", help="write the report as JSON")
-    ap.add_argument("--quick", action="store_true",
-                    help="CI: 1 seed, 150 s sessions, 3 recordings of 200 s, 50 steps")
+    add_run_options(ap, "CI: 1 seed, 150 s sessions, 3 recordings of 200 s, 50 steps",
+                    "keep the DBs and models here")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.ticks, args.record_ticks, args.steps = 1, 150, 200, 50
@@ -225,9 +217,7 @@ def main(argv=None) -> int:
     inside = tuple(float(v) for v in args.inside.split(",")) if args.inside else INSIDE
     use_one_core()
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="capes-bench-exp-") as tmp:
-        work = Path(args.workdir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.workdir, "capes-bench-exp-") as work:
         sources = {"experience": record(cfg, cfg.game.family, args.record_ticks, args.steps,
                                         work, "experience", recorded),
                    "misleading": record(cfg, mirrored(cfg.game.family), args.record_ticks,
@@ -259,8 +249,7 @@ def main(argv=None) -> int:
     print(table(report))
     print(f"wall {report['wall_s']:.0f} s, load average {report['loadavg']:.1f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        write_json(args.json, report)
     return 0
 
 

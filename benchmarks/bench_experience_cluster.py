@@ -29,7 +29,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,10 +39,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from capes.common.one_core import use_one_core  # noqa: E402
-from capes.common.stats import paired_bootstrap_ci  # noqa: E402
 from capes.experiments.cluster_test import load_config, run_one, write_json  # noqa: E402
 from capes.experiments.replay_merge import merge  # noqa: E402
 from drl_engine.row_experience import RowExperience  # noqa: E402
+from paired_arms import add_run_options, paired_figure, work_dir  # noqa: E402
 
 CONFIG = ROOT / "configs" / "recurring-workloads-cluster.toml"
 RECORD_SEED = 10_000
@@ -88,14 +87,10 @@ def metrics(run: dict) -> dict:
             "wall_s": run["wall_s"]}
 
 
-def _cell(fresh: list, arm: list, key, median_of) -> dict:
+def _cell(fresh: list, arm: list, key) -> dict:
     pairs = {r["seed"]: r for r in fresh}
-    a = [key(pairs[r["seed"]]) for r in arm if r["seed"] in pairs]
-    b = [key(r) for r in arm if r["seed"] in pairs]
-    ci = paired_bootstrap_ci(a, b) if len(a) > 1 else None
-    return {"median": float(np.median([key(r) for r in median_of])),
-            "diff_vs_fresh": ci[0] if ci else (b[0] - a[0] if a else None),
-            "ci95": [ci[1], ci[2]] if ci else None}
+    return paired_figure([key(pairs[r["seed"]]) for r in arm if r["seed"] in pairs],
+                         [key(r) for r in arm if r["seed"] in pairs], [key(r) for r in arm])
 
 
 def summarise(runs: dict) -> dict:
@@ -104,12 +99,11 @@ def summarise(runs: dict) -> dict:
     names = fresh[0]["phases"]
     for arm, rs in runs.items():
         out[arm] = {
-            "per_phase": {f"{i}:{n}": {**_cell(fresh, rs, lambda r, i=i: r["time_to_band"][i],
-                                               rs),
+            "per_phase": {f"{i}:{n}": {**_cell(fresh, rs, lambda r, i=i: r["time_to_band"][i]),
                                        "won": f"{sum(r['won'][i] for r in rs)}/{len(rs)}"}
                           for i, n in enumerate(names)},
-            "run_relative": _cell(fresh, rs, lambda r: r["run_relative"], rs),
-            "worst_10s": _cell(fresh, rs, lambda r: r["worst_10s"], rs),
+            "run_relative": _cell(fresh, rs, lambda r: r["run_relative"]),
+            "worst_10s": _cell(fresh, rs, lambda r: r["worst_10s"]),
             "returns_median": float(np.median([r["returns"] or 0 for r in rs]))}
     return out
 
@@ -137,19 +131,14 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=16, help="cluster nodes (default 16)")
     ap.add_argument("--phase-ticks", type=int, default=300,
                     help="simulated s per phase (default 300)")
-    ap.add_argument("--workdir", help="keep the DBs here")
-    ap.add_argument("--json", metavar="OUT", help="write the report as JSON")
-    ap.add_argument("--quick", action="store_true",
-                    help="a smoke run: 1 seed, 8 nodes, 150 s phases")
+    add_run_options(ap, "a smoke run: 1 seed, 8 nodes, 150 s phases", "keep the DBs here")
     args = ap.parse_args(argv)
     if args.quick:
         args.seeds, args.nodes, args.phase_ticks = 1, 8, 150
     cfg = load_config(CONFIG, [f"cluster.nodes={args.nodes}"])
     use_one_core()
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="capes-bench-exp-cluster-") as tmp:
-        work = Path(args.workdir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.workdir, "capes-bench-exp-cluster-") as work:
         params = list(cfg.cluster.param_specs().values())
         priors = {"memory": record(cfg, args.phase_ticks, work, "experience"),
                   "misleading": record(cfg, args.phase_ticks, work, "misleading",

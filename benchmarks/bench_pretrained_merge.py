@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,9 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from capes.common.atomic import write_json  # noqa: E402
 from capes.experiments.converge_test import load_config, run_grid, run_one  # noqa: E402
 from capes.experiments.offline_training import TrainingConfig, train_offline  # noqa: E402
 from capes.experiments.replay_merge import merge  # noqa: E402
+from paired_arms import add_run_options, work_dir  # noqa: E402
 
 
 def with_epsilon(cfg, eps: float):
@@ -53,10 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epsilon-start", default="1.0,0.3", metavar="LIST",
                     help="ε at the start of each new game, comma-separated")
     ap.add_argument("--jobs", type=int, default=1, help="games in parallel")
-    ap.add_argument("--workdir", help="keep the DBs and the model here")
-    ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
-    ap.add_argument("--quick", action="store_true",
-                    help="CI: 2 recorded games, 100 steps, 1 new game per arm, 150 s games")
+    add_run_options(ap, "CI: 2 recorded games, 100 steps, 1 new game per arm, 150 s games",
+                    "keep the DBs and the model here", "write the figures as JSON")
     args = ap.parse_args(argv)
     if args.quick:
         args.record, args.steps, args.seeds, args.epsilon_start = 2, 100, 1, "1.0"
@@ -68,9 +66,7 @@ def main(argv=None) -> int:
     if args.first_seed < args.record:
         ap.error("--first-seed must be >= --record so that no new game was recorded")
 
-    with tempfile.TemporaryDirectory(prefix="capes-pretrain-") as tmp:
-        work = Path(args.workdir or tmp)
-        work.mkdir(parents=True, exist_ok=True)
+    with work_dir(args.workdir, "capes-pretrain-") as work:
         t0 = time.perf_counter()
         dbs, recorded = [], []
         for seed in range(args.record):
@@ -129,7 +125,7 @@ def main(argv=None) -> int:
               f"{a['success_rate']:>8.0%} {med:>9} {cis:>13}")
     print(f"total {result['wall_s']:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, default=float))
+        write_json(args.json, result)
     return 0
 
 

@@ -170,10 +170,26 @@ class SignatureClusters:
         self.mean[k], self.m2[k], self.n[k] = mean, m2, int(n)
 
     def _new(self, u: np.ndarray) -> int:
-        self.mean.append(u.copy())
-        self.m2.append(np.zeros_like(u))
-        self.n.append(1)
+        return self.add_known(u, np.zeros_like(u), 1)
+
+    def add_known(self, mean: np.ndarray, m2: np.ndarray, n: int) -> int:
+        """A context with statistics already gathered (log mean, log m2, samples; copied
+        in): a workload of earlier sessions, or one pooled from rows' contexts. Its
+        index."""
+        self.mean.append(np.array(mean))
+        self.m2.append(np.array(m2))
+        self.n.append(int(n))
         return len(self.mean) - 1
+
+    def seed(self, offset: np.ndarray | None, workloads) -> None:
+        """Workloads of earlier sessions, ``(log mean, log m2, samples)`` on the log scale
+        of ``offset`` (kept as given, not copied), as its only contexts before its first
+        tick: the first tick recalls one it fits (:meth:`fold`). Both modes' experience
+        seeds through this (``drl_engine.prior_experience``, ``drl_engine.row_context``)."""
+        self.offset = offset
+        self.mean, self.m2, self.n = [], [], []
+        for mean, m2, n in workloads:
+            self.add_known(mean, m2, n)
 
     def update(self, x: np.ndarray) -> tuple[int, bool] | None:
         """Fold one tick's signature in; (context, new) when the current one changed

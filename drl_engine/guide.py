@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capes.common import actions
-from capes.common.step_grid import StepGrid, walk, walk_action
+from capes.common.step_grid import StepGrid, sweep_order, walk, walk_action
 from drl_engine import checkpoint, trust_region
 from drl_engine.best_known import LowerBound
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
@@ -539,11 +539,7 @@ class Guide:
         for k, n in enumerate(self.n_steps):
             if self.frozen[k] or n == 0 or not self.step_grid.ladder[k]:
                 continue
-            pts = np.unique(np.rint(np.linspace(0, n, max(2, self.cfg.sweep_points))))
-            b = int(best[k])
-            below = [int(v) for v in pts[::-1] if v < b]
-            above = [int(v) for v in pts if v > b]
-            for v in (above + below if n - b < b else below + above):
+            for v in sweep_order(int(n), int(best[k]), self.cfg.sweep_points, with_at=False):
                 t = [int(x) for x in best]
                 t[k] = v
                 plan.append(t)

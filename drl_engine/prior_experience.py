@@ -187,11 +187,8 @@ class PriorExperience:
         except ExperienceError as exc:
             self.refused = str(exc)
             return False
-        cl = contexts.clusters
-        cl.offset = None if self.offset is None else self.offset.copy()
-        cl.mean = [w.log_mean.copy() for w in self.workloads]
-        cl.m2 = [w.log_m2.copy() for w in self.workloads]
-        cl.n = [w.n for w in self.workloads]
+        contexts.clusters.seed(None if self.offset is None else self.offset.copy(),
+                               [(w.log_mean, w.log_m2, w.n) for w in self.workloads])
         contexts.memory = []
         contexts.settings[0].clear()
         for k, w in enumerate(self.workloads):

@@ -115,6 +115,15 @@ def ewma(p: np.ndarray, weight: float, start: float = np.nan) -> np.ndarray:
     return out
 
 
+def moving_average(p: np.ndarray, m: int) -> np.ndarray:
+    """Mean of the ``m`` values ending at each tick; NaN before the ``m``-th."""
+    out = np.full(len(p), np.nan)
+    if len(p) >= m:
+        c = np.concatenate([[0.0], np.cumsum(p, dtype=np.float64)])
+        out[m - 1:] = (c[m:] - c[:-m]) / m
+    return out
+
+
 def next_minus_now(x: np.ndarray) -> np.ndarray:
     """r_t = x_{t+1} − x_t; NaN at the last tick, which has no next value yet."""
     r = np.full(len(x), np.nan)
@@ -151,14 +160,7 @@ class DiffOfMovingAverage:
         self.lookback = self.m + 1
 
     def __call__(self, p: np.ndarray) -> np.ndarray:
-        m = self.m
-        r = np.full(len(p), np.nan)
-        if len(p) >= m + 1:
-            c = np.concatenate([[0.0], np.cumsum(p, dtype=np.float64)])
-            avg = (c[m:] - c[:-m]) / m            # avg[j] = mean(p[j..j+m-1])
-            # r_t = avg ending at t+1 − avg ending at t  ->  avg[t-m+2] − avg[t-m+1]
-            r[m - 1:-1] = avg[1:] - avg[:-1]
-        return r
+        return next_minus_now(moving_average(p, self.m))
 
 
 @dataclass

@@ -131,11 +131,8 @@ class RowSignatures:
         changed = []
         for j in np.flatnonzero(~fits):
             r = int(rows[j])
-            cl = self.rows[r]
+            cl = self.clusters(r)
             before = cl.current
-            if before is not None:                 # the current context's statistics
-                cl.mean[before], cl.m2[before] = self.mean[r].copy(), self.m2[r].copy()
-                cl.n[before] = int(self.n[r])
             cl.offset = self.offset[r]
             ch = cl.fold(u[j], newest[j])
             k = cl.current
@@ -144,6 +141,15 @@ class RowSignatures:
             if ch is not None:
                 changed.append((r, before, *ch))
         return changed
+
+    def clusters(self, r: int) -> SignatureClusters:
+        """Row ``r``'s :class:`SignatureClusters`, its current context's statistics
+        written back from the arrays (which hold them while the row fits)."""
+        cl = self.rows[r]
+        if cl.current is not None:
+            cl.mean[cl.current], cl.m2[cl.current] = self.mean[r].copy(), self.m2[r].copy()
+            cl.n[cl.current] = int(self.n[r])
+        return cl
 
     def _add(self, rows: np.ndarray, u: np.ndarray) -> None:
         """:meth:`SignatureClusters._add` for many rows at once."""
@@ -227,10 +233,7 @@ class RowContexts(ContextMemory):
         sig = self.signatures
         sig.offset[:] = offset
         for r, cl in enumerate(sig.rows):
-            cl.offset = sig.offset[r]
-            cl.mean = [m.copy() for m, _, _, _ in workloads]
-            cl.m2 = [m2.copy() for _, m2, _, _ in workloads]
-            cl.n = [int(n) for _, _, n, _ in workloads]
+            cl.seed(sig.offset[r], [(m, m2, n) for m, m2, n, _ in workloads])
             for k, (_, _, _, best) in enumerate(workloads):
                 self.remember(r, k, None if best is None else best.copy())
 

@@ -258,18 +258,15 @@ class _Replayed:
             labels[t] = sig.current()
         labels[~np.isfinite(pis[:, :, self.cols]).any(axis=2)] = -1
         to_pool = {}
-        for r, cl in enumerate(sig.rows):
-            if cl.current is not None:              # its current context's statistics
-                cl.mean[cl.current], cl.m2[cl.current] = sig.mean[r], sig.m2[r]
-                cl.n[cl.current] = int(sig.n[r])
+        for r in range(len(sig.rows)):
+            cl = sig.clusters(r)
             for k in sorted(range(cl.count), key=lambda k: -cl.n[k]):
                 fits = [(pool.distance(cl.mean[k], j), j) for j in range(pool.count)]
                 fits = [f for f in fits if f[0] <= pool.threshold]
                 if fits:
                     j = min(fits)[1]
                 else:
-                    j = pool._new(cl.mean[k])
-                    pool.m2[j], pool.n[j] = cl.m2[k].copy(), cl.n[k]
+                    j = pool.add_known(cl.mean[k], cl.m2[k], cl.n[k])
                     pooled.append(RowWorkload(pool.mean[j], pool.m2[j], pool.n[j]))
                 to_pool[(r, k)] = j
         out = np.full_like(labels, -1)

@@ -177,14 +177,10 @@ class RowSweep:
     def _order(self, b: np.ndarray) -> list[tuple[int, int]]:
         """The points (knob, grid index) a row at indices ``b`` visits, in order: per
         knob, the nearer end's side first, nearest first."""
-        order = []
-        for k in self.knobs:
-            n, at = int(self.grid.n_steps[k]), int(b[k])
-            pts = np.unique(np.rint(np.linspace(0, n, max(2, self.points)))).astype(int)
-            below = [(int(k), int(v)) for v in pts[::-1] if v <= at]
-            above = [(int(k), int(v)) for v in pts if v > at]
-            order += below + above if at <= n - at else above + below
-        return order
+        from capes.common.step_grid import sweep_order
+        return [(int(k), v) for k in self.knobs
+                for v in sweep_order(int(self.grid.n_steps[k]), int(b[k]), self.points,
+                                     with_at=True)]
 
     @staticmethod
     def _at(origin: np.ndarray, point: tuple[int, int] | None) -> np.ndarray:

@@ -36,3 +36,16 @@ def test_its_floor_is_checked_on_load():
         build("log_throughput", floor=0)
     with pytest.raises(ValueError, match="floor"):
         RewardConfig(objective="log_throughput", objective_options={"floor": -1.0}).validate()
+
+
+def test_the_smoothed_rewards_are_the_next_minus_the_current_smoothed_objective():
+    """diff_avg: r_t = mean of the m values ending at t+1 − that ending at t; NaN where
+    either is not there yet (the first m − 1 ticks, and the last, which has no next)."""
+    from drl_engine.rewards import REWARD_TYPES
+    p = np.array([1.0, 2.0, 4.0, 8.0, 16.0])
+    r = REWARD_TYPES.build("diff_avg", {"window": 2}, "options", "<test>")(p)
+    np.testing.assert_array_equal(r, [np.nan, 1.5, 3.0, 6.0, np.nan])   # 1.5, 3, 6, 12
+    short = REWARD_TYPES.build("diff_avg", {"window": 5}, "options", "<test>")(p)
+    assert np.isnan(short).all()                     # one average: nothing to subtract
+    e = REWARD_TYPES.build("diff_ewma", {"weight": 0.5}, "options", "<test>")(p)
+    np.testing.assert_array_equal(e, [0.5, 1.25, 2.625, 5.3125, np.nan])

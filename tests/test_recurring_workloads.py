@@ -121,6 +121,26 @@ def test_a_new_signature_makes_a_new_context_and_a_seen_one_is_recalled():
     assert [i for i, _ in switched_at][1:] == [203, 301, 351]
 
 
+def test_clusters_seeded_with_earlier_workloads_recall_one_on_the_first_tick():
+    """Experience of earlier sessions (both modes seed through ``SignatureClusters.seed``):
+    a signature that fits a seeded workload is that context, not a new one; another is
+    new."""
+    from drl_engine.context import SignatureClusters
+    rng = np.random.default_rng(2)
+    earlier = SignatureClusters()
+    play(earlier, np.concatenate([signatures(A_SIG, 200, 0.1, rng),
+                                  signatures(B_SIG, 200, 0.1, rng)]))
+    known = [(earlier.mean[k], earlier.m2[k], earlier.n[k]) for k in range(2)]
+    for sig, k in ((B_SIG, 1), (A_SIG, 0)):
+        clusters = SignatureClusters()
+        clusters.seed(earlier.offset, known)
+        assert play(clusters, signatures(sig, 50, 0.1, rng)) == [(k, False)]
+        assert clusters.count == 2 and clusters.n[k] == min(earlier.n[k] + 50, 500)
+    fresh = SignatureClusters()
+    fresh.seed(earlier.offset, known[:1])
+    assert play(fresh, signatures(B_SIG, 50, 0.1, rng)) == [(1, True)]
+
+
 def test_context_columns_default_to_pis_that_are_neither_objective_nor_knob():
     from drl_engine.config import DQNConfig
     from drl_engine.context import context_columns

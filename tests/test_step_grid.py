@@ -3,7 +3,7 @@ search baselines and the cluster simulator's best-static search."""
 import numpy as np
 
 from capes.common.params import ParameterSpec
-from capes.common.step_grid import StepGrid
+from capes.common.step_grid import StepGrid, sweep_order
 
 
 def spec(lo, hi, step):
@@ -75,3 +75,13 @@ def test_one_walk_for_rows_a_row_and_a_straight_path():
     # straight: the window leads while its relative distance is the largest
     assert walk(np.array([13, 30]), np.array([11, 22]), n, 8, straight=True) == (0, -1)
     assert walk_action(np.array([4, 50]), np.array([4, 50]), n, 8) == 0
+
+
+def test_a_sweep_visits_the_nearer_ends_side_first_and_its_own_point_only_when_asked():
+    # 12 rungs, 5 points: 0, 3, 6, 8, 11 (linspace, rounded); from rung 3 the low end is
+    # nearer, so the points below first (nearest first), then those above
+    assert sweep_order(11, 3, 5, with_at=True) == [3, 0, 6, 8, 11]       # per-node: origin kept
+    assert sweep_order(11, 3, 5, with_at=False) == [0, 6, 8, 11]         # one-row: best left out
+    assert sweep_order(11, 9, 5, with_at=False) == [11, 8, 6, 3, 0]      # high end nearer
+    assert sweep_order(4, 2, 5, with_at=True) == [2, 1, 0, 3, 4]         # a tie: below first
+    assert sweep_order(3, 0, 0, with_at=False) == [3]                    # at least both ends

@@ -172,4 +172,21 @@ def walk_action(idx, target, n_steps, most: int = 1, straight: bool = False) -> 
     return actions.encode(int(knob), int(steps), len(idx)) if steps else 0
 
 
-__all__ = ["StepGrid", "walk", "walk_action"]
+def sweep_order(n: int, at: int, points: int, with_at: bool) -> list[int]:
+    """The grid indices a coarse sweep of one ladder knob visits, in order: ``points``
+    spread evenly over 0 … ``n`` (at least both ends), the side of the end nearer to
+    ``at`` first (below on a tie), then the other side, nearest first: one pass each way.
+    Both modes sweep with this. ``with_at``: the point at ``at`` itself is visited (in
+    the lower side). The per-node sweep keeps it (``drl_engine.row_sweep``): a row
+    entering a new context has not measured its own setting there, and the sweep picks
+    the best of the points it measured, so its origin must be one of them. The one-row
+    sweep leaves it out (``drl_engine.guide``): ``at`` is its best-known setting, the
+    one it holds and measures between probes and compares each probe against, so a
+    probe there measures nothing new."""
+    pts = np.unique(np.rint(np.linspace(0, n, max(2, points)))).astype(int)
+    below = [int(v) for v in pts[::-1] if v < at or (with_at and v == at)]
+    above = [int(v) for v in pts if v > at]
+    return below + above if at <= n - at else above + below
+
+
+__all__ = ["StepGrid", "sweep_order", "walk", "walk_action"]
