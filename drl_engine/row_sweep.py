@@ -69,6 +69,7 @@ import logging
 
 import numpy as np
 
+from capes.common.step_grid import sweep_order
 from drl_engine.context_search import signature_groups
 
 log = logging.getLogger("capes.engine")
@@ -177,7 +178,6 @@ class RowSweep:
     def _order(self, b: np.ndarray) -> list[tuple[int, int]]:
         """The points (knob, grid index) a row at indices ``b`` visits, in order: per
         knob, the nearer end's side first, nearest first."""
-        from capes.common.step_grid import sweep_order
         return [(int(k), v) for k in self.knobs
                 for v in sweep_order(int(self.grid.n_steps[k]), int(b[k]), self.points,
                                      with_at=True)]
