@@ -85,6 +85,12 @@ class NodeModelConfig:
     # a sweep skips the points beyond one that scored under this share of the knob's
     # best (0: every point is visited)
     sweep_cut: float = 0.25
+    # a sweep point whose row's own objective, once settled, lies below this share of the
+    # knob's best so far (none yet: the row's level before its sweep) for 2 ticks in a row,
+    # with the median of its ticks there, is measured at once as that median and left: the
+    # point that starves a client is held ~settle + 2 ticks, not settle + probe_dwell
+    # (0: every point held its full dwell)
+    sweep_abort: float = 0.5
     # once a sweep's points are measured, each of its rows measures its first point again:
     # the two measures give the drift of the row's level (a warming page cache makes the
     # later points look better) and each point's median is corrected for it; False: the
@@ -179,6 +185,9 @@ class NodeModelConfig:
                      "sweep_cut"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {getattr(self, name)})")
+        if not 0 <= self.sweep_abort < 1:
+            raise ValueError(f"sweep_abort: must lie in [0, 1) (0: no abort) "
+                             f"(got {self.sweep_abort})")
         if not self.return_shift >= -1:
             raise ValueError(f"return_shift: must be >= 0, or -1 for settle_ticks "
                              f"(got {self.return_shift})")

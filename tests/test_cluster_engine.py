@@ -515,6 +515,7 @@ def test_the_cluster_engine_section_is_typed_and_reaches_the_engine(tmp_path):
     ("hidden = 0", "cluster_engine.hidden", "must be > 0"),
     ('detect_signal = "mine"', "cluster_engine.detect_signal", "must be one of"),
     ("rollback_fraction = 1.5", "cluster_engine.rollback_fraction", "[0, 1)"),
+    ("sweep_abort = 1.0", "cluster_engine.sweep_abort", "[0, 1)"),
     ("loss_nodes = 1.5", "cluster_engine.loss_nodes", "integer"),
     ("replay_mb = 1e12", "cluster_engine.replay_mb", ""),
     ('cold_start = "both"', "cluster_engine.cold_start", "must be one of"),
