@@ -44,7 +44,7 @@ def test_node_graph_steps_match_eager_steps(mean_field):
     graphed = NodeDQN(60, 3, cfg, model, device="cuda", seed=3)
     eager = NodeDQN(60, 3, _cfg(cuda_graph=False), model, device="cuda",
                     seed=3)
-    assert graphed._graphs is not None and eager._graphs is None
+    assert graphed.graphed and not eager.graphed
     rng = np.random.default_rng(0)
     # two shapes (a short batch too), past warm-up and capture into replays
     batches = [_node_batch(rng, B=32 if i % 4 else 20, mean_field=mean_field)
@@ -111,7 +111,7 @@ def test_device_sampled_graph_steps_change_the_weights_and_match_eager_steps(com
     (the mirror's staged copies). ``compiled``: the step's parts through torch.compile
     first (``engine.compile_step``), fused kernels in the graph, every part compiled."""
     graphed, eager = _sampling_engine(True, compile_step=compiled), _sampling_engine(False)
-    assert graphed.dqn._graphs is not None and eager.dqn._graphs is None
+    assert graphed.dqn.graphed and not eager.dqn.graphed
     assert graphed.dqn.compiles == compiled and not eager.dqn.compiles
     before = _params(graphed.dqn)
     for eng in (graphed, eager):
