@@ -135,6 +135,11 @@ class _Cohort:
             out.setdefault(p, []).append(v)
         return out
 
+    def means(self) -> dict[tuple[int, int], float]:
+        """point -> the mean of its medians as measured, uncorrected (what the cut and
+        the abort judge by: the drift is known only at the end)."""
+        return {p: float(np.mean(s)) for p, s in self.scores(corrected=False).items()}
+
     def best(self) -> tuple[int, int] | None:
         """The point with the highest mean score, drift-corrected (the first on a tie);
         None when nothing moved data (an idle row tells nothing)."""
@@ -369,8 +374,7 @@ class RowSweep:
         got = p["got"]
         if self.abort <= 0 or len(got) < self.ABORT_TICKS:
             return False
-        means = [float(np.mean(s)) for q, s in p["cohort"].scores(corrected=False).items()
-                 if q[0] == point[0]]
+        means = [m for q, m in p["cohort"].means().items() if q[0] == point[0]]
         ref = max(means) if means else p["level"]
         if ref is None or not ref > 0:
             return False
@@ -402,8 +406,7 @@ class RowSweep:
         ``dwell`` ticks there."""
         if self.cut <= 0:
             return
-        scores = c.scores(corrected=False)          # the drift is known only at the end
-        means = {p: float(np.mean(s)) for p, s in scores.items()}
+        means = c.means()
         dropped = set()
         for k in {p[0] for p in means}:
             mine = {p[1]: m for p, m in means.items() if p[0] == k}
@@ -413,7 +416,7 @@ class RowSweep:
             for v, m in mine.items():
                 if m < self.cut * mine[top]:
                     side = np.sign(v - top)
-                    dropped |= {q for q in c.points if q[0] == k and q not in scores
+                    dropped |= {q for q in c.points if q[0] == k and q not in means
                                 and np.sign(q[1] - top) == side
                                 and abs(q[1] - top) > abs(v - top)}
         if not dropped:
