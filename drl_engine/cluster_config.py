@@ -96,6 +96,15 @@ class NodeModelConfig:
     # later points look better) and each point's median is corrected for it; False: the
     # medians as measured
     sweep_recheck: bool = True
+    # ... except a row whose first point scored under this share of the knob's best (as
+    # measured): no drift a second measure could show would lift it to the top, and the
+    # point starves the row's client once more (0: every row re-checks)
+    sweep_recheck_floor: float = 0.25
+    # the order a row entering a new context visits its sweep's points in: from the side
+    # of the setting the row had when its first sweep began, the original ("original"), or
+    # from the window it brings from its last context ("current"): a window fitted to
+    # another workload is no better a first guess, and can be one that starves this one
+    sweep_from: Literal["original", "current"] = "original"
     # a row entering a new context alike a cohort it is too late to join (one still
     # sweeping, or one that finished within a sweep's length) sweeps nothing: it takes
     # the cohort's point, waiting at its best so far; False: it sweeps alone
@@ -182,7 +191,7 @@ class NodeModelConfig:
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         for name in ("recent_fraction", "epsilon_start", "best_decay", "context_search_step",
-                     "sweep_cut"):
+                     "sweep_cut", "sweep_recheck_floor"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}: must lie in [0, 1] (got {getattr(self, name)})")
         if not 0 <= self.sweep_abort < 1:

@@ -28,7 +28,7 @@ sweep had measured (its best point so far; nothing when nothing was measured), n
 point it was on: a signature that flickers would otherwise recall a sweep point as the
 row's best. A sweep under way is not checkpointed.
 
-Four savings and a correction, each with its switch (``[cluster_engine]``):
+Five savings, a correction and an order, each with its switch (``[cluster_engine]``):
 - ``sweep_pool``: rows entering new contexts within ``JOIN_TICKS`` of each other whose
   signatures are alike (``context_search.signature_groups``: the clients of one phase
   running one workload) form a cohort: the points are dealt round its members and each
@@ -57,7 +57,8 @@ Four savings and a correction, each with its switch (``[cluster_engine]``):
   price of one point), and every median is corrected for the drift those two measures
   show (the rule: ``_Cohort.scores``). A row that cannot (it left, it measured nothing)
   keeps its medians as measured. The cut judges the medians as measured: the drift is
-  known only at the end.
+  known only at the end. ``sweep_recheck_floor``: a row whose first point scored under
+  that share of the knob's best does not measure it again (:meth:`RowSweep._recheck`).
 - ``sweep_adopt``: alike rows that switch a few ticks apart do not pool (a cohort takes
   joiners for ``JOIN_TICKS`` and only until a member has measured): on GlusterFS a
   reader whose signature flickered entered its context 7 ticks after its cohort formed
@@ -73,6 +74,15 @@ Four savings and a correction, each with its switch (``[cluster_engine]``):
   and alike rows switching further apart are more likely in another phase than late.
   Adopting is left to rows too late to pool, so ``sweep_pool`` off still sweeps rows
   that start together alone.
+- ``sweep_from = "original"``: a row's later sweeps visit their points in the order seen
+  from the setting it had when its first sweep began (the original, or what a
+  restarted engine found), not from the window it brings from its last context. On
+  GlusterFS two readers carried the 8192 KiB their sequential phase had found into an
+  mmap random phase, so their sweep began at 8192 and 512 KiB (0.05 MB/s each, against
+  11.8 at 4 KiB) and the cluster's worst 10 s fell to 0.75x the original's there. A
+  window fitted to another workload is no better a first guess than the original, and
+  is the one more likely to sit at an end of the ladder; from the original the nearer
+  end's side comes first as before (``capes.common.step_grid.sweep_order``).
 """
 from __future__ import annotations
 
@@ -157,9 +167,15 @@ class RowSweep:
 
     def __init__(self, grid, dynamic: np.ndarray, points: int, settle_ticks: int,
                  dwell: int, pool: bool = True, cut: float = 0.0, recheck: bool = False,
-                 adopt: bool = False, abort: float = 0.0):
+                 adopt: bool = False, abort: float = 0.0, recheck_floor: float = 0.0,
+                 from_original: bool = False):
         self.grid, self.points, self.pool, self.cut = grid, int(points), bool(pool), cut
-        self.abort = float(abort)
+        self.abort, self.recheck_floor = float(abort), float(recheck_floor)
+        # row -> its grid indices when its first sweep began (the original, where the
+        # engine started with it); with ``from_original`` every later sweep's order
+        # starts from there
+        self.home: dict[int, np.ndarray] = {}
+        self.from_original = bool(from_original)
         self.recent: deque[np.ndarray] = deque(maxlen=self.LEVEL_TICKS)   # own, per tick
         self.recheck, self.adopt = bool(recheck), bool(adopt)
         self.knobs = np.flatnonzero(dynamic & grid.ladder & (grid.n_steps > 0))
@@ -186,7 +202,8 @@ class RowSweep:
             return None
         sweep = cls(grid, dynamic, cfg.sweep_points, cfg.settle_ticks, model.probe_dwell,
                     model.sweep_pool, model.sweep_cut, model.sweep_recheck,
-                    model.sweep_adopt, model.sweep_abort)
+                    model.sweep_adopt, model.sweep_abort, model.sweep_recheck_floor,
+                    model.sweep_from == "original")
         return sweep if len(sweep.knobs) else None
 
     def covers(self, dynamic: np.ndarray) -> bool:
@@ -226,13 +243,15 @@ class RowSweep:
                 continue
             self.drop([r])
             origin = idx[r].copy()
+            home = self.home.setdefault(r, origin.copy())
             cohort = self._joinable(r, tick, sig)
             late = None if cohort is not None else self._adoptable(r, tick, sig)
             if late is not None:
                 cohort = late
                 self.adopted += 1
             elif cohort is None:
-                cohort = _Cohort(r, self._order(origin), tick,
+                cohort = _Cohort(r, self._order(home if self.from_original else origin),
+                                 tick,
                                  None if sig is None or r >= len(sig) else sig[r].copy())
             else:
                 self.pooled += 1
@@ -385,16 +404,25 @@ class RowSweep:
         """With ``recheck``, once a cohort's points are measured each member measures its
         first point once more (its drift, :meth:`_Cohort.scores`); True while they do. A
         member with nothing measured, or whose first median is 0, has no drift to read
-        and measures nothing more."""
+        and measures nothing more; nor does one whose first median lies under
+        ``recheck_floor`` x the best mean on that knob (as measured): the drift that would
+        lift it to the top (4x at the default floor) is far beyond what a warming cache
+        shows, and its second measure would starve its client again (an mmap reader
+        carrying 8192 KiB into its phase: 0.05 MB/s there against 11.8 at 4 KiB)."""
         if not self.recheck or c.rechecked:
             return False
         c.rechecked = True
+        means = c.means()
         again = False
         for q in c.rows:
             first = c.first(q)
-            if first is not None and first[2] > 0:
-                self.plans[q]["points"].append(first[0])
-                again = True
+            if first is None or not first[2] > 0:
+                continue
+            top = max(m for p, m in means.items() if p[0] == first[0][0])
+            if first[2] < self.recheck_floor * top:
+                continue
+            self.plans[q]["points"].append(first[0])
+            again = True
         return again
 
     def _cut(self, c: _Cohort) -> None:
