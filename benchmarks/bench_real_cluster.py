@@ -27,7 +27,8 @@ own best static throughput (``relative``), with per-client fairness (Jain's inde
 Writes (``--json``) ``best_static {setting, relative}``, ``per_phase_best_gap``,
 ``original``, ``tuners.{capes,hill,bo}.{relative, diff_vs_best_static, ci95,
 worst_10s_vs_original, restored, rows_lost, fairness, recall_30s, phases}``, and a
-``static`` entry. About 40 minutes with the defaults (32 without ``static``; measured:
+``static`` entry; with the ``static`` arm in the run, each tuner's ``vs_static_live {diff,
+ci95}``: against that arm, errors stratified by phase (``real_cluster.against_static_live``). About 40 minutes with the defaults (32 without ``static``; measured:
 48 min with a fifth arm); ``--quick``: 2 clients, 2 phases of 20 s, CAPES only, under 2
 minutes. Exit 77 (skip) without root, GlusterFS, FUSE, fio or loop devices. The cluster runs in a network
 namespace of its own, so another glusterd on the host does not stop it.
@@ -122,6 +123,13 @@ def report_table(result: dict) -> str:
                      f"{sc['relative']:.3f} | {sc['diff_vs_best_static']:+.3f} "
                      f"[{sc['ci95'][0]:+.3f}, {sc['ci95'][1]:+.3f}] | "
                      f"{sc['worst_10s_vs_original']:.2f} | {fair} | {sc['restored']} |")
+    live = [(n, sc["vs_static_live"]) for n, sc in result["tuners"].items()
+            if sc.get("vs_static_live")]
+    if live:
+        lines += ["", "Against the best static setting held live in this run (errors "
+                  "stratified by phase):", ""]
+        lines += [f"- {n}: {v['diff']:+.3f} [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]"
+                  for n, v in live]
     lines += ["", "Static grid (mean MB/s, summed over the clients):", ""]
     return "\n".join(lines + rr.static_grid_table(result["static"], digits=1))
 

@@ -90,6 +90,33 @@ def test_gap_resampled_spans_what_the_repetitions_allow():
     assert lo < 0.1 < hi and 0 <= lo
 
 
+def _arm(levels: list[float], noise: float, seed: int) -> list:
+    """A tuner's series: 60 s a phase at ``levels[i]`` MB/s, ± ``noise`` uniform."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    return [[t, lv * (1 + rng.uniform(-noise, noise)), i]
+            for i, lv in enumerate(levels) for t in range(60)]
+
+
+def test_a_tuner_against_the_best_static_held_live_in_the_same_run():
+    # two phases whose levels differ 4x: the stratified error counts only the noise
+    # within each phase, so a tuner 10 % above static in both is told apart from it,
+    # and one that is static again is not
+    result = {"schedule": [["a", 60], ["b", 60]], "static": {"best": {"a": 100, "b": 100}},
+              "tuners": {"static": {"series": _arm([80, 20], 0.1, 1)},
+                         "better": {"series": _arm([88, 22], 0.1, 2)},
+                         "same": {"series": _arm([80, 20], 0.1, 3)}}}
+    rc.against_static_live(result)
+    better, same = (result["tuners"][n]["vs_static_live"] for n in ("better", "same"))
+    assert better["diff"] == pytest.approx(0.05, abs=0.01)       # (0.08 + 0.02) / 2
+    assert better["ci95"][0] > 0 and same["ci95"][0] < 0 < same["ci95"][1]
+    assert "vs_static_live" not in result["tuners"]["static"]
+    # without a static arm in the run there is nothing to compare with
+    del result["tuners"]["static"], result["tuners"]["better"]["vs_static_live"]
+    rc.against_static_live(result)
+    assert "vs_static_live" not in result["tuners"]["better"]
+
+
 def test_stack_config_has_a_row_per_client_on_its_own_bdi(tmp_path):
     runner = SimpleNamespace(nodes=NODES[:2], ra_paths={
         "client1": "/sys/class/bdi/0:61/read_ahead_kb",

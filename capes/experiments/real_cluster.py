@@ -351,6 +351,48 @@ def gap_interval(grids: dict, original: int, schedule: list[rr.Phase], n: int = 
 
 # -- tuners through the stack --------------------------------------------------------------
 
+def _phase_terms(series: list, schedule: list, best: dict, batch_s: int) -> tuple[float, float]:
+    """A run's ``relative`` (each phase's mean ÷ its workload's best static, weighted by
+    its seconds) and its standard error stratified by phase: within each phase the
+    variance of its ``batch_s``-second batch means. The schedule is the design, so the
+    phases' different levels are not noise (``rr.score``'s pooled error counts them)."""
+    x = np.asarray(series, float)
+    terms = []
+    for i, (workload, _) in enumerate(schedule):
+        z = x[x[:, 2] == i, 1] / best[workload]
+        nb = z.size // batch_s
+        if not z.size:
+            continue
+        se = (float(np.std(z[:nb * batch_s].reshape(nb, batch_s).mean(1), ddof=1))
+              / math.sqrt(nb)) if nb >= 2 else math.nan
+        terms.append((z.size, float(z.mean()), se))
+    total = sum(n for n, _, _ in terms)
+    rel = sum(n * m for n, m, _ in terms) / total
+    return rel, math.sqrt(sum((n / total * se) ** 2 for n, _, se in terms))
+
+
+def against_static_live(result: dict, batch_s: int = 10) -> None:
+    """Each tuner against the best static setting held live in the same run (the
+    ``static`` arm: the same stack, the same schedule, the host's load then), where one
+    ran: ``vs_static_live = {diff, ci95, se}``, both errors stratified by phase
+    (:func:`_phase_terms`) and independent (the arms ran one after the other). The
+    grid's comparison (``diff_vs_best_static``) carries the grid's own error, which on
+    2 repetitions of 9 s is twice a live arm's. Works on a finished run's JSON."""
+    tuners, best = result.get("tuners", {}), result.get("static", {}).get("best")
+    live = tuners.get("static", {})
+    if not best or not live.get("series"):
+        return
+    schedule = [tuple(p) for p in result["schedule"]]
+    rel0, se0 = _phase_terms(live["series"], schedule, best, batch_s)
+    for name, sc in tuners.items():
+        if name == "static" or not sc.get("series"):
+            continue
+        rel, se = _phase_terms(sc["series"], schedule, best, batch_s)
+        diff, half = rel - rel0, 1.96 * math.sqrt(se ** 2 + se0 ** 2)
+        sc["vs_static_live"] = {"diff": diff, "ci95": [diff - half, diff + half],
+                                "se": se, "static_se": se0}
+
+
 def stack_table(template: Path, runner: ClusterRunner, pi_dir: Path, values: list[int],
                 original: int, one_row: bool = False) -> dict:
     """The shipped cluster config made concrete: one ``clientK/read_ahead_kb`` row per
@@ -629,6 +671,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
             result["tuners"][name] = sc
             if sc.get("relative") is not None:
                 log(rr.score_line(name, sc, run.restored, run.rows_lost))
+        against_static_live(result)
     finally:
         if runner is not None:
             runner.close()
