@@ -28,9 +28,9 @@ Writes (``--json``) ``best_static {setting, relative}``, ``per_phase_best_gap``,
 ``original``, ``tuners.{capes,hill,bo}.{relative, diff_vs_best_static, ci95,
 worst_10s_vs_original, restored, rows_lost, fairness, recall_30s, phases}``, and a
 ``static`` entry; with the ``static`` arm in the run, each tuner's ``vs_static_live {diff,
-ci95}``: against that arm, errors stratified by phase (``real_cluster.against_static_live``). About 40 minutes with the defaults (32 without ``static``; measured:
-48 min with a fifth arm); ``--quick``: 2 clients, 2 phases of 20 s, CAPES only, under 2
-minutes. Exit 77 (skip) without root, GlusterFS, FUSE, fio or loop devices. The cluster runs in a network
+ci95}``: against that arm, errors stratified by phase (``real_cluster.against_static_live``).
+About 40 minutes with the defaults (32 without ``static``; measured: 48 min with a fifth
+arm); ``--quick``: 2 clients, 2 phases of 20 s, CAPES only, under 2 minutes. Exit 77 (skip) without root, GlusterFS, FUSE, fio or loop devices. The cluster runs in a network
 namespace of its own, so another glusterd on the host does not stop it.
 
     sudo .venv/bin/python benchmarks/bench_real_cluster.py --json out.json

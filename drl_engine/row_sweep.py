@@ -79,7 +79,7 @@ Five savings, a correction and an order, each with its switch (``[cluster_engine
   restarted engine found), not from the window it brings from its last context. On
   GlusterFS two readers carried the 8192 KiB their sequential phase had found into an
   mmap random phase, so their sweep began at 8192 and 512 KiB (0.05 MB/s each, against
-  11.8 at 4 KiB) and the cluster's worst 10 s fell to 0.75x the original's there. A
+  11.8 at 4 KiB) and the phase's first visit held 0.73 of its best (seed 2). A
   window fitted to another workload is no better a first guess than the original, and
   is the one more likely to sit at an end of the ladder; from the original the nearer
   end's side comes first as before (``capes.common.step_grid.sweep_order``).

@@ -360,9 +360,9 @@ def _phase_terms(series: list, schedule: list, best: dict, batch_s: int) -> tupl
     terms = []
     for i, (workload, _) in enumerate(schedule):
         z = x[x[:, 2] == i, 1] / best[workload]
-        nb = z.size // batch_s
         if not z.size:
             continue
+        nb = z.size // batch_s
         se = (float(np.std(z[:nb * batch_s].reshape(nb, batch_s).mean(1), ddof=1))
               / math.sqrt(nb)) if nb >= 2 else math.nan
         terms.append((z.size, float(z.mean()), se))
