@@ -150,6 +150,11 @@ class _Cohort:
         the abort judge by: the drift is known only at the end)."""
         return {p: float(np.mean(s)) for p, s in self.scores(corrected=False).items()}
 
+    def top(self, knob: int) -> float | None:
+        """The highest mean of a point's medians on ``knob``, as measured (what the abort
+        and the re-check floor judge by); None: none measured there yet."""
+        return max((m for p, m in self.means().items() if p[0] == knob), default=None)
+
     def best(self) -> tuple[int, int] | None:
         """The point with the highest mean score, drift-corrected (the first on a tie);
         None when nothing moved data (an idle row tells nothing)."""
@@ -393,8 +398,8 @@ class RowSweep:
         got = p["got"]
         if self.abort <= 0 or len(got) < self.ABORT_TICKS:
             return False
-        means = [m for q, m in p["cohort"].means().items() if q[0] == point[0]]
-        ref = max(means) if means else p["level"]
+        top = p["cohort"].top(point[0])
+        ref = top if top is not None else p["level"]
         if ref is None or not ref > 0:
             return False
         bar = self.abort * ref
@@ -412,14 +417,12 @@ class RowSweep:
         if not self.recheck or c.rechecked:
             return False
         c.rechecked = True
-        means = c.means()
         again = False
         for q in c.rows:
             first = c.first(q)
             if first is None or not first[2] > 0:
                 continue
-            top = max(m for p, m in means.items() if p[0] == first[0][0])
-            if first[2] < self.recheck_floor * top:
+            if first[2] < self.recheck_floor * c.top(first[0][0]):
                 continue
             self.plans[q]["points"].append(first[0])
             again = True
