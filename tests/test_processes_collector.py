@@ -140,3 +140,44 @@ def test_bad_options_and_a_missing_cgroup_are_clear(tmp_path):
     assert "no " in col.check()[0] and "cgroup.procs" in col.check()[0]
     v = col.collect()                          # an unreadable cgroup: no processes
     assert v["procs.procs"] == 0
+
+
+def test_file_size_tells_small_files_from_a_stream_and_is_held_between_files(tmp_path):
+    """Both read in 4 KiB calls (same read share, fault share and size per op); only the
+    sizes of the files they hold open differ. A tick that catches no file open keeps the
+    last size while the job runs; once the node is idle past the hold it is 0."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    big, small = mnt / "data", mnt / "f.0"
+    with open(big, "wb") as f:
+        f.truncate(256 << 20)                       # sparse: its size is what counts
+    small.write_bytes(b"x" * (64 << 10))
+    fp, clock = FakeProcs(tmp_path), FakeClock()
+    col = build_collector("processes", {"cgroup": str(fp.cgroup), "under": str(mnt),
+                                        "root": str(fp.root), "clock": clock,
+                                        "hold_ticks": 1})
+    assert col.collect()["procs.file_kib"] == 0     # nothing running yet: as idle
+    fp.set(5, rchar=0, syscr=0, files=(str(big),))
+    clock.t += 1.0
+    assert col.collect()["procs.file_kib"] == 256 << 10
+    fp.set(5, rchar=4 << 20, syscr=1024, files=(str(big),))
+    clock.t += 1.0
+    stream = col.collect()
+    fp.set(5, rchar=8 << 20, syscr=2048, files=(str(small), str(small), str(big)))
+    clock.t += 1.0
+    mixed = col.collect()
+    assert mixed["procs.file_kib"] == 64                  # the median of the files open
+    fp.set(5, rchar=12 << 20, syscr=3072, files=())       # between two small files
+    clock.t += 1.0
+    storm = col.collect()
+    for k in ("procs.read_share", "procs.fault_share", "procs.kib_per_op"):
+        assert storm[k] == stream[k]
+    assert storm["procs.open_files"] == 0 and storm["procs.file_kib"] == 64
+    fp.set(5, rchar=12 << 20, syscr=3072, files=(str(mnt / "gone"),))   # unreadable
+    clock.t += 1.0
+    assert col.collect()["procs.file_kib"] == 64
+    fp.drop(5)                                            # the job ends: held, then idle
+    clock.t += 1.0
+    assert col.collect()["procs.file_kib"] == 64
+    clock.t += 1.0
+    assert col.collect()["procs.file_kib"] == 0
