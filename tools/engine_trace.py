@@ -48,9 +48,26 @@ CASES = {
 }
 
 
+def cpu_id() -> str:
+    """The CPU, by model and feature flags: the same wheels dispatch float32 kernels by
+    the CPU's features (measured: two AVX-512 hosts' losses differ at the 7th digit from
+    the first steps, and the paper preset's actions by tick 290), so a trace holds
+    only where it was recorded."""
+    import platform
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    field = {k.strip(): v.strip() for k, _, v in
+             (line.partition(":") for line in info.split("\n\n")[0].splitlines())}
+    flags = hashlib.sha1(field.get("flags", "").encode()).hexdigest()[:8]
+    return f"{field.get('model name', platform.machine())} (flags {flags})"
+
+
 def versions() -> dict:
     import torch
-    return {"numpy": np.__version__, "torch": torch.__version__.split("+")[0]}
+    return {"numpy": np.__version__, "torch": torch.__version__.split("+")[0],
+            "cpu": cpu_id()}
 
 
 def _g(x: float | None) -> float | None:
