@@ -28,7 +28,9 @@ Writes (``--json``) ``best_static {setting, relative}``, ``per_phase_best_gap``,
 ``original``, ``tuners.{capes,hill,bo}.{relative, diff_vs_best_static, ci95,
 worst_10s_vs_original, restored, rows_lost, fairness, recall_30s, phases}``, and a
 ``static`` entry; with the ``static`` arm in the run, each tuner's ``vs_static_live {diff,
-ci95}``: against that arm, errors stratified by phase (``real_cluster.against_static_live``).
+ci95}``: against that arm, errors stratified by phase (``real_cluster.against_static_live``);
+with the ``original`` arm (the untuned cluster held live), each arm's
+``worst_10s_vs_original_live`` (``real_cluster.against_original_live``).
 About 40 minutes with the defaults (32 without ``static``; measured: 48 min with a fifth
 arm); ``--quick``: 2 clients, 2 phases of 20 s, CAPES only, under 2 minutes. Exit 77 (skip) without root, GlusterFS, FUSE, fio or loop devices. The cluster runs in a network
 namespace of its own, so another glusterd on the host does not stop it.
@@ -64,7 +66,8 @@ def parse_args(argv=None):
                     help=f"phases, of {', '.join(rc.PHASES)}")
     ap.add_argument("--phase-s", type=float, default=60)
     ap.add_argument("--tuners", default=TUNERS,
-                    help="of capes, hill, bo and capes-NAME for each --variant, in order")
+                    help="of capes, hill, bo, capes-NAME for each --variant, and the held "
+                         "arms static (the best static setting) and original, in order")
     ap.add_argument("--variant", dest="variants", action="append", default=[],
                     help="NAME:key=value[;key=value]: a CAPES variant (capes-NAME in "
                          "--tuners) with its own settings, on the same grid")
@@ -130,6 +133,12 @@ def report_table(result: dict) -> str:
                   "stratified by phase):", ""]
         lines += [f"- {n}: {v['diff']:+.3f} [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]"
                   for n, v in live]
+    worst = [(n, sc["worst_10s_vs_original_live"]) for n, sc in result["tuners"].items()
+             if sc.get("worst_10s_vs_original_live") is not None]
+    if worst:
+        lines += ["", "Worst 10 s ÷ the original held live in this run (per phase; the "
+                  "original's own is the host's noise):", ""]
+        lines += [f"- {n}: {w:.2f}" for n, w in worst]
     lines += ["", "Static grid (mean MB/s, summed over the clients):", ""]
     return "\n".join(lines + rr.static_grid_table(result["static"], digits=1))
 

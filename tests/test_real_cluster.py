@@ -117,6 +117,23 @@ def test_a_tuner_against_the_best_static_held_live_in_the_same_run():
     assert "vs_static_live" not in result["tuners"]["better"]
 
 
+def test_worst_10s_against_the_untuned_cluster_held_live_in_the_same_run():
+    # the original arm at 80 then 20; a tuner whose worst 10 s in phase b sink to 12
+    # (0.6 of the original there) is judged on that phase, not on a's higher level
+    result = {"schedule": [["a", 60], ["b", 60]],
+              "tuners": {"original": {"series": _arm([80, 20], 0.0, 1)},
+                         "dip": {"series": [[t, 12.0 if (i == 1 and 30 <= t < 40) else
+                                             [88, 22][i], i]
+                                            for i in (0, 1) for t in range(60)]}}}
+    rc.against_original_live(result)
+    assert result["tuners"]["dip"]["worst_10s_vs_original_live"] == pytest.approx(0.6)
+    assert result["tuners"]["original"]["worst_10s_vs_original_live"] == pytest.approx(1.0)
+    # without an original arm in the run there is nothing to compare with
+    del result["tuners"]["original"], result["tuners"]["dip"]["worst_10s_vs_original_live"]
+    rc.against_original_live(result)
+    assert "worst_10s_vs_original_live" not in result["tuners"]["dip"]
+
+
 def test_stack_config_has_a_row_per_client_on_its_own_bdi(tmp_path):
     runner = SimpleNamespace(nodes=NODES[:2], ra_paths={
         "client1": "/sys/class/bdi/0:61/read_ahead_kb",

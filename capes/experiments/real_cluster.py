@@ -83,6 +83,9 @@ PHASES = {
 DEFAULT_SCHEDULE = ["checkpoint", "analysis", "mixed", "smallfiles"] * 2
 BRICK_GIB = 2.0                   # each brick's loop device
 LADDER = [4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+# arms that run the stack with no tuner, every client held: at the best static setting,
+# or where it was (the untuned cluster under the same stack and load)
+HELD = ("static", "original")
 
 
 def assignment(phase: str, nodes: list[str]) -> dict[str, str | None]:
@@ -393,6 +396,30 @@ def against_static_live(result: dict, batch_s: int = 10) -> None:
                                 "se": se, "static_se": se0}
 
 
+def against_original_live(result: dict, width: int = 10) -> None:
+    """Each arm's worst ``width`` seconds against the untuned cluster held live in the
+    same run (the ``original`` arm), where one ran: ``worst_10s_vs_original_live`` = the
+    lowest over phases of the phase's worst ``width``-second mean ÷ the original arm's
+    mean in that phase; the original arm's own figure is how far the host's noise alone
+    takes the measure below 1. ``worst_10s_vs_original``
+    divides by the grid's original, measured without the stack's processes on the
+    host. Works on a finished run's JSON."""
+    tuners = result.get("tuners", {})
+    base = tuners.get("original", {}).get("series")
+    if not base:
+        return
+    b = np.asarray(base, float)
+    means = {int(i): float(b[b[:, 2] == i, 1].mean()) for i in np.unique(b[:, 2])}
+    for sc in tuners.values():
+        if not sc.get("series"):
+            continue
+        x = np.asarray(sc["series"], float)
+        worst = [rr.worst_window(x[x[:, 2] == i, 1], width) / m
+                 for i, m in means.items() if m > 0 and (x[:, 2] == i).sum() >= width]
+        if worst:
+            sc["worst_10s_vs_original_live"] = float(min(worst))
+
+
 def stack_table(template: Path, runner: ClusterRunner, pi_dir: Path, values: list[int],
                 original: int, one_row: bool = False) -> dict:
     """The shipped cluster config made concrete: one ``clientK/read_ahead_kb`` row per
@@ -447,7 +474,8 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
     ``read_ahead_kb`` through the stack: one interface daemon, a monitoring and a control
     agent per client node, the engine (per-node mode) or the baseline tuner. ``static``:
     the same stack without a tuner, every client held at ``static_value`` (the best
-    static setting measured with the stack's own load on the host)."""
+    static setting measured with the stack's own load on the host); ``original``: the
+    same, every client held where it was (the untuned cluster, live)."""
     from capes.common.config import dump_toml
     from capes.common.curve import bind, generate
     from capes.settings import load_settings
@@ -509,7 +537,7 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
                         "--set", "keys.client=control")
         if name == "static":
             runner.set_read_ahead(static_value)
-        else:
+        elif name not in HELD:
             rr.start_tuner(stack, name, cfg, seed, sub, status)
         thread.start()
         tick = rr.progress_tick(
@@ -522,7 +550,7 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
         halt.set()
         if thread.is_alive():
             thread.join(2)
-        result.exit_codes = stack.stop(first=("tuner",) if name != "static" else ())
+        result.exit_codes = stack.stop(first=("tuner",) if name not in HELD else ())
         if name == "static":
             runner.set_read_ahead(original[runner.nodes[0]])
         now = {}
@@ -672,6 +700,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
             if sc.get("relative") is not None:
                 log(rr.score_line(name, sc, run.restored, run.rows_lost))
         against_static_live(result)
+        against_original_live(result)
     finally:
         if runner is not None:
             runner.close()
