@@ -112,6 +112,12 @@ class NodeModelConfig:
     # a row that reached what its sweep found holds it engine.context_hold_ticks (no probe
     # nor greedy move), as a recalled setting is held: both are measured settings
     sweep_hold: bool = True
+    # a row off its best-known knobs whose own objective, settled, lies below this share
+    # of its level there (the median of its settled ticks on them) for 2 ticks in a row
+    # walks back, and no move of that row reaches the value it fell at again until the
+    # best is forgotten (drl_engine/row_floor.py); the cluster's rollback needs most of a
+    # minute to see one client of four collapse (0: off)
+    row_floor: float = 0.5
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)
@@ -197,6 +203,9 @@ class NodeModelConfig:
         if not 0 <= self.sweep_abort < 1:
             raise ValueError(f"sweep_abort: must lie in [0, 1) (0: no abort) "
                              f"(got {self.sweep_abort})")
+        if not 0 <= self.row_floor < 1:
+            raise ValueError(f"row_floor: must lie in [0, 1) (0: off) "
+                             f"(got {self.row_floor})")
         if not self.return_shift >= -1:
             raise ValueError(f"return_shift: must be >= 0, or -1 for settle_ticks "
                              f"(got {self.return_shift})")

@@ -25,6 +25,7 @@ from drl_engine.cold_start import SharedColdStart
 from drl_engine.costs import knob_cost
 from drl_engine.rollback import Rollback
 from drl_engine.row_detector import RowChangeDetector
+from drl_engine.row_floor import RowFloor
 from drl_engine.row_probes import RowProbes
 from drl_engine.row_sweep import RowSweep
 
@@ -65,6 +66,8 @@ class RowController:
         self.best = PeakTracker(model, dqn.settle_ticks, self.grid)
         self.guarded = 0                            # moves the guard turned back
         self.rollback = Rollback(model, dqn.settle_ticks)
+        # a row whose own objective collapses away from its best-known knobs goes back
+        self.floor = RowFloor(nodes, len(params), model.row_floor, dqn.settle_ticks)
         self.alarm_ticks: list[int] = []
         self.new_detector()
 
@@ -77,12 +80,14 @@ class RowController:
         """Rows appended (nodes joined): not probing; the detector starts afresh (a node
         joining moves every node's share). The caller forgets the best-known setting."""
         self.probes.grow(nodes - self.nodes)
+        self.floor.grow(nodes - self.nodes)
         self.nodes = nodes
         self.new_detector()
 
     def forget(self, tick: int | None) -> None:
         """A new workload: forget the best-known setting, nothing pending to roll back."""
         self.rollback.reset()
+        self.floor.reset()
         self.best.forget(tick)
 
     @property
@@ -181,6 +186,26 @@ class RowController:
         self.probes.knob[bad & explore] = -1
         self.guarded += int(bad.sum())
         return np.where(bad, back, acts)
+
+    def floor_guard(self, idx: np.ndarray, acts: np.ndarray, explore: np.ndarray
+                    ) -> np.ndarray:
+        """The row floor's bounds (``drl_engine.row_floor``): a move onto or past a value
+        a row fell at becomes NULL; a probe so blocked ends."""
+        if not self.floor.active or not (acts != 0).any():
+            return acts
+        k, steps = actions.decode_rows(acts, len(self.params))
+        out = self.floor.block(idx, self.grid.move(idx, k, steps), acts)
+        self.probes.knob[(out != acts) & explore] = -1
+        return out
+
+    def floor_walk(self, values: np.ndarray, cur: np.ndarray, present: np.ndarray
+                   ) -> np.ndarray:
+        """One tick of the fallen rows' walk back to their best-known knobs."""
+        rows = self.floor.returning & present
+        if not rows.any() or self.best.best_idx is None:
+            return values
+        stepped = self.walk_to(cur, self.best.best_idx, rows[:, None] & self.dynamic[None, :])
+        return np.where(rows[:, None], stepped, values)
 
     def apply(self, cur: np.ndarray, acts: np.ndarray) -> np.ndarray:
         """Every row's knob values after its action: one knob moved, in range, over

@@ -182,13 +182,21 @@ class RowEngine(Engine):
         if control.best.track(rep, tick):
             self._forget_best(tick)
         s = rep.slot(tick)
+        own = np.where(np.isfinite(pis[:, self._node_obj]).any(axis=1),   # each row's own
+                       np.nansum(pis[:, self._node_obj], axis=1), np.nan)  # objective
         if control.sweep is not None:     # each new context's sweep measures, and what
-            own = np.where(np.isfinite(pis[:, self._node_obj]).any(axis=1),   # it found
-                           np.nansum(pis[:, self._node_obj], axis=1), np.nan)  # stays best
             control.sweep.observe(int(tick), control.indices(rep.knobs[s]), own)
-            control.sweep.pin(control.best)
+            control.sweep.pin(control.best)                       # it found stays best
             if self.mcfg.sweep_hold and self.row_context is not None:   # a measured
                 self.row_context.hold(control.sweep.arrived, int(tick))  # setting, held
+        if control.floor.active:          # a row collapsing off its best-known knobs
+            judged = rep.present[s] & (not control.rollback.holding(int(tick)))
+            if control.sweep is not None:
+                judged[control.sweep.active] = False
+            if self.row_context is not None:
+                judged &= ~self.row_context.holding(int(tick))
+            control.floor.observe(int(tick), control.indices(rep.knobs[s]), own,
+                                  control.best.best_idx, judged)
         control.rollback.watch(int(tick), control.best, rep.knobs[s], rep.present[s],
                                control.grid)
 
@@ -320,9 +328,15 @@ class RowEngine(Engine):
             acts[sweeping] = 0
             explore[sweeping] = False
             control.probes.knob[sweeping] = -1
+        fallen = control.floor.returning     # walking back below, no move of their own
+        if fallen.any():
+            acts = np.where(fallen, 0, acts)
+            explore = explore & ~fallen
+            control.probes.knob[fallen] = -1
         acts = np.where(present, acts, 0).astype(np.int64)
         acts = control.guard(idx, acts, explore)
-        values = control.apply(cur, acts)
+        acts = control.floor_guard(idx, acts, explore)
+        values = control.floor_walk(control.apply(cur, acts), cur, present)
         if self.row_context is not None:     # [row context hook] walking rows' step
             values = self.row_context.walk(values, cur, present, control, int(tick))
         if len(sweeping):                    # one tick of each sweeping row's walk
