@@ -522,8 +522,11 @@ class WorkloadContexts(ContextMemory):
     def origin(self) -> int | None:
         """The action tick ε's clock starts at in the current context (``Engine.epsilon``:
         a new workload is explored as a new session is, a return no more than its context
-        still needs); None before the first context."""
-        return self.memory[self.current].created_at if self.memory else None
+        still needs); None before the first context, or with none current (a checkpoint
+        saved while the signature is between contexts)."""
+        if not self.memory or self.current is None:
+            return None
+        return self.memory[self.current].created_at
 
     def counters(self) -> dict:
         return {"contexts": self.clusters.count, "switches": len(self.switches),
