@@ -118,6 +118,10 @@ class NodeModelConfig:
     # best is forgotten (drl_engine/row_floor.py); the cluster's rollback needs most of a
     # minute to see one client of four collapse (0: off)
     row_floor: float = 0.5
+    # a fall restarts the change detector, as a context switch does: a client collapsing
+    # and coming back moves every client's share of the sum, and the alarm that followed
+    # forgot the best-known setting and the bounds the fall had just set (False: kept)
+    floor_restarts_detector: bool = True
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)

@@ -195,8 +195,11 @@ class RowEngine(Engine):
                 judged[control.sweep.active] = False
             if self.row_context is not None:
                 judged &= ~self.row_context.holding(int(tick))
-            control.floor.observe(int(tick), control.indices(rep.knobs[s]), own,
-                                  control.best.best_idx, judged)
+            fell = control.floor.observe(int(tick), control.indices(rep.knobs[s]), own,
+                                         control.best.best_idx, judged)
+            if fell.any() and self.mcfg.floor_restarts_detector:
+                control.new_detector()    # the collapse is ours and known, as a context
+                                          # switch is: its echo must not forget the bounds
         control.rollback.watch(int(tick), control.best, rep.knobs[s], rep.present[s],
                                control.grid)
 

@@ -97,6 +97,26 @@ def test_the_engine_keeps_rows_off_the_cliff_the_floor_found():
         assert on < off / 2, (seed, on, off)
 
 
+def test_a_fall_is_not_taken_for_a_new_workload():
+    # a client collapsing and coming back moves every client's share of the sum: the
+    # change detector alarmed after the falls of a stationary game, and the alarm forgot
+    # the bounds they had set; a fall restarts the detector, as a context switch does
+    def run(restart: bool, seed: int):
+        eng = ladder_engine(4, dataclasses.replace(
+            MODEL, probe_dwell=6, floor_restarts_detector=restart))
+        seen = np.array(play(eng, 400, np.ones(4, int), np.random.default_rng(seed),
+                             lambda rung, kind, t: np.where(rung >= 3, 1e6,
+                                                            10e6 * (1 - 0.05 * rung))))
+        return eng.control, int((seen[150:] >= 3).sum())
+
+    for seed in (4, 5):
+        kept, on = run(True, seed)
+        echoed, off = run(False, seed)
+        assert kept.floor.falls and not kept.alarm_ticks        # stationary: no alarm
+        assert any(0 < a - t <= 10 for a in echoed.alarm_ticks for t, _ in echoed.floor.falls)
+        assert on < off, (seed, on, off)
+
+
 def test_the_setting_is_checked():
     with pytest.raises(ValueError, match="row_floor"):
         NodeModelConfig(row_floor=1.0).validate()
