@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from capes.common import actions
-from capes.common.step_grid import StepGrid, sweep_order, walk, walk_action
+from capes.common.step_grid import StepGrid, local_draw, sweep_order, walk, walk_action
 from drl_engine import checkpoint, trust_region
 from drl_engine.best_known import LowerBound
 from drl_engine.change_detection import ChangeDetectorConfig, SettingResidualDetector
@@ -467,10 +467,9 @@ class Guide:
                 self.wide_left -= 1
                 g = np.maximum(g, self._in_steps(self.cfg.alarm_guard_steps, whole=True))
                 spread = np.maximum(spread, g.astype(float))
-            jitter = np.clip(np.rint(self.rng.normal(0.0, spread,
-                                                     size=(self.LOCAL_CANDIDATES, len(best)))),
-                             -g, g)
-            near = np.clip(best + jitter, 0, self.n_steps).astype(np.int64)
+            near = local_draw(self.rng, np.broadcast_to(best, (self.LOCAL_CANDIDATES,
+                                                              len(best))),
+                              spread, self.n_steps, best=best, guard=g)
             if self.cfg.probe_avoid_bad:      # a setting seen below the floor: not again
                 ok = [not self._known_bad(k) for k in near]
                 near = near[ok] if any(ok) else best[None].astype(np.int64)

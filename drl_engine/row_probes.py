@@ -9,12 +9,15 @@ the row's best-known setting), walked to one step per tick, held ``probe_dwell``
 objective peaked stays where it went, the others go back)
 — an excursion, so exploration never displaces a row for good and knobs the objective
 does not depend on do not random-walk away. ``explore="random"``: one uniform random
-action. The one-row (flat) mode's probes are the guide's GP-proposed ones
-(``drl_engine.guide``).
+action. The target is drawn by the rule both modes share
+(``capes.common.step_grid.local_draw``); the one-row (flat) mode's guide draws several
+around its best and lets its Gaussian process choose (``drl_engine.guide``).
 """
 from __future__ import annotations
 
 import numpy as np
+
+from capes.common.step_grid import local_draw
 
 # checkpoint names of the probe state (kept from the cluster engine's checkpoints)
 STATE = {"probe_knob": "knob", "probe_target": "target", "probe_dwell": "dwell",
@@ -70,13 +73,10 @@ class RowProbes:
         if start.any():
             who = np.flatnonzero(start)
             k = tunable[rng.integers(0, len(tunable), len(who))]
-            jump = np.rint(rng.normal(0.0, self.mcfg.probe_steps, len(who)))
-            jump = np.where(jump == 0, np.where(rng.random(len(who)) < 0.5, 1, -1), jump)
-            target = np.clip(idx[who, k] + jump, 0, self.n_steps[k]).astype(np.int64)
-            g = guard_steps
-            if best_idx is not None and g > 0:
-                b = best_idx[who, k]
-                target = np.clip(target, b - g, b + g)
+            band = best_idx is not None and guard_steps > 0
+            target = local_draw(rng, idx[who, k], self.mcfg.probe_steps, self.n_steps[k],
+                                best=best_idx[who, k] if band else None,
+                                guard=guard_steps, nonzero=True)
             self.knob[who] = k
             self.origin[who] = idx[who, k]
             self.target[who] = target

@@ -3,7 +3,7 @@ search baselines and the cluster simulator's best-static search."""
 import numpy as np
 
 from capes.common.params import ParameterSpec
-from capes.common.step_grid import StepGrid, sweep_order
+from capes.common.step_grid import StepGrid, local_draw, sweep_order
 
 
 def spec(lo, hi, step):
@@ -85,3 +85,18 @@ def test_a_sweep_visits_the_nearer_ends_side_first_and_its_own_point_only_when_a
     assert sweep_order(11, 9, 5, with_at=False) == [11, 8, 6, 3, 0]      # high end nearer
     assert sweep_order(4, 2, 5, with_at=True) == [2, 1, 0, 3, 4]         # a tie: below first
     assert sweep_order(3, 0, 0, with_at=False) == [3]                    # at least both ends
+
+
+def test_a_local_probe_stays_in_the_range_and_the_trust_region_and_moves_when_asked():
+    # both modes' proposal: a Gaussian jump around a center, never past the range's ends
+    # nor more than `guard` steps from the best-known setting
+    rng = np.random.default_rng(0)
+    n, best, guard = 11, 2, 3
+    t = local_draw(rng, np.full(20000, 4), 2.0, n, best=np.full(20000, best), guard=guard)
+    assert t.min() == 0 and t.max() == best + guard          # both bounds bind
+    free = local_draw(rng, np.full(20000, 5), 2.0, n)
+    assert abs(np.std(free - 5) - 2.0) < 0.15 and (free == 5).mean() > 0.15
+    moved = local_draw(rng, np.full(20000, 5), 2.0, n, nonzero=True)
+    assert (moved != 5).all()                                 # a row's probe always moves
+    grid = local_draw(rng, np.zeros((3, 2), np.int64), np.array([1.0, 0.0]), [4, 4])
+    assert grid.shape == (3, 2) and (grid[:, 1] == 0).all()  # per knob; spread 0 holds

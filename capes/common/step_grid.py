@@ -189,4 +189,24 @@ def sweep_order(n: int, at: int, points: int, with_at: bool) -> list[int]:
     return below + above if at <= n - at else above + below
 
 
-__all__ = ["StepGrid", "sweep_order", "walk", "walk_action"]
+def local_draw(rng: np.random.Generator, center: np.ndarray, spread, n_steps,
+               best: np.ndarray | None = None, guard=None, nonzero: bool = False
+               ) -> np.ndarray:
+    """A local probe's targets, both modes' rule: from ``center`` a Gaussian jump of
+    ``spread`` steps (sd, rounded; ``nonzero``: a jump of 0 becomes ±1 at random, so the
+    probe moves), inside 0 … ``n_steps`` and, with ``best`` and ``guard``, within
+    ``guard`` steps of ``best`` (the best-known setting: the trust region). One draw per
+    element of ``center``, grid indices of any shape. The one-row guide draws several
+    around its best and lets its model choose (``drl_engine.guide``); a row's probe is
+    one draw around where the row is (``drl_engine.row_probes``)."""
+    center = np.asarray(center)
+    jump = np.rint(rng.normal(0.0, spread, size=center.shape))
+    if nonzero:
+        jump = np.where(jump == 0, np.where(rng.random(center.shape) < 0.5, 1, -1), jump)
+    target = np.clip(center + jump, 0, n_steps)
+    if best is not None and guard is not None:
+        target = np.clip(target, best - guard, best + guard)
+    return target.astype(np.int64)
+
+
+__all__ = ["StepGrid", "local_draw", "sweep_order", "walk", "walk_action"]
