@@ -122,6 +122,12 @@ class NodeModelConfig:
     # and coming back moves every client's share of the sum, and the alarm that followed
     # forgot the best-known setting and the bounds the fall had just set (False: kept)
     floor_restarts_detector: bool = True
+    # greedy moves (the Q-network's) of a ladder knob stay within engine.greedy_guard_steps
+    # rungs of the row's best-known setting, as the one-row mode's do; probes, and knobs
+    # given as a range, keep engine.guard_steps. After a recall's hold on the real
+    # GlusterFS cluster every client's greedy move went the same way each tick, 3 rungs
+    # (8x) off the recalled window (False: guard_steps for every move)
+    greedy_guard: bool = True
     # workload-change detection (SettingResidualDetector, per-node streams with a vote)
     detect: bool = True
     detect_vote: float = 0.5          # share of the nodes that must vote (at least 2)

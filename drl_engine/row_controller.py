@@ -170,12 +170,17 @@ class RowController:
     def guard(self, idx: np.ndarray, acts: np.ndarray, explore: np.ndarray) -> np.ndarray:
         """The trust region: a move that takes a knob more than ``guard_steps`` steps
         from the row's best-known setting (and not closer to it) becomes a step back
-        towards it; a probe so blocked ends. A move over a forbidden value is judged
-        where it lands."""
+        towards it; a probe so blocked ends. A greedy move (a row not exploring) of a
+        ladder knob may go ``greedy_guard_steps`` rungs from it, as in the one-row mode
+        (``cluster_engine.greedy_guard``; off: ``guard_steps``): a rung of a ladder is a
+        doubling, 3 of them 8x. A move over a forbidden value is judged where it lands."""
         g = self.cfg.guard_steps
         best = self.best.best_idx
         if best is None or g <= 0:
             return acts
+        if self.mcfg.greedy_guard and self.grid.ladder.any():
+            greedy = ~np.asarray(explore, bool)[:, None] & self.grid.ladder[None, :]
+            g = np.where(greedy, min(g, self.cfg.greedy_guard_steps), g)
         k, steps = actions.decode_rows(acts, len(self.params))
         after = self.grid.move(idx, k, steps) if self.grid.forbids.any() else None
         # a knob that never moves online is not guarded

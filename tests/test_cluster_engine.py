@@ -303,9 +303,29 @@ def test_the_trust_region_turns_a_move_away_from_the_best_back():
     eng = engine(2, guard_steps=3)
     eng.control.best.best_idx = np.array([[39, 10], [39, 10]])
     idx = np.array([[39, 13], [39, 12]])
-    # node 0 would go to 14 (4 from the best): turned back; node 1 to 13: allowed
+    # node 0 would go to 14 (4 from the best): turned back; node 1 to 13: allowed (a
+    # greedy move too: the knobs are ranges, not ladders)
     out = eng.control.guard(idx, np.array([3, 3]), np.zeros(2, bool))
     assert out.tolist() == [4, 3] and eng.control.guarded == 1
+
+
+def test_greedy_moves_of_a_ladder_knob_stay_a_rung_from_the_best():
+    # as the one-row mode's (engine.greedy_guard_steps, 1 in the default preset); probes
+    # keep guard_steps. Without it (the ablation) every client of the real cluster took
+    # greedy moves 3 rungs (8x) off its recalled window
+    import test_row_sweep
+    eng = test_row_sweep.ladder_engine(3, guard_steps=3)
+    assert eng.cfg.greedy_guard_steps == 1 and eng.mcfg.greedy_guard
+    eng.control.best.best_idx = np.array([[4]] * 3)           # 64 KiB
+    idx = np.array([[3], [3], [4]])
+    # down a rung: greedy from 32 KiB (2 from the best: back up), probing from 32 KiB
+    # (allowed), greedy from the best itself (1 rung: allowed)
+    down, up = 2, 1
+    out = eng.control.guard(idx, np.array([down] * 3), np.array([False, True, False]))
+    assert out.tolist() == [up, down, down]
+    eng.control.mcfg = dataclasses.replace(eng.control.mcfg, greedy_guard=False)
+    assert eng.control.guard(idx, np.array([down] * 3), np.zeros(3, bool)).tolist() == \
+        [down] * 3
 
 
 def test_idle_nodes_keep_their_knobs():
