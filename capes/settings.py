@@ -52,6 +52,8 @@ class Settings(DeploymentConfig):
     # (as ``daemon.metrics`` is the daemon's). A process setting, not a hyperparameter,
     # so it is kept here rather than in DQNConfig (and never in a checkpoint).
     engine_metrics: str = field(default=DEFAULT_ENGINE_METRICS, init=False)
+    # the live engine's PyTorch threads on CPU (engine.cpu_threads; 0: PyTorch's default)
+    engine_cpu_threads: int = field(default=1, init=False)
     reward: RewardConfig = field(default_factory=RewardConfig)
     game: GameConfig = field(default_factory=GameConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
@@ -90,9 +92,15 @@ def settings_from_table(table: dict, path: str | Path | None, overrides: Iterabl
                 raise ValueError(f"expected a string HOST:PORT, got {metrics!r}")
         except ValueError as exc:
             raise ConfigError(source, "engine.metrics", str(exc)) from None
+        threads = engine.pop("cpu_threads", 1) if isinstance(engine, dict) else 1
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise ConfigError(source, "engine.cpu_threads",
+                              f"expected an integer >= 0 (0: PyTorch's default, one "
+                              f"thread per core), got {threads!r}")
         table["engine"] = with_preset(engine, source)
         settings = cfgmod.build(Settings, table, source)
         settings.engine_metrics = metrics
+        settings.engine_cpu_threads = threads
         return settings
     except ConfigError as exc:
         culprit = _override_of(exc.key, overrides)

@@ -34,7 +34,7 @@ from capes.common.metrics import (DEFAULT_ENGINE_METRICS, TENSORBOARD_MISSING, f
                                   registry_for, serve_metrics, tensorboard_available,
                                   tensorboard_writer, tick_text)
 from capes.common.metrics import metric as _m
-from capes.common.one_core import single_thread_blas
+from capes.common.one_core import single_thread_blas, torch_threads
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
 from drl_engine import checkpoint
@@ -51,6 +51,8 @@ log = logging.getLogger("capes.drl_engine")
 @dataclass
 class EngineDaemonOptions:
     device: str = "auto"
+    cpu_threads: int = 1               # PyTorch's intra-op threads (0: its default, one
+                                       # per core; capes.common.one_core.torch_threads)
     checkpoint_dir: str | None = None  # None: capes-checkpoints/ beside the replay DB
     checkpoint_every_s: float = 60.0
     init_model: str | None = None
@@ -162,6 +164,7 @@ def _new_engine(db: Path, dqn: DQNConfig, reward: RewardConfig, opts: EngineDaem
         log.error("%s", exc)
         return None
     single_thread_blas()
+    torch_threads(opts.cpu_threads)
     if rows is None:
         engine = Engine(dqn, reward, reader, device=opts.device, seed=opts.seed)
     return engine

@@ -222,6 +222,17 @@ def test_both_metrics_addresses_are_set_in_the_config(tmp_path):
     assert out.returncode == 2 and "engine.metrics" in out.stdout
 
 
+def test_the_engines_cpu_threads_are_set_in_the_config_and_checked(tmp_path):
+    """engine.cpu_threads (the live engine's PyTorch threads on CPU) defaults to 1 and
+    comes from the config; a negative or non-integer value is refused by name."""
+    assert load_settings(None).engine_cpu_threads == 1
+    assert load_settings(None, ["engine.cpu_threads=0"]).engine_cpu_threads == 0
+    for bad in ("-1", "1.5", '"two"'):
+        out = capes("config", "check", "lustre", "--set", f"engine.cpu_threads={bad}",
+                    cwd=tmp_path)
+        assert out.returncode == 2 and "engine.cpu_threads" in out.stdout, out.stdout
+
+
 # ------------------------------------------------------------------ the demo
 
 @pytest.mark.slow

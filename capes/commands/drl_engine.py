@@ -11,6 +11,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from capes.common.metrics import DEFAULT_ENGINE_METRICS
     common_config_args(p)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--cpu-threads", type=int, default=None, metavar="N",
+                   help="PyTorch's threads for the engine's arithmetic on CPU: its networks "
+                        "are small and extra threads spin for cores the tuned host's "
+                        "applications need (0: PyTorch's default, one per core; default: "
+                        "the config's engine.cpu_threads, else 1)")
     p.add_argument("--preset", choices=["default", "paper"], default=None,
                    help="engine preset (default: the config's engine.preset)")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
@@ -62,7 +67,13 @@ def run(args) -> int:
     except ValueError as exc:
         print(f"capes drl-engine: {exc}", file=sys.stderr)
         return 2
-    opts = EngineDaemonOptions(device=args.device, checkpoint_dir=args.checkpoint_dir,
+    threads = settings.engine_cpu_threads if args.cpu_threads is None else args.cpu_threads
+    if threads < 0:
+        print("capes drl-engine: --cpu-threads must be >= 0 (0: PyTorch's default)",
+              file=sys.stderr)
+        return 2
+    opts = EngineDaemonOptions(device=args.device, cpu_threads=threads,
+                               checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every_s=args.checkpoint_every,
                                init_model=args.init_model, seed=args.seed,
                                log_every_s=args.log_every, max_ticks=args.max_ticks,

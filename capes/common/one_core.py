@@ -28,6 +28,18 @@ def use_one_core() -> None:
     threadpool_limits(limits=1)
 
 
+def torch_threads(n: int) -> None:
+    """PyTorch's intra-op pool to ``n`` threads (0: leave PyTorch's default, one per
+    core). Why the live engine asks for 1: its networks are small (the per-node model
+    has 21,126 weights) and PyTorch's idle pool threads spin for a core; on a 2-core host
+    already busy, the per-node train step's median went from 1.31 ms on one thread to
+    9.44 ms on two, and the process's CPU time 6.5-fold (docs/engine.md,
+    "CPU threads")."""
+    if n > 0:
+        import torch
+        torch.set_num_threads(int(n))
+
+
 def single_thread_blas() -> None:
     """One thread for numpy's BLAS only (the guide's small matrices), leaving PyTorch's
     pool alone: a daemon training a large model on CPU keeps its cores for that."""

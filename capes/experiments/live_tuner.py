@@ -21,6 +21,7 @@ from dataclasses import replace
 from capes.common import actions
 from capes.common.config import ConfigError
 from capes.common.control_client import ControlClient
+from capes.common.one_core import use_one_core
 from capes.common.replay_db import ReplayDBError, ReplayReader
 from capes.common.stop_signal import StopSignal
 from capes.experiments.baselines import make_tuner
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, ImportError) as exc:
             print(f"live_tuner: {exc}", file=sys.stderr)
             return 2
+        use_one_core()      # as the engine's daemon (--cpu-threads 1): a baseline's small
+                            # GP does not spin idle BLAS threads on the host it tunes
         source = TunerSource(client, tuner, specs)
         log.info("tuner %s on %s, tick %g s", args.tuner, db, settings.tick_seconds)
 

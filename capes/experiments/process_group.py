@@ -80,6 +80,23 @@ class ProcessGroup:
     def pids(self) -> dict[str, int]:
         return {n: p.pid for n, p in self.procs.items()}
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system, s) each running child has used so far, its threads
+        and reaped children included (``/proc/PID/stat``); a child already gone or
+        unreadable is left out. What the stack itself costs the host it tunes."""
+        tick = os.sysconf("SC_CLK_TCK")
+        out = {}
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                continue
+            try:
+                stat = Path(f"/proc/{p.pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()      # after "pid (comm)"
+            out[name] = sum(int(f) for f in fields[11:15]) / tick   # utime .. cstime
+        return out
+
     def dead(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() is not None]
 

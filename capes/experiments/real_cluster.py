@@ -453,6 +453,7 @@ class ClusterTunerRun(rr.TunerRun):
     rows lost."""
     restored_values: dict = field(default_factory=dict)
     rows_lost: int | None = None
+    cpu_s: dict = field(default_factory=dict)    # CPU seconds per stack process
 
 
 def rung(values: list[int], kib: int) -> int:
@@ -550,6 +551,7 @@ def run_tuner(name: str, runner: ClusterRunner, schedule: list[rr.Phase], workdi
         halt.set()
         if thread.is_alive():
             thread.join(2)
+        result.cpu_s = {n: round(v, 2) for n, v in stack.cpu_seconds().items()}
         result.exit_codes = stack.stop(first=("tuner",) if name not in HELD else ())
         if name == "static":
             runner.set_read_ahead(original[runner.nodes[0]])
@@ -692,7 +694,7 @@ def run_bench(opts: ClusterBenchOptions, stop, log=print) -> dict:
                                 "within_30s": sum(t is not None and t <= 30 for t in returns)}
             sc.update(restored=run.restored, restored_values=run.restored_values,
                       exit_codes=run.exit_codes, rows_lost=run.rows_lost,
-                      fairness=runner.fairness(name),
+                      cpu_s=run.cpu_s, fairness=runner.fairness(name),
                       applied_min=min(run.applied, default=None),
                       applied_max=max(run.applied, default=None),
                       series=[[r.t, r.bytes_s, r.phase] for r in rows])
