@@ -451,7 +451,7 @@ class RowEngine(Engine):
                 "rollback_ticks": list(control.rollback.rollback_ticks),
                 "stale_bests": control.rollback.stale_bests,
                 "unconfirmed_rollbacks": control.rollback.unconfirmed,
-                "floor_falls": len(control.floor.falls),
+                "floor_falls": control.floor.fall_count,
                 "floor_blocked": control.floor.blocked,
                 "alarm_ticks": list(control.alarm_ticks), "weights": self.weights,
                 "handed_over_at": control.handed_over_at,

@@ -25,6 +25,7 @@ ablation).
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import numpy as np
 
@@ -35,10 +36,13 @@ class RowFloor:
     LEVEL_TICKS = 10   # a row's level: the median of its last this many settled ticks home
     MIN_LEVEL = 3      # ... once it has at least this many
     FALL_TICKS = 2     # settled ticks in a row below the floor
+    RECENT_FALLS = 256  # (tick, row) of the latest falls kept (a week-long session's
+                        # every fall would grow without bound; ``fall_count`` counts all)
 
     def __init__(self, rows: int, knobs: int, fraction: float, settle_ticks: int):
         self.fraction, self.settle = float(fraction), int(settle_ticks)
-        self.falls: list[tuple[int, int]] = []       # (tick, row) of every fall
+        self.falls: deque[tuple[int, int]] = deque(maxlen=self.RECENT_FALLS)
+        self.fall_count = 0                          # falls since the engine started
         self.blocked = 0                             # moves the bounds turned to NULL
         self._alloc(rows, knobs)
 
@@ -69,9 +73,7 @@ class RowFloor:
     def reset(self) -> None:
         """The best-known setting forgotten (a new workload): levels and bounds too."""
         rows, knobs = self.home.shape
-        falls, blocked = self.falls, self.blocked
-        self._alloc(rows, knobs)
-        self.falls, self.blocked = falls, blocked
+        self._alloc(rows, knobs)          # the falls and counters stay
 
     def level(self) -> np.ndarray:
         """Each row's level at home (NaN: fewer than ``MIN_LEVEL`` settled ticks there)."""
@@ -123,6 +125,7 @@ class RowFloor:
             self.hi[r] = np.where(up, np.minimum(self.hi[r], idx[r]), self.hi[r])
             self.lo[r] = np.where(down, np.maximum(self.lo[r], idx[r]), self.lo[r])
             self.falls.append((int(tick), int(r)))
+            self.fall_count += 1
             log.info("tick %d: row %d's own objective %.4g stayed below %.0f %% of its "
                      "level %.4g at its best-known knobs: back there, %s bounded", tick, r,
                      own[r], 100 * self.fraction, lv[r], idx[r].tolist())

@@ -128,6 +128,15 @@ def test_worst_10s_against_the_untuned_cluster_held_live_in_the_same_run():
     rc.against_original_live(result)
     assert result["tuners"]["dip"]["worst_10s_vs_original_live"] == pytest.approx(0.6)
     assert result["tuners"]["original"]["worst_10s_vs_original_live"] == pytest.approx(1.0)
+    # against the original's own worst 10 s of the phase: its level held flat there,
+    # so the same 0.6; a dip of its own in phase b (to 15) makes the tuner's 12 read 0.8
+    assert result["tuners"]["dip"]["worst_10s_vs_original_worst"] == pytest.approx(0.6)
+    result["tuners"]["original"]["series"] = [
+        [t, 15.0 if (i == 1 and t < 10) else v, i]
+        for t, v, i in result["tuners"]["original"]["series"]]
+    rc.against_original_live(result)
+    assert result["tuners"]["dip"]["worst_10s_vs_original_worst"] == pytest.approx(0.8)
+    assert result["tuners"]["original"]["worst_10s_vs_original_worst"] == pytest.approx(1.0)
     # without an original arm in the run there is nothing to compare with
     del result["tuners"]["original"], result["tuners"]["dip"]["worst_10s_vs_original_live"]
     rc.against_original_live(result)

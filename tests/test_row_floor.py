@@ -39,7 +39,7 @@ def test_a_row_collapsing_off_its_best_known_knobs_falls_after_settling():
     falls = run(floor, [([3, 0], [1.0, 10.0])] * 6, start=6)
     first = next(i for i, f in enumerate(falls) if f.any())
     assert first == SETTLE + 1 and falls[first].tolist() == [True, False]
-    assert floor.returning.tolist() == [True, False] and floor.falls == [(6 + first, 0)]
+    assert floor.returning.tolist() == [True, False] and list(floor.falls) == [(6 + first, 0)] and floor.fall_count == 1
     # back home, no longer returning; its knob is bounded at the value it fell at
     run(floor, [([0, 0], [10.0, 10.0])], start=20)
     assert not floor.returning.any()

@@ -442,7 +442,7 @@ def run_one(cfg: ClusterTestConfig, seed: int, tuner: str = "capes", feed: str =
                    rollbacks=len(player.control.rollback.rollback_ticks),
                    rollback_ticks=list(player.control.rollback.rollback_ticks),
                    stale_bests=player.control.rollback.stale_bests,
-                   floor_falls=len(player.control.floor.falls),
+                   floor_falls=player.control.floor.fall_count,
                    floor_blocked=player.control.floor.blocked,
                    refuse_live=refuse_live, **live_counts(source.step_rule),
                    handed_over_at=player.control.handed_over_at,
