@@ -104,7 +104,15 @@ def test_a_killed_engine_restarts_at_its_best_known_setting(tmp_path):
         first = _until(lambda: (s := _json(status)).get("pid") == new_pid
                        and s.get("tick") is not None and s, stack, 60,
                        "the restarted engine's first decision")
-        assert first["best"] == pytest.approx(best_values)      # resumed, not forgotten
+        # resumed, not forgotten: the checkpoint's best, or a step from it on a knob the
+        # restarted engine's first ticks already moved (its first status comes once it
+        # has taken in a tick or more of the new session; on a loaded CI host it read
+        # 130/51 against the checkpoint's 140/50, and 110 against 120 before). Forgotten
+        # it would read None, or the config's defaults (window 10, rate_limit 50).
+        got = first["best"]
+        assert got is not None and set(got) == set(best_values), (got, best_values)
+        assert all(abs(got[k] - best_values[k]) <= grid[k][1] for k in best_values), \
+            (got, best_values)
         # ε goes on from the checkpoint's (past exploration: at most the workload bump
         # of a change alarm), never back to 1
         assert first["epsilon"] == pytest.approx(kept["epsilon"], abs=0.01)
